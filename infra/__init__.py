@@ -1,0 +1,1 @@
+"""Infrastructure: the dev stack (Temporal + PostgreSQL), worker launch, deployment."""

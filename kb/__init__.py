@@ -1,0 +1,1 @@
+"""Knowledge base: the PostgreSQL event store, its projections, retrieval and ingestion."""

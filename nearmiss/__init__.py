@@ -1,0 +1,1 @@
+"""nearmiss: repair near-miss JAX/Pallas kernels by debugging them."""

@@ -1,0 +1,149 @@
+"""``check``: certify or diagnose a candidate kernel against a spec.
+
+The engine — never the candidate — decides: spec and candidate run in sandbox children, the
+outputs come back as files, and every comparison and classification happens here.
+"""
+
+from __future__ import annotations
+
+import ast
+import secrets
+import time
+from pathlib import Path
+
+from nearmiss.forensics.classify import (
+    classify_numeric,
+    describe_numeric,
+    describe_run,
+    ranked_classes,
+    refine_unstable,
+)
+from nearmiss.forensics.compare import compare_outputs, structure_difference
+from nearmiss.forensics.errors import summarise_error, trim_message
+from nearmiss.forensics.localise import localise
+from nearmiss.models import CaseResult, CheckReport, ErrorInfo, IntegrityReport
+from nearmiss.runner.session import Limits, RawCase, UsageError, run_sandboxed
+
+SUITES = ("compact", "extended", "all")
+COMPILE_PHASES = ("import", "trace", "compile")
+
+
+def binds_kernel(source: str) -> bool | None:
+    """Whether the module binds a top-level ``kernel``; None when that cannot be told statically."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None  # a finding for the sandbox to report, not a usage error
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if node.name == "kernel":
+                return True
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(n, ast.Name) and n.id == "kernel" for t in targets
+                   for n in ast.walk(t)):
+                return True
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                if alias.name == "*" or (alias.asname or alias.name.split(".")[0]) == "kernel":
+                    return True
+        elif isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
+            return None  # conditional definitions: let the import decide
+    return False
+
+
+def _failure_result(base: CaseResult, raw: RawCase, candidate_name: str) -> CaseResult:
+    if raw.error is not None:
+        error = summarise_error(raw.error, candidate_name)
+        base.failure_class = "compile_error" if error.phase in COMPILE_PHASES else "runtime_error"
+        where = f" at {error.location}" if error.location else ""
+        code = f" (`{error.source_line}`)" if error.source_line else ""
+        first = error.message.splitlines()[0] if error.message else ""
+        base.diagnosis = f"{error.phase.capitalize()} failed{where}{code}: {error.type}: {first}"
+        base.error = error
+        return base
+    base.failure_class = "timeout" if raw.failure == "timeout" else "runtime_error"
+    tail = trim_message(raw.log_tail)
+    base.error = ErrorInfo(phase="sandbox", type="Timeout" if raw.failure == "timeout" else
+                           "ProcessDied", message=raw.failure_detail,
+                           excerpt=tail.splitlines()[-6:])
+    if raw.failure == "timeout":
+        base.diagnosis = f"No result in time ({raw.failure_detail}); the process was killed."
+    else:
+        base.diagnosis = f"The candidate's process failed: {raw.failure_detail}."
+    if tail:
+        base.diagnosis += f" Last output: {tail.splitlines()[-1]}"
+    return base
+
+
+def case_result(raw: RawCase, candidate_name: str) -> CaseResult:
+    info = raw.info
+    grid = raw.geometry[-1]["grid"] if raw.geometry else None
+    base = CaseResult(
+        suite=info.suite, name=info.name, dims=info.dims, dtype=info.dtype,
+        profile=info.profile, passed=False, atol=info.atol, rtol=info.rtol,
+        compile_s=raw.compile_s, run_s=raw.run_s, kernel_grid=grid,
+    )
+    if raw.outputs is None:
+        return _failure_result(base, raw, candidate_name)
+    structure = structure_difference(raw.reference, raw.reference_tree, raw.outputs,
+                                     raw.output_tree or "")
+    if structure:
+        base.failure_class = "shape_mismatch"
+        base.structure = structure
+        base.diagnosis = f"Output structure is wrong: {structure}."
+        return base
+    comparisons = compare_outputs(raw.reference, raw.outputs, info.atol, info.rtol)
+    base.leaves = [c.stats for c in comparisons]
+    worst = max(comparisons, key=lambda c: c.stats.mismatched)
+    if worst.stats.mismatched == 0:
+        base.passed = True
+        return base
+    base.localisation = localise(worst.stats.path, worst.bad, raw.geometry)
+    base.failure_class = classify_numeric(worst.stats, base.localisation)
+    base.diagnosis = describe_numeric(base.failure_class, worst.stats, base.localisation)
+    return base
+
+
+def check(spec: str | Path, candidate: str | Path, suite: str = "all", seed: int | None = None,
+          limits: Limits | None = None) -> CheckReport:
+    """Run the spec's ``suite`` on the candidate in the sandbox and return the full report.
+
+    Raises UsageError (one-line reason) for unusable input; a candidate that fails to import,
+    compile or run is a finding in the report, never an exception.
+    """
+    started = time.perf_counter()
+    spec, candidate = Path(spec), Path(candidate)
+    if suite not in SUITES:
+        raise UsageError(f"unknown suite {suite!r}; expected one of {', '.join(SUITES)}")
+    for role, path in (("spec", spec), ("candidate", candidate)):
+        if not path.is_file():
+            raise UsageError(f"{role} file not found: {path}")
+    try:
+        source = candidate.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read candidate {candidate}: {exc}") from exc
+    if binds_kernel(source) is False:
+        raise UsageError(f"candidate {candidate} defines no `kernel`")
+    seed = secrets.randbelow(2**31) if seed is None else seed
+    raw = run_sandboxed(spec, candidate, suite, seed, limits or Limits())
+    cases = [case_result(r, candidate.name) for r in raw.cases]
+    refine_unstable(cases)
+    classes = ranked_classes([c.failure_class for c in cases if c.failure_class])
+    primary = classes[0] if classes else None
+    integrity = IntegrityReport()
+    compact = [c.passed for c in cases if c.suite == "compact"]
+    extended = [c.passed for c in cases if c.suite == "extended"]
+    return CheckReport(
+        op=raw.op, category=raw.category, spec=str(spec), candidate=str(candidate),
+        suite=suite, seed=seed, platform=raw.platform, jax_version=raw.jax_version,
+        certified=bool(cases) and all(c.passed for c in cases) and integrity.ok,
+        failure_class=primary,
+        failure_classes=classes,
+        integrity=integrity,
+        cases=cases,
+        diagnosis=describe_run(cases, primary),
+        compact_passed=all(compact) if compact else None,
+        extended_passed=all(extended) if extended else None,
+        wall_s=time.perf_counter() - started,
+    )

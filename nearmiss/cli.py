@@ -1,0 +1,70 @@
+"""The ``nearmiss`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from nearmiss.check import SUITES, check
+from nearmiss.render import render_report
+from nearmiss.runner.session import Limits, UsageError
+
+EXIT_CERTIFIED, EXIT_NOT_CERTIFIED, EXIT_USAGE = 0, 1, 2
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nearmiss", description="Repair near-miss JAX/Pallas kernels by debugging them."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    check_cmd = commands.add_parser(
+        "check", help="certify or diagnose a candidate kernel against a spec",
+        description="Exit 0 certified, 1 not certified, 2 unusable input.",
+    )
+    check_cmd.add_argument("spec", type=Path, help="spec file defining SPEC")
+    check_cmd.add_argument("candidate", type=Path, help="candidate file defining kernel()")
+    check_cmd.add_argument("--suite", choices=SUITES, default="all")
+    check_cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    check_cmd.add_argument("--seed", type=int, help="reproduce a run (default: a fresh seed)")
+    check_cmd.add_argument("--timeout", type=_positive(float), default=Limits.case_timeout_s,
+                           help="seconds per case (default %(default)s)")
+    check_cmd.add_argument("--memory-mb", type=_positive(int), default=Limits.memory_mb,
+                           help="memory limit of candidate code (default %(default)s)")
+    demo_cmd = commands.add_parser("demo", help="check the bundled example kernels")
+    demo_cmd.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def run_check(args: argparse.Namespace) -> int:
+    limits = Limits(case_timeout_s=args.timeout, memory_mb=args.memory_mb)
+    try:
+        report = check(args.spec, args.candidate, args.suite, args.seed, limits)
+    except UsageError as exc:
+        print(f"nearmiss: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(report.model_dump_json(indent=2) if args.json else render_report(report))
+    return EXIT_CERTIFIED if report.certified else EXIT_NOT_CERTIFIED
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "check":
+        return run_check(args)
+    from nearmiss.demo import run_demo
+
+    return run_demo(seed=args.seed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Forensics: compare, localise and classify what a candidate did against the reference."""

@@ -1,0 +1,123 @@
+"""Compare a candidate's outputs with the reference's: structure first, then numbers.
+
+A case passes when every element satisfies ``|out - ref| <= atol + rtol * |ref|`` and NaN/Inf
+appear only where the reference has them (with the same sign for Inf); output shape, dtype and
+pytree structure must equal the reference's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from nearmiss.models import LeafStats
+
+# A fit (out ≈ c·ref or out ≈ ref + b) "explains" the error when it removes this much of it.
+FIT_EXPLAINS = 0.25
+_TINY = 1e-30
+
+
+@dataclass
+class LeafComparison:
+    stats: LeafStats
+    bad: np.ndarray  # boolean mask of mismatched elements, the leaf's shape
+
+
+def leaf_name(index: int, count: int) -> str:
+    return "out" if count == 1 else f"out[{index}]"
+
+
+def structure_difference(ref: list[np.ndarray], ref_tree: str, out: list[np.ndarray],
+                         out_tree: str) -> str | None:
+    """What differs in pytree structure, shapes or dtypes; None when they all match."""
+    if ref_tree != out_tree or len(ref) != len(out):
+        return f"output structure {out_tree} differs from the reference's {ref_tree}"
+    problems = []
+    for index, (r, o) in enumerate(zip(ref, out, strict=True)):
+        if r.shape != o.shape or r.dtype != o.dtype:
+            problems.append(
+                f"{leaf_name(index, len(ref))} is {o.dtype.name}{list(o.shape)}, "
+                f"the reference's is {r.dtype.name}{list(r.shape)}"
+            )
+    return "; ".join(problems) or None
+
+
+def _as_float(array: np.ndarray) -> np.ndarray:
+    if array.dtype == np.bool_:
+        return array.astype(np.float64)
+    return array.astype(np.float32).astype(np.float64) if array.dtype.itemsize <= 2 \
+        else array.astype(np.float64)
+
+
+def _fit_residuals(out: np.ndarray, ref: np.ndarray, err_rms: float) -> tuple[float | None,
+                                                                             float | None]:
+    """(scale, offset) fits that explain the error, each None when it does not."""
+    if out.size < 2 or err_rms <= 0:
+        return None, None
+    scale = offset = None
+    denom = float(np.dot(ref, ref))
+    if denom > _TINY:
+        c = float(np.dot(out, ref)) / denom
+        if np.sqrt(np.mean((out - c * ref) ** 2)) < FIT_EXPLAINS * err_rms:
+            scale = c
+    b = float(np.mean(out - ref))
+    if np.sqrt(np.mean((out - ref - b) ** 2)) < FIT_EXPLAINS * err_rms:
+        offset = b
+    return scale, offset
+
+
+def compare_leaf(name: str, ref: np.ndarray, out: np.ndarray, atol: float,
+                 rtol: float) -> LeafComparison:
+    r, o = _as_float(ref), _as_float(out)
+    ref_finite = np.isfinite(r)
+    out_finite = np.isfinite(o)
+    both = ref_finite & out_finite
+    err = np.where(both, np.abs(o - r), 0.0)
+    close = both & (err <= atol + rtol * np.abs(r))
+    close |= np.isnan(r) & np.isnan(o)
+    close |= np.isinf(r) & (o == r)
+    bad = ~close
+    nan_count = int(np.sum(np.isnan(o) & ref_finite))
+    inf_count = int(np.sum(np.isinf(o) & ref_finite))
+    finite_err, finite_ref, finite_out = err[both], r[both], o[both]
+    ref_rms = float(np.sqrt(np.mean(finite_ref**2))) if finite_ref.size else 0.0
+    err_rms = float(np.sqrt(np.mean(finite_err**2))) if finite_err.size else 0.0
+    mismatched = int(bad.sum())
+    worst = None
+    if mismatched:
+        # NaN/Inf where the reference is finite is the worst kind of mismatch.
+        nonfinite = bad & ref_finite & ~out_finite
+        flat = np.argmax(nonfinite) if nonfinite.any() else np.argmax(np.where(bad, err, -1.0))
+        worst = [int(i) for i in np.unravel_index(flat, bad.shape)]
+    scale, offset = (None, None)
+    if mismatched and finite_err.size:
+        scale, offset = _fit_residuals(finite_out, finite_ref, err_rms)
+    rel = finite_err / (np.abs(finite_ref) + atol + _TINY) if finite_err.size else finite_err
+    stats = LeafStats(
+        path=name,
+        shape=list(out.shape),
+        dtype=out.dtype.name,
+        total=int(bad.size),
+        mismatched=mismatched,
+        mismatched_fraction=mismatched / max(bad.size, 1),
+        max_abs_error=float(finite_err.max()) if finite_err.size else 0.0,
+        max_rel_error=float(rel.max()) if rel.size else 0.0,
+        rms_rel_error=err_rms / (ref_rms + _TINY) if err_rms else 0.0,
+        nan_count=nan_count,
+        inf_count=inf_count,
+        ref_max_abs=float(np.abs(finite_ref).max()) if finite_ref.size else 0.0,
+        worst_index=worst,
+        scale_fit=scale,
+        offset_fit=offset,
+    )
+    return LeafComparison(stats, bad)
+
+
+def compare_outputs(ref: list[np.ndarray], out: list[np.ndarray], atol: float,
+                    rtol: float) -> list[LeafComparison]:
+    """Per-leaf comparison; call only after structure_difference found nothing."""
+    return [
+        compare_leaf(leaf_name(i, len(ref)), r, o, atol, rtol)
+        for i, (r, o) in enumerate(zip(ref, out, strict=True))
+    ]

@@ -1,0 +1,123 @@
+"""Where on an output the mismatches sit: along each axis, per kernel tile, in a ragged tail.
+
+Tiles come from the candidate's own output BlockSpec when its pallas_call writes an array of the
+output's shape; otherwise the ragged-tail test falls back to the power-of-two block sizes that
+kernels commonly use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from nearmiss.models import AxisProfile, Localisation, TileProfile
+
+FALLBACK_BLOCKS = (8, 16, 32, 64, 128, 256, 512)
+MAX_RANGES = 6
+MAX_TILES_LISTED = 8
+
+
+def index_ranges(indices: np.ndarray) -> str:
+    """'3, 40-44, 63' for sorted unique indices, cut after a few ranges."""
+    if indices.size == 0:
+        return ""
+    breaks = np.nonzero(np.diff(indices) != 1)[0]
+    starts = np.concatenate([[indices[0]], indices[breaks + 1]])
+    ends = np.concatenate([indices[breaks], [indices[-1]]])
+    parts = [str(s) if s == e else f"{s}-{e}" for s, e in zip(starts, ends, strict=True)]
+    if len(parts) > MAX_RANGES:
+        parts = parts[:MAX_RANGES] + [f"… ({len(parts) - MAX_RANGES} more ranges)"]
+    return ", ".join(parts)
+
+
+def output_blocks(geometry: list[dict[str, Any]], shape: tuple[int, ...]) -> list[int] | None:
+    """The block shape of the (last) pallas_call output that has exactly this array shape."""
+    for call in reversed(geometry):
+        for output in call["outputs"]:
+            if tuple(output["array_shape"]) == tuple(shape) and len(output["block_shape"]) == len(
+                shape
+            ):
+                return [max(1, b) for b in output["block_shape"]]
+    return None
+
+
+def _tile_profile(bad: np.ndarray, blocks: list[int]) -> TileProfile:
+    shape = bad.shape
+    grid = [-(-n // b) for n, b in zip(shape, blocks, strict=True)]
+    coords = np.argwhere(bad) // np.asarray(blocks)
+    tiles = np.unique(coords, axis=0) if coords.size else np.zeros((0, len(shape)), dtype=int)
+    partial_axes = [
+        (t + 1) * b > n for t, b, n in zip(tiles.T, blocks, shape, strict=True)
+    ] if len(tiles) else []
+    is_partial = np.any(np.stack(partial_axes), axis=0) if partial_axes else np.zeros(0, bool)
+    return TileProfile(
+        block_shape=blocks,
+        grid_shape=grid,
+        tiles_total=int(np.prod(grid)),
+        tiles_bad=len(tiles),
+        bad_tiles=[[int(i) for i in t] for t in tiles[:MAX_TILES_LISTED]],
+        partial_tiles_bad=int(is_partial.sum()),
+        only_partial_tiles=bool(len(tiles) and is_partial.all()),
+    )
+
+
+def _tail_axes(bad: np.ndarray, blocks: list[int] | None) -> list[int]:
+    """Axes along which every mismatch lies past the last whole block."""
+    axes = []
+    for axis, size in enumerate(bad.shape):
+        along = np.nonzero(bad.any(axis=tuple(a for a in range(bad.ndim) if a != axis)))[0]
+        if along.size == 0:
+            continue
+        candidates = [blocks[axis]] if blocks else [b for b in FALLBACK_BLOCKS if b < size]
+        for block in candidates:
+            whole = (size // block) * block
+            if size % block and along.min() >= whole:
+                axes.append(axis)
+                break
+    return axes
+
+
+def _spread(bad: np.ndarray) -> bool:
+    """Whether mismatches hit rows and columns as often as randomly scattered ones would."""
+    if bad.ndim == 0 or bad.size < 4:
+        return False
+    if bad.ndim == 1:
+        width = int(np.ceil(np.sqrt(bad.size)))
+        padded = np.zeros(width * width, dtype=bool)
+        padded[: bad.size] = bad
+        grid = padded.reshape(width, width)
+    else:
+        grid = bad.reshape(-1, bad.shape[-1])
+    p = grid.mean()
+    if p == 0:
+        return False
+    rows, cols = grid.shape
+    expected_rows = 1 - (1 - p) ** cols
+    expected_cols = 1 - (1 - p) ** rows
+    return bool(
+        grid.any(axis=1).mean() >= 0.5 * expected_rows
+        and grid.any(axis=0).mean() >= 0.5 * expected_cols
+    )
+
+
+def localise(name: str, bad: np.ndarray, geometry: list[dict[str, Any]]) -> Localisation:
+    axes = []
+    for axis, size in enumerate(bad.shape):
+        others = tuple(a for a in range(bad.ndim) if a != axis)
+        along = np.nonzero(bad.any(axis=others) if others else bad)[0]
+        axes.append(AxisProfile(axis=axis, size=size, bad_count=int(along.size),
+                                bad_ranges=index_ranges(along)))
+    blocks = output_blocks(geometry, bad.shape)
+    tail_axes = _tail_axes(bad, blocks)
+    concentrated = [a for a in axes if 0 < a.bad_count < a.size]
+    suspected = min(concentrated, key=lambda a: a.bad_count / a.size).axis if concentrated else None
+    return Localisation(
+        leaf=name,
+        axes=axes,
+        tiles=_tile_profile(bad, blocks) if blocks else None,
+        tail_only=bool(tail_axes),
+        tail_axes=tail_axes,
+        suspected_axis=suspected,
+        spread=_spread(bad),
+    )

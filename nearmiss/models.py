@@ -1,0 +1,158 @@
+"""Pydantic models of what the engine reports; shared by the CLI, activities and workflows.
+
+These are the `nearmiss check --json` contract (DESIGN.md): ``certified``, ``failure_class``,
+``failure_classes``, ``integrity`` {``ok``, ``violations``} and ``cases`` are required keys.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+FailureClass = Literal[
+    "compile_error",
+    "runtime_error",
+    "timeout",
+    "shape_mismatch",
+    "nan_inf",
+    "boundary",
+    "unstable",
+    "precision",
+    "wrong_values",
+]
+
+# Order used to pick the primary class of a run: the most fundamental failure first, since an
+# agent must fix a kernel that does not compile before one that is merely imprecise.
+FAILURE_PRIORITY: tuple[str, ...] = (
+    "compile_error",
+    "runtime_error",
+    "timeout",
+    "shape_mismatch",
+    "wrong_values",
+    "nan_inf",
+    "boundary",
+    "unstable",
+    "precision",
+)
+
+Phase = Literal["import", "trace", "compile", "run", "sandbox"]
+
+
+class ErrorInfo(BaseModel):
+    """A failure to build or run the candidate, cut down to what points at the bug."""
+
+    phase: Phase
+    type: str
+    message: str
+    location: str | None = None  # "kernel.py:23" — the candidate's own line when known
+    source_line: str | None = None
+    excerpt: list[str] = Field(default_factory=list)  # the few relevant traceback lines
+
+
+class LeafStats(BaseModel):
+    """Comparison of one output array (pytree leaf) with the reference's."""
+
+    path: str
+    shape: list[int]
+    dtype: str
+    total: int
+    mismatched: int
+    mismatched_fraction: float
+    max_abs_error: float
+    max_rel_error: float
+    rms_rel_error: float  # rms(out - ref) / rms(ref) over finite elements
+    nan_count: int  # NaN in the output where the reference is finite
+    inf_count: int  # Inf in the output where the reference is finite
+    ref_max_abs: float
+    worst_index: list[int] | None = None
+    scale_fit: float | None = None  # c in out ≈ c·ref when that explains the error
+    offset_fit: float | None = None  # b in out ≈ ref + b when that explains the error
+
+
+class AxisProfile(BaseModel):
+    """Which indices along one output axis hold mismatches."""
+
+    axis: int
+    size: int
+    bad_count: int
+    bad_ranges: str  # "40-44, 63" — compact, readable
+
+
+class TileProfile(BaseModel):
+    """Mismatches per kernel output block (from the pallas_call's BlockSpec)."""
+
+    block_shape: list[int]
+    grid_shape: list[int]  # tiles per axis covering the output
+    tiles_total: int
+    tiles_bad: int
+    bad_tiles: list[list[int]]  # the first few bad tile coordinates
+    partial_tiles_bad: int  # bad tiles that are partial (ragged edge)
+    only_partial_tiles: bool
+
+
+class Localisation(BaseModel):
+    """Where on an output the errors sit."""
+
+    leaf: str
+    axes: list[AxisProfile]
+    tiles: TileProfile | None = None
+    tail_only: bool = False  # every mismatch lies in a ragged tail along some axis
+    tail_axes: list[int] = Field(default_factory=list)
+    suspected_axis: int | None = None
+    spread: bool = False  # mismatches scattered like noise rather than structured
+
+
+class CaseResult(BaseModel):
+    """The verdict and evidence for one case."""
+
+    suite: Literal["compact", "extended"]
+    name: str
+    dims: dict[str, int]
+    dtype: str
+    profile: str
+    passed: bool
+    failure_class: FailureClass | None = None
+    error: ErrorInfo | None = None
+    structure: str | None = None  # what differs in shape/dtype/pytree, when it does
+    leaves: list[LeafStats] = Field(default_factory=list)
+    localisation: Localisation | None = None
+    kernel_grid: list[int] | None = None
+    diagnosis: str = ""
+    atol: float = 0.0
+    rtol: float = 0.0
+    compile_s: float | None = None
+    run_s: float | None = None
+
+
+class Violation(BaseModel):
+    rule: str
+    detail: str
+
+
+class IntegrityReport(BaseModel):
+    ok: bool = True
+    violations: list[Violation] = Field(default_factory=list)
+    rules_checked: list[str] = Field(default_factory=list)
+
+
+class CheckReport(BaseModel):
+    """Everything `nearmiss check` concludes about a candidate."""
+
+    op: str
+    category: str
+    spec: str
+    candidate: str
+    suite: Literal["compact", "extended", "all"]
+    seed: int
+    platform: str
+    jax_version: str
+    certified: bool
+    failure_class: FailureClass | None = None
+    failure_classes: list[FailureClass] = Field(default_factory=list)
+    integrity: IntegrityReport = Field(default_factory=IntegrityReport)
+    cases: list[CaseResult] = Field(default_factory=list)
+    diagnosis: str = ""
+    compact_passed: bool | None = None
+    extended_passed: bool | None = None
+    wall_s: float = 0.0

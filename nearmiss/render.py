@@ -1,0 +1,74 @@
+"""Human-readable rendering of a CheckReport: a table of cases, the verdict, the diagnosis."""
+
+from __future__ import annotations
+
+from nearmiss.models import CaseResult, CheckReport
+
+
+def _dims(case: CaseResult) -> str:
+    return " ".join(f"{k}={v}" for k, v in case.dims.items())
+
+
+def _error_column(case: CaseResult) -> str:
+    if not case.leaves:
+        return "-"
+    worst = max(case.leaves, key=lambda leaf: leaf.mismatched)
+    if worst.nan_count or worst.inf_count:
+        return f"{worst.nan_count} NaN {worst.inf_count} Inf"
+    return f"{worst.max_abs_error:.2e}"
+
+
+def _mismatch_column(case: CaseResult) -> str:
+    if not case.leaves:
+        return "-"
+    worst = max(case.leaves, key=lambda leaf: leaf.mismatched)
+    return f"{worst.mismatched} ({worst.mismatched_fraction:.1%})"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def render_report(report: CheckReport) -> str:
+    head = (
+        f"{report.op} ({report.category}) — candidate {report.candidate}\n"
+        f"seed {report.seed} · suite {report.suite} · {report.platform} · jax {report.jax_version}"
+        f" · {report.wall_s:.1f} s"
+    )
+    rows = [
+        [
+            c.suite, c.name, _dims(c), c.dtype, c.profile,
+            "pass" if c.passed else f"FAIL {c.failure_class}",
+            _error_column(c), _mismatch_column(c),
+        ]
+        for c in report.cases
+    ]
+    body = table(["suite", "case", "dims", "dtype", "profile", "result", "max abs err",
+                  "mismatched"], rows)
+    integrity = report.integrity
+    if integrity.violations:
+        gate = "VIOLATED: " + "; ".join(f"{v.rule}: {v.detail}" for v in integrity.violations)
+    elif integrity.rules_checked:
+        gate = f"ok ({len(integrity.rules_checked)} rules)"
+    else:
+        gate = "ok (no rules checked)"
+    if report.certified:
+        verdict = "CERTIFIED"
+        if report.suite != "all":
+            verdict += f" on the {report.suite} suite only (not full coverage)"
+    else:
+        verdict = f"NOT CERTIFIED — {report.failure_class or 'integrity'}"
+    lines = [head, "", body, "", f"integrity: {gate}", f"verdict: {verdict}"]
+    if not report.certified:
+        lines.append(f"diagnosis: {report.diagnosis}")
+        for case in report.cases:
+            if case.error and case.error.excerpt:
+                lines.append(f"evidence ({case.suite}/{case.name}):")
+                lines += [f"  {line}" for line in case.error.excerpt]
+                break
+    return "\n".join(lines)

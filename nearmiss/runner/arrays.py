@@ -1,0 +1,54 @@
+"""Array files exchanged between the sandbox children and the engine.
+
+Arrays travel as ``.npz`` files. Extension dtypes such as bfloat16 (from ml_dtypes) are stored as
+their raw bits with the dtype name beside them, so nothing is ever pickled: the engine loads files
+written by untrusted candidate code with ``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+_META_KEY = "__nearmiss_meta__"
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    return np.dtype(dtype).name
+
+
+def _restore_dtype(name: str) -> np.dtype:
+    if hasattr(ml_dtypes, name):
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
+
+
+def save_arrays(path: str | Path, arrays: list[np.ndarray], extra: dict | None = None) -> None:
+    """Write arrays (any numeric dtype, bfloat16 included) plus a small JSON-able dict."""
+    payload: dict[str, np.ndarray] = {}
+    names = []
+    for index, array in enumerate(arrays):
+        array = np.asarray(array)
+        names.append(dtype_name(array.dtype))
+        if array.dtype.kind == "V" or hasattr(ml_dtypes, array.dtype.name):
+            array = array.view(np.dtype(f"uint{array.dtype.itemsize * 8}"))
+        payload[f"a{index}"] = array
+    meta = json.dumps({"dtypes": names, "extra": extra or {}})
+    payload[_META_KEY] = np.frombuffer(meta.encode(), dtype=np.uint8)
+    with open(path, "wb") as handle:
+        np.savez(handle, **payload)
+
+
+def load_arrays(path: str | Path) -> tuple[list[np.ndarray], dict]:
+    """Read a file written by save_arrays; never unpickles."""
+    with np.load(path, allow_pickle=False) as data:
+        meta = json.loads(bytes(data[_META_KEY]).decode())
+        arrays = []
+        for index, name in enumerate(meta["dtypes"]):
+            raw = data[f"a{index}"]
+            dtype = _restore_dtype(name)
+            arrays.append(raw.view(dtype) if raw.dtype != dtype else raw)
+    return arrays, meta.get("extra", {})

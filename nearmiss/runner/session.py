@@ -1,0 +1,223 @@
+"""One sandboxed run: the spec's child prepares cases while the candidate's child runs them.
+
+The reference child (trusted spec code) and the candidate child (untrusted) are separate
+processes with separate directories, started together so JAX's start-up in one overlaps work in
+the other. The engine loads every reference before the candidate runs that case. A candidate
+that times out or dies loses that case only; a fresh child takes the remaining cases.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nearmiss.runner.arrays import load_arrays
+from nearmiss.runner.candidate_child import CANDIDATE_ENV
+from nearmiss.runner.sandbox import ChildDied, ChildFailure, ChildTimeout, Limits, SandboxChild
+
+REFERENCE_MODULE = "nearmiss.runner.reference_child"
+CANDIDATE_MODULE = "nearmiss.runner.candidate_child"
+# The reference is engine-owned code; it gets a generous, fixed budget per case.
+REFERENCE_TIMEOUT_S = 300.0
+
+
+class UsageError(Exception):
+    """The inputs are unusable (bad spec, no kernel...): a one-line reason, exit status 2."""
+
+
+@dataclass
+class CaseInfo:
+    suite: str
+    name: str
+    dims: dict[str, int]
+    dtype: str
+    profile: str
+    atol: float
+    rtol: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.suite}-{self.name}"
+
+
+@dataclass
+class RawCase:
+    """What happened to one case, before any interpretation."""
+
+    info: CaseInfo
+    reference: list[np.ndarray]
+    reference_tree: str
+    outputs: list[np.ndarray] | None = None
+    output_tree: str | None = None
+    error: dict[str, Any] | None = None  # an exception inside the candidate child
+    failure: str | None = None  # "timeout" or "died": the child itself failed
+    failure_detail: str = ""
+    log_tail: str = ""
+    geometry: list[dict[str, Any]] = field(default_factory=list)
+    compile_s: float | None = None
+    run_s: float | None = None
+
+
+@dataclass
+class RawRun:
+    op: str
+    category: str
+    description: str
+    platform: str
+    jax_version: str
+    cases: list[RawCase]
+
+
+class _ReferenceFeed:
+    """Reads the reference child's messages on a thread, so both children progress at once."""
+
+    def __init__(self, child: SandboxChild) -> None:
+        self.child = child
+        self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                message = self.child.receive(REFERENCE_TIMEOUT_S)
+            except ChildFailure as exc:
+                tail = f" — {exc.log_tail.splitlines()[-1]}" if exc.log_tail else ""
+                message = {"event": "spec_error",
+                           "message": f"the spec's child failed: {exc}{tail}"}
+            self.messages.put(message)
+            if message["event"] in ("done", "spec_error"):
+                return
+
+    def next(self, expected: str) -> dict[str, Any]:
+        message = self.messages.get()
+        if message["event"] == "spec_error":
+            raise UsageError(message["message"])
+        if message["event"] != expected:
+            raise UsageError(f"unexpected message from the spec's child: {message['event']}")
+        return message
+
+
+class _CandidateRunner:
+    """Keeps one candidate child alive across cases; replaces it after a timeout or crash."""
+
+    def __init__(self, candidate: Path, limits: Limits, platform: str) -> None:
+        self.candidate = candidate
+        self.limits = limits
+        self.platform = platform
+        self.child: SandboxChild | None = None
+        self.spawned = 0
+        # Set when the candidate cannot even be imported: every case gets the same finding.
+        self.import_problem: dict[str, Any] | None = None
+
+    def start(self) -> None:
+        self.spawned += 1
+        home = Path(tempfile.mkdtemp(prefix="nearmiss-candidate-"))
+        shutil.copy(self.candidate, home / self.candidate.name)
+        self.child = SandboxChild(
+            CANDIDATE_MODULE, home, self.limits, self.platform,
+            extra_env={CANDIDATE_ENV: str(home / self.candidate.name)},
+        )
+
+    def wait_ready(self) -> None:
+        assert self.child is not None
+        try:
+            message = self.child.receive(self.limits.startup_timeout_s)
+        except ChildFailure as exc:
+            self.import_problem = {
+                "failure": "timeout" if isinstance(exc, ChildTimeout) else "died",
+                "failure_detail": f"while importing the candidate: {exc}",
+                "log_tail": exc.log_tail,
+            }
+            self.stop()
+            return
+        if message["event"] == "no_kernel":
+            self.stop()
+            raise UsageError(f"candidate {self.candidate} defines no callable `kernel`")
+        if message["event"] == "import_failed":
+            self.import_problem = {"error": message["error"]}
+            self.stop()
+
+    def run(self, raw: RawCase, inputs: Path) -> None:
+        if self.import_problem is None and self.child is None:
+            self.start()
+            self.wait_ready()
+        if self.import_problem is not None:
+            for name, value in self.import_problem.items():
+                setattr(raw, name, value)
+            return
+        assert self.child is not None
+        case_dir = self.child.home / "cases" / raw.info.key
+        case_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy(inputs, case_dir / "inputs.npz")
+        try:
+            self.child.send(cmd="run", suite=raw.info.suite, name=raw.info.name, dir=str(case_dir))
+            message = self.child.receive(self.limits.case_timeout_s)
+        except ChildFailure as exc:
+            raw.failure = "timeout" if isinstance(exc, ChildTimeout) else "died"
+            raw.failure_detail = str(exc)
+            raw.log_tail = exc.log_tail
+            self.stop()
+            return
+        raw.geometry = message.get("geometry", [])
+        raw.compile_s = message.get("compile_s")
+        raw.run_s = message.get("run_s")
+        if message.get("ok"):
+            try:
+                raw.outputs, _ = load_arrays(case_dir / "output.npz")
+            except Exception as exc:  # a candidate could leave a corrupt file behind
+                raw.failure, raw.failure_detail = "died", f"unreadable output file: {exc}"
+                return
+            raw.output_tree = message["treedef"]
+        else:
+            raw.error = message["error"]
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.close()
+            shutil.rmtree(self.child.home, ignore_errors=True)
+            self.child = None
+
+
+def run_sandboxed(spec: Path, candidate: Path, suite: str, seed: int, limits: Limits,
+                  platform: str = "cpu") -> RawRun:
+    """Run the spec's cases of ``suite`` against the candidate, each side in its own child."""
+    spec, candidate = spec.resolve(), candidate.resolve()
+    workdir = Path(tempfile.mkdtemp(prefix="nearmiss-reference-"))
+    reference = SandboxChild(REFERENCE_MODULE, workdir / "home", limits, platform)
+    runner = _CandidateRunner(candidate, limits, platform)
+    try:
+        reference.send(cmd="prepare", spec=str(spec), seed=seed, suite=suite,
+                       workdir=str(workdir / "cases"))
+        feed = _ReferenceFeed(reference)
+        runner.start()  # overlaps the candidate's JAX import with the reference's work
+        described = feed.next("spec")
+        runner.wait_ready()
+        cases = []
+        for item in described["cases"]:
+            atol, rtol = item.pop("tolerance")
+            info = CaseInfo(atol=atol, rtol=rtol, **item)
+            ready = feed.next("case_ready")
+            reference_arrays, extra = load_arrays(Path(ready["dir"]) / "reference.npz")
+            raw = RawCase(info, reference_arrays, extra["treedef"])
+            runner.run(raw, Path(ready["dir"]) / "inputs.npz")
+            cases.append(raw)
+        return RawRun(
+            op=described["name"], category=described["category"],
+            description=described["description"], platform=described["platform"],
+            jax_version=described["jax_version"], cases=cases,
+        )
+    finally:
+        runner.stop()
+        reference.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+__all__ = ["ChildDied", "Limits", "RawCase", "RawRun", "UsageError", "run_sandboxed"]

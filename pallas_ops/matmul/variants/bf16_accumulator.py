@@ -1,0 +1,33 @@
+"""Tiled matmul whose accumulator is rounded to bfloat16 between K steps."""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BM, BN, BK = 64, 64, 128
+
+
+def _matmul_body(a_ref, b_ref, o_ref):
+    @pl.when(pl.program_id(2) == 0)
+    def _init():
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    partial = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+    # The running sum is kept in bfloat16 between K steps.
+    acc = o_ref[...].astype(jnp.bfloat16) + partial.astype(jnp.bfloat16)
+    o_ref[...] = acc.astype(o_ref.dtype)
+
+
+def kernel(a, b):
+    m, k = a.shape
+    n = b.shape[1]
+    return pl.pallas_call(
+        _matmul_body,
+        grid=(pl.cdiv(m, BM), pl.cdiv(n, BN), pl.cdiv(k, BK)),
+        in_specs=[
+            pl.BlockSpec((BM, BK), lambda i, j, kk: (i, kk)),
+            pl.BlockSpec((BK, BN), lambda i, j, kk: (kk, j)),
+        ],
+        out_specs=pl.BlockSpec((BM, BN), lambda i, j, kk: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+    )(a, b)
