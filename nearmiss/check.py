@@ -15,17 +15,18 @@ from nearmiss.forensics.classify import (
     classify_numeric,
     describe_numeric,
     describe_run,
+    error_class,
     ranked_classes,
     refine_unstable,
 )
 from nearmiss.forensics.compare import compare_outputs, structure_difference
-from nearmiss.forensics.errors import summarise_error, trim_message
+from nearmiss.forensics.errors import crash_evidence, headline, summarise_error
 from nearmiss.forensics.localise import localise
 from nearmiss.models import CaseResult, CheckReport, ErrorInfo, IntegrityReport
+from nearmiss.runner.environment import isolation_level
 from nearmiss.runner.session import Limits, RawCase, UsageError, run_sandboxed
 
 SUITES = ("compact", "extended", "all")
-COMPILE_PHASES = ("import", "trace", "compile")
 
 
 def binds_kernel(source: str) -> bool | None:
@@ -55,24 +56,27 @@ def binds_kernel(source: str) -> bool | None:
 def _failure_result(base: CaseResult, raw: RawCase, candidate_name: str) -> CaseResult:
     if raw.error is not None:
         error = summarise_error(raw.error, candidate_name)
-        base.failure_class = "compile_error" if error.phase in COMPILE_PHASES else "runtime_error"
+        base.failure_class = error_class(error)
         where = f" at {error.location}" if error.location else ""
         code = f" (`{error.source_line}`)" if error.source_line else ""
-        first = error.message.splitlines()[0] if error.message else ""
-        base.diagnosis = f"{error.phase.capitalize()} failed{where}{code}: {error.type}: {first}"
+        base.diagnosis = (
+            f"{error.phase.capitalize()} failed{where}{code}: {error.type}: "
+            f"{headline(error.message)}"
+        )
         base.error = error
         return base
-    base.failure_class = "timeout" if raw.failure == "timeout" else "runtime_error"
-    tail = trim_message(raw.log_tail)
-    base.error = ErrorInfo(phase="sandbox", type="Timeout" if raw.failure == "timeout" else
-                           "ProcessDied", message=raw.failure_detail,
-                           excerpt=tail.splitlines()[-6:])
-    if raw.failure == "timeout":
+    timed_out = raw.failure == "timeout"
+    base.failure_class = "timeout" if timed_out else "runtime_error"
+    location, excerpt = crash_evidence(raw.log_tail, candidate_name)
+    base.error = ErrorInfo(phase="sandbox", type="Timeout" if timed_out else "ProcessDied",
+                           message=raw.failure_detail, location=location, excerpt=excerpt)
+    if timed_out:
         base.diagnosis = f"No result in time ({raw.failure_detail}); the process was killed."
     else:
-        base.diagnosis = f"The candidate's process failed: {raw.failure_detail}."
-    if tail:
-        base.diagnosis += f" Last output: {tail.splitlines()[-1]}"
+        where = f" at {location}" if location else ""
+        base.diagnosis = f"The candidate's process failed{where}: {raw.failure_detail}."
+    if excerpt:
+        base.diagnosis += f" Evidence: {'; '.join(excerpt)}"
     return base
 
 
@@ -137,6 +141,7 @@ def check(spec: str | Path, candidate: str | Path, suite: str = "all", seed: int
     return CheckReport(
         op=raw.op, category=raw.category, spec=str(spec), candidate=str(candidate),
         suite=suite, seed=seed, platform=raw.platform, jax_version=raw.jax_version,
+        isolation=isolation_level(),
         certified=bool(cases) and all(c.passed for c in cases) and integrity.ok,
         failure_class=primary,
         failure_classes=classes,

@@ -147,6 +147,7 @@ class CheckReport(BaseModel):
     seed: int
     platform: str
     jax_version: str
+    isolation: str = "process"  # "namespaces": private PID/mount/network namespaces per child
     certified: bool
     failure_class: FailureClass | None = None
     failure_classes: list[FailureClass] = Field(default_factory=list)

@@ -8,13 +8,23 @@ numeric failure confined to adversarial value profiles while normal inputs pass 
 
 from __future__ import annotations
 
-from nearmiss.models import FAILURE_PRIORITY, CaseResult, LeafStats, Localisation
+from nearmiss.models import FAILURE_PRIORITY, CaseResult, ErrorInfo, LeafStats, Localisation
 
 # Reduced precision (bfloat16/float16 intermediates) leaves errors of this size relative to the
 # output's scale; a bug in the algorithm leaves larger or structured ones.
 PRECISION_RMS_MAX = 0.05
 PRECISION_PEAK_MAX = 0.25
 NUMERIC_CLASSES = ("nan_inf", "wrong_values", "precision")
+COMPILE_PHASES = ("import", "trace", "compile")
+
+
+def error_class(error: ErrorInfo) -> str:
+    """An exception is a compile_error before the kernel runs, a runtime_error once it does —
+    except running out of memory, which is a runtime failure in whatever phase it strikes."""
+    out_of_memory = error.type == "MemoryError" or "RESOURCE_EXHAUSTED" in error.message
+    if error.phase in COMPILE_PHASES and not out_of_memory:
+        return "compile_error"
+    return "runtime_error"
 
 
 def classify_numeric(stats: LeafStats, loc: Localisation) -> str:

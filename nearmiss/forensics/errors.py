@@ -6,6 +6,7 @@ own line, the code on it, and the first lines of the message.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from nearmiss.models import ErrorInfo
@@ -29,8 +30,45 @@ def trim_message(message: str) -> str:
         if line.strip() and not line.strip().startswith(_NOISE_PREFIXES)
     ]
     if len(lines) > MAX_MESSAGE_LINES:
-        lines = lines[:MAX_MESSAGE_LINES] + [f"… ({len(lines) - MAX_MESSAGE_LINES} more lines)"]
+        # Keep the last line too: wrapped tracebacks end with the actual exception.
+        hidden = len(lines) - MAX_MESSAGE_LINES
+        lines = lines[: MAX_MESSAGE_LINES - 1] + [f"… ({hidden} more lines)", lines[-1]]
     return "\n".join(lines)
+
+
+def headline(message: str) -> str:
+    """The line that says what went wrong; for a wrapped traceback, its last line."""
+    lines = [line for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if "Traceback (most recent call last)" in lines[0] and len(lines) > 1:
+        return f"{lines[0].split('Traceback')[0].strip()} {lines[-1].strip()}".strip()
+    return lines[0]
+
+
+_FAULT_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)')
+
+
+def crash_evidence(log: str, candidate_name: str) -> tuple[str | None, list[str]]:
+    """(location, excerpt) from a dead child's log: faulthandler's fatal-error line and frames.
+
+    faulthandler lists the most recent call first; the first frame in the candidate's file is
+    where it crashed.
+    """
+    location = None
+    excerpt = []
+    for line in log.splitlines():
+        text = line.strip()
+        if text.startswith("Fatal Python error"):
+            excerpt.append(text)
+        match = _FAULT_FRAME.search(text)
+        if match and match["file"].endswith("/" + candidate_name):
+            where = f"{candidate_name}:{match['line']}"
+            location = location or where
+            excerpt.append(f"{where} in {match['name']}")
+    if not excerpt and log.strip():
+        excerpt = [trim_message(log.strip().splitlines()[-1])]
+    return location, excerpt[:MAX_FRAMES + 1]
 
 
 def summarise_error(raw: dict[str, Any], candidate_name: str) -> ErrorInfo:
@@ -49,7 +87,7 @@ def summarise_error(raw: dict[str, Any], candidate_name: str) -> ErrorInfo:
         f"{candidate_name}:{f['line']} in {f['name']}: {f['code']}" for f in frames[-MAX_FRAMES:]
     ]
     message = trim_message(raw.get("message", ""))
-    excerpt.append(f"{raw['type']}: {message.splitlines()[0] if message else ''}")
+    excerpt.append(f"{raw['type']}: {headline(message)}")
     return ErrorInfo(
         phase=raw["phase"], type=raw["type"], message=message, location=location,
         source_line=source_line, excerpt=excerpt,

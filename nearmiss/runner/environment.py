@@ -2,12 +2,18 @@
 
 API keys, database DSNs and anything else in the engine's environment never reach candidate code:
 variables are copied only when their name is on the allowlist *and* does not look like a secret.
+Where Linux namespaces are available (root, util-linux ``unshare``), the child also gets its own
+PID namespace with a private /proc — so it cannot read another process's environment through
+``/proc/PID/environ`` — and a network namespace with no interfaces but loopback.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import shutil
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -55,3 +61,22 @@ def child_environment(home: Path, parent: Mapping[str, str] | None = None,
     )
     env.update(extra or {})
     return env
+
+
+NAMESPACE_COMMAND = (
+    "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--net", "--ipc",
+)
+
+
+@functools.cache
+def isolation_prefix() -> tuple[str, ...]:
+    """The command prefix that puts a child in fresh namespaces, or () where that is refused."""
+    if os.environ.get("NEARMISS_NO_NAMESPACES") == "1" or shutil.which("unshare") is None:
+        return ()
+    probe = subprocess.run([*NAMESPACE_COMMAND, "true"], capture_output=True, timeout=30)
+    return NAMESPACE_COMMAND if probe.returncode == 0 else ()
+
+
+def isolation_level() -> str:
+    """'namespaces' when children get private PID/mount/network namespaces, else 'process'."""
+    return "namespaces" if isolation_prefix() else "process"

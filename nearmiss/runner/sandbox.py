@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nearmiss.runner.child import ADDRESS_LIMIT_ENV, MEMORY_ENV
-from nearmiss.runner.environment import child_environment
+from nearmiss.runner.environment import child_environment, isolation_prefix
 from nearmiss.runner.protocol import CHANNEL_ENV, LineReader, write_message
 
 POLL_S = 0.05
@@ -62,15 +62,34 @@ def describe_exit(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
+def _process_tree(pid: int) -> list[int]:
+    """pid and all its descendants (the namespace launcher's child runs the actual Python)."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as children:
+                    pending.extend(int(c) for c in children.read().split())
+        except OSError:
+            continue
+    return found
+
+
 def resident_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    """Resident memory of a process and its descendants, in MB."""
+    total = 0
+    for member in _process_tree(pid):
+        try:
+            with open(f"/proc/{member}/status") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+                        break
+        except OSError:
+            continue
+    return total / 1024
 
 
 class SandboxChild:
@@ -91,7 +110,7 @@ class SandboxChild:
         env[ADDRESS_LIMIT_ENV] = "1" if platform_hint == "cpu" else "0"
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", module],
+                [*isolation_prefix(), sys.executable, "-m", module],
                 cwd=home,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -150,7 +169,7 @@ class SandboxChild:
                 return
             time.sleep(POLL_S)
 
-    def log_tail(self, lines: int = 15) -> str:
+    def log_tail(self, lines: int = 60) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:

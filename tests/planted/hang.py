@@ -1,0 +1,6 @@
+"""Planted: the kernel never returns."""
+
+
+def kernel(x):
+    while True:
+        pass

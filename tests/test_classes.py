@@ -1,0 +1,87 @@
+"""Every failure class of DESIGN.md, each produced by a planted kernel, with actionable evidence."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import MATMUL_SPEC, OPS, PLANTED, SOFTMAX_SPEC
+from nearmiss.check import check
+
+SOFTMAX_VARIANTS = OPS / "softmax_rows" / "variants"
+MATMUL_VARIANTS = OPS / "matmul" / "variants"
+
+
+@pytest.mark.parametrize("spec", [SOFTMAX_SPEC, MATMUL_SPEC], ids=["softmax", "matmul"])
+def test_golden_kernels_are_certified(spec):
+    report = check(spec, spec.parent / "golden.py", "all", seed=11)
+    assert report.certified, report.diagnosis
+    assert report.failure_class is None and report.failure_classes == []
+    assert report.compact_passed and report.extended_passed
+
+
+CLASSES = [
+    ("compile_error", MATMUL_SPEC, MATMUL_VARIANTS / "index_map_arity.py"),
+    ("runtime_error", SOFTMAX_SPEC, PLANTED / "runtime_raise.py"),
+    ("shape_mismatch", SOFTMAX_SPEC, PLANTED / "transposed_output.py"),
+    ("nan_inf", MATMUL_SPEC, MATMUL_VARIANTS / "missing_init.py"),
+    ("boundary", SOFTMAX_SPEC, SOFTMAX_VARIANTS / "floor_grid.py"),
+    ("unstable", SOFTMAX_SPEC, SOFTMAX_VARIANTS / "no_max_subtraction.py"),
+    ("precision", MATMUL_SPEC, MATMUL_VARIANTS / "bf16_accumulator.py"),
+    ("wrong_values", MATMUL_SPEC, MATMUL_VARIANTS / "no_accumulate.py"),
+]
+
+
+@pytest.mark.parametrize(("expected", "spec", "candidate"), CLASSES, ids=[c[0] for c in CLASSES])
+def test_each_failure_class_is_reported(expected, spec, candidate):
+    report = check(spec, candidate, "all", seed=5)
+    assert not report.certified
+    assert report.failure_class == expected, report.diagnosis
+    assert expected in report.failure_classes
+    assert report.diagnosis.startswith(expected)
+    failing = [c for c in report.cases if not c.passed]
+    assert failing and all(c.diagnosis for c in failing)
+
+
+def test_compile_error_points_at_the_candidates_line():
+    report = check(MATMUL_SPEC, MATMUL_VARIANTS / "wrong_out_dtype.py", "all", seed=5)
+    case = next(c for c in report.cases if not c.passed)
+    assert case.name == "bf16" and case.failure_class == "compile_error"
+    assert case.error.location.startswith("wrong_out_dtype.py:")
+    assert "o_ref[...] +=" in case.error.source_line
+    assert len(case.error.excerpt) <= 6
+
+
+def test_a_ragged_tail_bug_passes_compact_and_fails_extended_with_localisation():
+    report = check(SOFTMAX_SPEC, SOFTMAX_VARIANTS / "floor_grid.py", "all", seed=5)
+    assert report.compact_passed is True and report.extended_passed is False
+    assert "only the extended suite fails" in report.diagnosis
+    ragged = next(c for c in report.cases if c.name == "ragged")
+    loc = ragged.localisation
+    assert loc.tail_axes == [0] and loc.axes[0].bad_ranges == "40-44"
+    assert loc.tiles.block_shape == [8, 320] and loc.tiles.only_partial_tiles
+    assert ragged.kernel_grid == [5]  # floor(45 / 8): the evidence shows the short grid
+    # The compact suite alone certifies it: full coverage is what catches the bug.
+    assert check(SOFTMAX_SPEC, SOFTMAX_VARIANTS / "floor_grid.py", "compact", seed=5).certified
+
+
+def test_unstable_names_the_value_profile_and_precision_is_not_wrong_values():
+    unstable = check(SOFTMAX_SPEC, SOFTMAX_VARIANTS / "no_max_subtraction.py", "all", seed=5)
+    large = next(c for c in unstable.cases if not c.passed)
+    assert large.profile == "large" and "'large' value profile" in large.diagnosis
+    precision = check(MATMUL_SPEC, MATMUL_VARIANTS / "bf16_accumulator.py", "all", seed=5)
+    stats = precision.cases[0].leaves[0]
+    assert stats.rms_rel_error < 0.01 and stats.nan_count == 0
+    assert precision.cases[0].localisation.spread
+
+
+def test_seed_reproduces_a_run_and_the_default_seed_varies():
+    first = check(SOFTMAX_SPEC, SOFTMAX_VARIANTS / "no_max_subtraction.py", "extended", seed=42)
+    again = check(SOFTMAX_SPEC, SOFTMAX_VARIANTS / "no_max_subtraction.py", "extended", seed=42)
+    assert first.seed == again.seed == 42
+    assert [c.leaves[0].model_dump() for c in first.cases] == [
+        c.leaves[0].model_dump() for c in again.cases
+    ]
+    other = check(SOFTMAX_SPEC, SOFTMAX_VARIANTS / "no_max_subtraction.py", "extended", seed=43)
+    assert [c.leaves[0].max_abs_error for c in other.cases] != [
+        c.leaves[0].max_abs_error for c in first.cases
+    ]

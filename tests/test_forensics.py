@@ -1,0 +1,155 @@
+"""Forensics on synthetic outputs: comparison, localisation and classification, no sandbox."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from nearmiss.forensics.classify import classify_numeric, ranked_classes, refine_unstable
+from nearmiss.forensics.compare import compare_leaf, structure_difference
+from nearmiss.forensics.errors import summarise_error
+from nearmiss.forensics.localise import index_ranges, localise
+from nearmiss.models import CaseResult
+from nearmiss.runner.arrays import load_arrays, save_arrays
+
+RNG = np.random.default_rng(0)
+REF = RNG.standard_normal((45, 320)).astype(np.float32)
+GEOMETRY = [{"grid": [6], "outputs": [{"array_shape": [45, 320], "block_shape": [8, 320]}]}]
+
+
+def classify(out, ref=REF, geometry=GEOMETRY, atol=1e-5, rtol=1e-5):
+    comparison = compare_leaf("out", ref, out, atol, rtol)
+    loc = localise("out", comparison.bad, geometry)
+    return classify_numeric(comparison.stats, loc), comparison.stats, loc
+
+
+def test_identical_outputs_have_no_mismatch():
+    comparison = compare_leaf("out", REF, REF.copy(), 1e-5, 1e-5)
+    assert comparison.stats.mismatched == 0
+    assert comparison.stats.max_abs_error == 0
+
+
+def test_nan_where_reference_is_nan_is_not_a_mismatch():
+    ref = REF.copy()
+    ref[0, 0] = np.nan
+    ref[1, 1] = np.inf
+    out = ref.copy()
+    assert compare_leaf("out", ref, out, 1e-5, 1e-5).stats.mismatched == 0
+    out[1, 1] = -np.inf
+    assert compare_leaf("out", ref, out, 1e-5, 1e-5).stats.mismatched == 1
+
+
+def test_tolerance_is_atol_plus_rtol_times_reference():
+    ref = np.array([1.0, 100.0], np.float32)
+    out = ref + np.array([0.5, 0.5], np.float32)
+    stats = compare_leaf("out", ref, out, atol=0.1, rtol=0.01).stats
+    # |0.5| > 0.1 + 0.01*1 fails; |0.5| <= 0.1 + 0.01*100 passes.
+    assert stats.mismatched == 1 and stats.worst_index == [0]
+
+
+def test_tail_nan_is_boundary_with_tile_evidence():
+    out = REF.copy()
+    out[40:] = np.nan
+    klass, stats, loc = classify(out)
+    assert klass == "boundary"
+    assert stats.nan_count == 5 * 320
+    assert loc.tail_axes == [0]
+    assert loc.tiles.only_partial_tiles and loc.tiles.bad_tiles == [[5, 0]]
+    assert loc.axes[0].bad_ranges == "40-44"
+
+
+def test_tail_detection_without_kernel_geometry_uses_common_blocks():
+    out = REF.copy()
+    out[:, 256:] += 1.0
+    klass, _, loc = classify(out, geometry=[])
+    assert klass == "boundary" and loc.tail_axes == [1] and loc.tiles is None
+
+
+def test_nan_everywhere_is_nan_inf():
+    klass, stats, _ = classify(np.full_like(REF, np.nan))
+    assert klass == "nan_inf" and stats.nan_count == REF.size
+
+
+def test_rounding_noise_is_precision():
+    out = REF.astype(ml_dtypes.bfloat16).astype(np.float32)
+    klass, stats, loc = classify(out)
+    assert klass == "precision", stats
+    assert loc.spread and stats.rms_rel_error < 0.01
+
+
+def test_constant_factor_is_wrong_values_with_the_factor():
+    # Small enough to look like rounding by magnitude alone: the scale fit tells them apart.
+    klass, stats, _ = classify(REF * np.float32(320 / 319))
+    assert klass == "wrong_values"
+    assert stats.scale_fit == pytest.approx(320 / 319, rel=1e-6)
+
+
+def test_structured_error_is_wrong_values_on_the_suspected_axis():
+    out = REF.copy()
+    out[:, 7] += 3.0  # one column wrong: structured, large
+    klass, _, loc = classify(out)
+    assert klass == "wrong_values"
+    assert loc.suspected_axis == 1 and loc.axes[1].bad_ranges == "7"
+    assert not loc.spread
+
+
+def test_structure_difference_names_shape_and_dtype():
+    ref = [np.zeros((4, 8), np.float32)]
+    assert structure_difference(ref, "PyTreeDef(*)", [np.zeros((8, 4), np.float32)],
+                                "PyTreeDef(*)") == (
+        "out is float32[8, 4], the reference's is float32[4, 8]"
+    )
+    assert "float16" in structure_difference(ref, "PyTreeDef(*)",
+                                             [np.zeros((4, 8), np.float16)], "PyTreeDef(*)")
+    assert "structure" in structure_difference(ref, "PyTreeDef(*)", ref * 2, "PyTreeDef((*, *))")
+    assert structure_difference(ref, "PyTreeDef(*)", ref, "PyTreeDef(*)") is None
+
+
+def _case(profile, passed, klass=None):
+    return CaseResult(suite="extended", name=profile, dims={}, dtype="float32",
+                      profile=profile, passed=passed, failure_class=klass)
+
+
+def test_failure_only_on_adversarial_profile_is_unstable():
+    cases = [_case("normal", True), _case("large", False, "nan_inf")]
+    refine_unstable(cases)
+    assert cases[1].failure_class == "unstable"
+    # When normal inputs fail numerically too, the adversarial failure keeps its class.
+    cases = [_case("normal", False, "wrong_values"), _case("large", False, "nan_inf")]
+    refine_unstable(cases)
+    assert cases[1].failure_class == "nan_inf"
+
+
+def test_primary_class_is_the_most_fundamental():
+    assert ranked_classes(["precision", "compile_error", "boundary"])[0] == "compile_error"
+    assert ranked_classes(["unstable", "wrong_values"]) == ["wrong_values", "unstable"]
+
+
+def test_index_ranges_are_compact():
+    assert index_ranges(np.array([3, 40, 41, 42, 63])) == "3, 40-42, 63"
+    assert "more ranges" in index_ranges(np.arange(0, 40, 2))
+
+
+def test_error_summary_points_at_the_candidates_line():
+    raw = {
+        "phase": "trace", "type": "ValueError",
+        "message": "Invalid dtype for `swap`.\nFor simplicity, JAX has removed its internal frames",
+        "frames": [
+            {"file": "/x/jax/_src/core.py", "line": 10, "name": "bind", "code": "..."},
+            {"file": "/tmp/h/kern.py", "line": 15, "name": "_body", "code": "o_ref[...] = y"},
+        ],
+    }
+    info = summarise_error(raw, "kern.py")
+    assert info.location == "kern.py:15" and info.source_line == "o_ref[...] = y"
+    assert info.message == "Invalid dtype for `swap`."
+    assert info.excerpt[-1] == "ValueError: Invalid dtype for `swap`."
+
+
+def test_arrays_round_trip_bfloat16_without_pickle(tmp_path):
+    arrays = [REF.astype(ml_dtypes.bfloat16), np.arange(5, dtype=np.int32), np.array(True)]
+    save_arrays(tmp_path / "a.npz", arrays, {"treedef": "PyTreeDef((*, *, *))"})
+    loaded, extra = load_arrays(tmp_path / "a.npz")
+    assert [a.dtype for a in loaded] == [a.dtype for a in arrays]
+    assert all(np.array_equal(a, b) for a, b in zip(arrays, loaded, strict=True))
+    assert extra == {"treedef": "PyTreeDef((*, *, *))"}

@@ -1,0 +1,129 @@
+"""Candidate code can crash, hang, allocate without end or snoop; the caller survives."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PLANTED, SOFTMAX_SPEC, check_json
+from nearmiss.check import check
+from nearmiss.runner.environment import child_environment, isolation_level
+from nearmiss.runner.sandbox import Limits
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch) -> Path:
+    """Sandbox homes go under tmp_path, so a test can see whether anything was left behind."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def processes_under(folder: Path) -> list[int]:
+    """PIDs whose working directory lies under ``folder``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/cwd").startswith(str(folder)):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def compact(candidate: str, **limits) -> tuple:
+    started = time.monotonic()
+    report = check(SOFTMAX_SPEC, PLANTED / candidate, "compact", 1, Limits(**limits))
+    return report, report.cases[0], time.monotonic() - started
+
+
+def test_a_hanging_kernel_is_killed_and_reported_as_timeout(private_tmp):
+    report, case, elapsed = compact("hang.py", case_timeout_s=3)
+    assert case.failure_class == "timeout" and report.failure_class == "timeout"
+    assert "3 s" in case.diagnosis
+    assert elapsed < 60
+    assert processes_under(private_tmp) == []
+    assert list(private_tmp.iterdir()) == []  # every sandbox directory was removed
+
+
+def test_a_hang_at_import_is_a_timeout_for_every_case(private_tmp):
+    report = check(SOFTMAX_SPEC, PLANTED / "hang_at_import.py", "all", 1,
+                   Limits(startup_timeout_s=5))
+    assert [c.failure_class for c in report.cases] == ["timeout"] * 3
+    assert "importing the candidate" in report.cases[0].diagnosis
+    assert processes_under(private_tmp) == []
+
+
+def test_a_segfault_is_a_runtime_error_pointing_at_the_line():
+    _, case, _ = compact("segfault.py")
+    assert case.failure_class == "runtime_error"
+    assert "SIGSEGV" in case.diagnosis
+    assert case.error.location == "segfault.py:7"
+
+
+def test_os_exit_at_import_is_a_finding():
+    _, case, _ = compact("exit_at_import.py")
+    assert case.failure_class == "runtime_error"
+    assert "exited with status 3" in case.diagnosis
+
+
+def test_exceptions_and_syntax_errors_at_import_are_compile_errors_with_the_line():
+    _, case, _ = compact("raise_at_import.py")
+    assert case.failure_class == "compile_error"
+    assert case.error.location == "raise_at_import.py:3"
+    assert "KeyError" in case.diagnosis
+    _, case, _ = compact("syntax_error.py")
+    assert case.failure_class == "compile_error"
+    assert case.error.location == "syntax_error.py:6"
+
+
+def test_a_memory_bomb_hits_the_limit_and_the_caller_survives(private_tmp):
+    _, case, elapsed = compact("memory_bomb.py", memory_mb=1536)
+    assert case.failure_class == "runtime_error"
+    assert "memory" in case.diagnosis.lower()
+    assert elapsed < 120
+    assert processes_under(private_tmp) == []
+
+
+def test_the_child_environment_is_an_allowlist():
+    parent = {"PATH": "/bin", "OPENAI_API_KEY": "k", "DATABASE_URL": "postgres://u:p@h/d",
+              "PGPASSWORD": "p", "JAX_PLATFORMS": "cpu", "AWS_SECRET_ACCESS_KEY": "s",
+              "NEARMISS_DSN": "postgres://x", "HOME": "/root"}
+    env = child_environment(Path("/tmp/home"), parent)
+    assert env["JAX_PLATFORMS"] == "cpu" and env["PATH"] == "/bin"
+    assert env["HOME"] == env["TMPDIR"] == "/tmp/home"
+    for secret in ("OPENAI_API_KEY", "DATABASE_URL", "PGPASSWORD", "AWS_SECRET_ACCESS_KEY",
+                   "NEARMISS_DSN"):
+        assert secret not in env
+
+
+MARKER = "planted-marker-7731"
+
+
+def test_a_secret_in_the_callers_environment_never_reaches_the_candidate():
+    if isolation_level() != "namespaces":
+        pytest.skip("without PID namespaces /proc/PPID/environ is readable; the static gate "
+                    "(integrity) is then the line of defence")
+    env = dict(os.environ, OPENAI_API_KEY=MARKER, DATABASE_URL=f"postgres://u:{MARKER}@h/db")
+    code, report = check_json(SOFTMAX_SPEC, PLANTED / "secret_probe.py", "--suite", "compact",
+                              env=env)
+    assert report["isolation"] == "namespaces"
+    assert code == 0 and report["certified"], report["diagnosis"]
+
+
+def test_the_secret_probe_does_see_what_is_passed_through():
+    # Control for the test above: an allowlisted variable does reach the candidate, and the
+    # probe then poisons its output, so a leak would have been caught.
+    env = dict(os.environ, TZ=MARKER)
+    code, report = check_json(SOFTMAX_SPEC, PLANTED / "secret_probe.py", "--suite", "compact",
+                              env=env)
+    assert code == 1 and report["failure_class"] == "nan_inf"
+
+
+def test_interpret_mode_is_forced_even_for_calls_built_at_import():
+    report, case, _ = compact("built_at_import.py")
+    assert case.passed and report.certified, case.diagnosis
