@@ -1,0 +1,78 @@
+"""How much does `check` cost on top of the work itself?
+
+For a few bundled kernels, times a full sandboxed ``check`` (two child processes, JAX start-up,
+file exchange, forensics) against the intrinsic cost: the same reference + compile + run of every
+case in one warm in-process loop (JAX imported, caches cleared so compilation is counted).
+Prints the ratio; no target is set yet.
+
+    .venv/bin/python benchmarks/check_overhead.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+from pathlib import Path
+
+import jax
+
+from nearmiss.check import check
+from nearmiss.render import table
+from nearmiss.runner.interpret import force_interpret_on_cpu
+from nearmiss.runner.reference_child import case_key
+from nearmiss.spec import load_spec
+
+OPS = Path(__file__).resolve().parent.parent / "pallas_ops"
+KERNELS = [
+    ("softmax_rows", OPS / "softmax_rows" / "golden.py"),
+    ("softmax_rows", OPS / "softmax_rows" / "variants" / "floor_grid.py"),
+    ("matmul", OPS / "matmul" / "golden.py"),
+    ("matmul", OPS / "matmul" / "variants" / "missing_init.py"),
+]
+
+
+def intrinsic_seconds(spec_path: Path, candidate: Path, seed: int) -> float:
+    """Reference, trace, compile and run of every case, in this (warm) process."""
+    jax.clear_caches()
+    started = time.perf_counter()
+    spec = load_spec(spec_path)
+    name = f"bench_{candidate.stem}_{time.perf_counter_ns()}"
+    loader = importlib.util.spec_from_file_location(name, candidate)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    for suite in ("compact", "extended"):
+        for case in spec.suite(suite):
+            inputs = spec.make_inputs(case, case_key(jax, seed, suite, case.name))
+            jax.block_until_ready(spec.reference(*inputs))
+            try:
+                compiled = jax.jit(module.kernel).trace(*inputs).lower().compile()
+                jax.block_until_ready(compiled(*inputs))
+            except Exception:
+                pass  # a failing variant costs what it costs up to the failure
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    force_interpret_on_cpu()
+    rows, ratios = [], []
+    for op, candidate in KERNELS:
+        spec = OPS / op / "spec.py"
+        intrinsic_seconds(spec, candidate, 0)  # warm-up: imports, backend initialisation
+        sandboxed = [check(spec, candidate, "all", seed).wall_s for seed in range(args.repeat)]
+        inproc = [intrinsic_seconds(spec, candidate, seed) for seed in range(args.repeat)]
+        s, i = statistics.median(sandboxed), statistics.median(inproc)
+        ratios.append(s / i)
+        rows.append([f"{op}/{candidate.name}", f"{s:.2f}", f"{i:.2f}", f"{s / i:.1f}x",
+                     f"{s - i:.2f}"])
+    print(table(["kernel", "check s", "intrinsic s", "ratio", "overhead s"], rows))
+    print(f"\nmedian ratio check/intrinsic: {statistics.median(ratios):.1f}x "
+          f"(jax {jax.__version__}, {jax.default_backend()}, median of {args.repeat})")
+
+
+if __name__ == "__main__":
+    main()
