@@ -127,3 +127,11 @@ def test_the_secret_probe_does_see_what_is_passed_through():
 def test_interpret_mode_is_forced_even_for_calls_built_at_import():
     report, case, _ = compact("built_at_import.py")
     assert case.passed and report.certified, case.diagnosis
+
+
+def test_forged_messages_on_the_engine_pipe_are_a_finding_not_a_crash():
+    report, case, _ = compact("forged_messages.py")
+    assert not report.certified
+    assert case.failure_class == "runtime_error"
+    assert "unexpected message" in case.diagnosis or "malformed" in case.diagnosis \
+        or "unusable result" in case.diagnosis

@@ -73,22 +73,27 @@ def crash_evidence(log: str, candidate_name: str) -> tuple[str | None, list[str]
 
 def summarise_error(raw: dict[str, Any], candidate_name: str) -> ErrorInfo:
     """ErrorInfo from the child's exception record, located in the candidate's own file."""
-    frames = [f for f in raw.get("frames", []) if f["file"].endswith("/" + candidate_name)]
+    frames = [
+        f for f in raw.get("frames") or []
+        if str(f.get("file", "")).endswith("/" + candidate_name)
+    ]
     location = source_line = None
     syntax = raw.get("syntax")
-    if syntax and str(syntax.get("file", "")).endswith(candidate_name):
+    if isinstance(syntax, dict) and str(syntax.get("file", "")).endswith(candidate_name):
         location = f"{candidate_name}:{syntax['line']}"
         source_line = (syntax.get("text") or "").strip() or None
     elif frames:
         deepest = frames[-1]
-        location = f"{candidate_name}:{deepest['line']}"
-        source_line = deepest["code"] or None
+        location = f"{candidate_name}:{deepest.get('line')}"
+        source_line = deepest.get("code") or None
     excerpt = [
-        f"{candidate_name}:{f['line']} in {f['name']}: {f['code']}" for f in frames[-MAX_FRAMES:]
+        f"{candidate_name}:{f.get('line')} in {f.get('name')}: {f.get('code')}"
+        for f in frames[-MAX_FRAMES:]
     ]
-    message = trim_message(raw.get("message", ""))
-    excerpt.append(f"{raw['type']}: {headline(message)}")
+    message = trim_message(str(raw.get("message", "")))
+    kind = str(raw.get("type", "Exception"))
+    excerpt.append(f"{kind}: {headline(message)}")
     return ErrorInfo(
-        phase=raw["phase"], type=raw["type"], message=message, location=location,
+        phase=raw["phase"], type=kind, message=message, location=location,
         source_line=source_line, excerpt=excerpt,
     )

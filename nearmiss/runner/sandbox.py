@@ -134,16 +134,27 @@ class SandboxChild:
         """The next message, or ChildTimeout / ChildDied."""
         deadline = time.monotonic() + timeout_s
         while True:
-            message = self._reader.pending()
+            try:
+                message = self._reader.pending()
+            except ValueError as exc:  # includes JSONDecodeError
+                self.kill()
+                raise ChildDied(f"sent a malformed message ({exc})", self.log_tail()) from exc
             if message is not None:
+                if not isinstance(message, dict) or not isinstance(message.get("event"), str):
+                    self.kill()
+                    raise ChildDied("sent a message without an event", self.log_tail())
                 return message
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.kill()
                 raise ChildTimeout(f"no answer within {timeout_s:.0f} s", self.log_tail())
             ready, _, _ = select.select([self._from_child_r], [], [], min(remaining, POLL_S))
-            if ready and not self._reader.feed():
-                raise self._died()
+            try:
+                if ready and not self._reader.feed():
+                    raise self._died()
+            except ValueError as exc:  # an oversized message
+                self.kill()
+                raise ChildDied(str(exc), self.log_tail()) from exc
             rss = resident_mb(self.process.pid)
             self.peak_rss_mb = max(self.peak_rss_mb, rss)
             if rss > self.limits.memory_mb:

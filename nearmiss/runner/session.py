@@ -141,8 +141,12 @@ class _CandidateRunner:
         if message["event"] == "no_kernel":
             self.stop()
             raise UsageError(f"candidate {self.candidate} defines no callable `kernel`")
-        if message["event"] == "import_failed":
-            self.import_problem = {"error": message["error"]}
+        if message["event"] == "import_failed" and isinstance(message.get("error"), dict):
+            self.import_problem = {"error": {**message["error"], "phase": "import"}}
+            self.stop()
+        elif message["event"] != "ready":
+            self.import_problem = {"failure": "died", "log_tail": self.child.log_tail(),
+                                   "failure_detail": f"unexpected message {message['event']!r}"}
             self.stop()
 
     def run(self, raw: RawCase, inputs: Path) -> None:
@@ -166,18 +170,28 @@ class _CandidateRunner:
             raw.log_tail = exc.log_tail
             self.stop()
             return
-        raw.geometry = message.get("geometry", [])
+        try:
+            self._record(raw, message, case_dir)
+        except Exception as exc:  # the child is untrusted: a forged message or a corrupt file
+            raw.outputs = raw.error = None
+            raw.failure, raw.failure_detail = "died", f"unusable result from the child: {exc!r}"
+            self.stop()
+
+    @staticmethod
+    def _record(raw: RawCase, message: dict[str, Any], case_dir: Path) -> None:
+        if message["event"] != "case_done" or message.get("name") != raw.info.name:
+            raise ValueError(f"unexpected message {message['event']!r}")
+        raw.geometry = list(message.get("geometry") or [])
         raw.compile_s = message.get("compile_s")
         raw.run_s = message.get("run_s")
         if message.get("ok"):
-            try:
-                raw.outputs, _ = load_arrays(case_dir / "output.npz")
-            except Exception as exc:  # a candidate could leave a corrupt file behind
-                raw.failure, raw.failure_detail = "died", f"unreadable output file: {exc}"
-                return
-            raw.output_tree = message["treedef"]
+            raw.outputs, _ = load_arrays(case_dir / "output.npz")
+            raw.output_tree = str(message["treedef"])
         else:
-            raw.error = message["error"]
+            error = message["error"]
+            if error.get("phase") not in ("trace", "compile", "run"):
+                raise ValueError("error record without a valid phase")
+            raw.error = error
 
     def stop(self) -> None:
         if self.child is not None:
