@@ -153,3 +153,12 @@ def test_arrays_round_trip_bfloat16_without_pickle(tmp_path):
     assert [a.dtype for a in loaded] == [a.dtype for a in arrays]
     assert all(np.array_equal(a, b) for a, b in zip(arrays, loaded, strict=True))
     assert extra == {"treedef": "PyTreeDef((*, *, *))"}
+
+
+def test_geometry_from_the_child_is_used_only_when_well_formed():
+    from nearmiss.runner.session import _checked_geometry
+
+    assert _checked_geometry(GEOMETRY) == GEOMETRY
+    for forged in (None, "grid", [{"grid": [1]}], [{"grid": ["x"], "outputs": []}],
+                   [{"grid": [1], "outputs": [{"array_shape": [2], "block_shape": None}]}]):
+        assert _checked_geometry(forged) == []

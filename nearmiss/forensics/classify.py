@@ -105,7 +105,8 @@ def describe_numeric(klass: str, stats: LeafStats, loc: Localisation) -> str:
     elif klass == "nan_inf":
         lead = (
             f"{stats.nan_count} NaN and {stats.inf_count} Inf where the reference is finite "
-            "(in interpret mode uninitialised outputs/accumulators read as NaN)."
+            "(uninitialised outputs or accumulators read as NaN in interpret mode; overflow, "
+            "e.g. exp of large values, gives Inf/NaN)."
         )
     elif klass == "precision":
         lead = (

@@ -73,9 +73,10 @@ def crash_evidence(log: str, candidate_name: str) -> tuple[str | None, list[str]
 
 def summarise_error(raw: dict[str, Any], candidate_name: str) -> ErrorInfo:
     """ErrorInfo from the child's exception record, located in the candidate's own file."""
+    frames = raw.get("frames")
     frames = [
-        f for f in raw.get("frames") or []
-        if str(f.get("file", "")).endswith("/" + candidate_name)
+        f for f in (frames if isinstance(frames, list) else [])
+        if isinstance(f, dict) and str(f.get("file", "")).endswith("/" + candidate_name)
     ]
     location = source_line = None
     syntax = raw.get("syntax")

@@ -105,6 +105,28 @@ class _ReferenceFeed:
         return message
 
 
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(type(v) is int for v in value)
+
+
+def _checked_geometry(value: Any) -> list[dict[str, Any]]:
+    """The child's kernel geometry if well-formed, else none: it is a hint from untrusted code."""
+    try:
+        ok = isinstance(value, list) and all(
+            _int_list(call["grid"])
+            and all(_int_list(o["array_shape"]) and _int_list(o["block_shape"])
+                    for o in call["outputs"])
+            for call in value
+        )
+    except (KeyError, TypeError):
+        ok = False
+    return value if ok else []
+
+
 class _CandidateRunner:
     """Keeps one candidate child alive across cases; replaces it after a timeout or crash."""
 
@@ -113,12 +135,10 @@ class _CandidateRunner:
         self.limits = limits
         self.platform = platform
         self.child: SandboxChild | None = None
-        self.spawned = 0
         # Set when the candidate cannot even be imported: every case gets the same finding.
         self.import_problem: dict[str, Any] | None = None
 
     def start(self) -> None:
-        self.spawned += 1
         home = Path(tempfile.mkdtemp(prefix="nearmiss-candidate-"))
         shutil.copy(self.candidate, home / self.candidate.name)
         self.child = SandboxChild(
@@ -181,9 +201,9 @@ class _CandidateRunner:
     def _record(raw: RawCase, message: dict[str, Any], case_dir: Path) -> None:
         if message["event"] != "case_done" or message.get("name") != raw.info.name:
             raise ValueError(f"unexpected message {message['event']!r}")
-        raw.geometry = list(message.get("geometry") or [])
-        raw.compile_s = message.get("compile_s")
-        raw.run_s = message.get("run_s")
+        raw.geometry = _checked_geometry(message.get("geometry"))
+        raw.compile_s = _seconds(message.get("compile_s"))
+        raw.run_s = _seconds(message.get("run_s"))
         if message.get("ok"):
             raw.outputs, _ = load_arrays(case_dir / "output.npz")
             raw.output_tree = str(message["treedef"])
