@@ -67,11 +67,14 @@ def main() -> None:
         inproc = [intrinsic_seconds(spec, candidate, seed) for seed in range(args.repeat)]
         s, i = statistics.median(sandboxed), statistics.median(inproc)
         ratios.append(s / i)
-        rows.append([f"{op}/{candidate.name}", f"{s:.2f}", f"{i:.2f}", f"{s / i:.1f}x",
-                     f"{s - i:.2f}"])
+        rows.append(
+            [f"{op}/{candidate.name}", f"{s:.2f}", f"{i:.2f}", f"{s / i:.1f}x", f"{s - i:.2f}"]
+        )
     print(table(["kernel", "check s", "intrinsic s", "ratio", "overhead s"], rows))
-    print(f"\nmedian ratio check/intrinsic: {statistics.median(ratios):.1f}x "
-          f"(jax {jax.__version__}, {jax.default_backend()}, median of {args.repeat})")
+    print(
+        f"\nmedian ratio check/intrinsic: {statistics.median(ratios):.1f}x "
+        f"(jax {jax.__version__}, {jax.default_backend()}, median of {args.repeat})"
+    )
 
 
 if __name__ == "__main__":

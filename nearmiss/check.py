@@ -41,8 +41,9 @@ def binds_kernel(source: str) -> bool | None:
                 return True
         elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(n, ast.Name) and n.id == "kernel" for t in targets
-                   for n in ast.walk(t)):
+            if any(
+                isinstance(n, ast.Name) and n.id == "kernel" for t in targets for n in ast.walk(t)
+            ):
                 return True
         elif isinstance(node, ast.Import | ast.ImportFrom):
             for alias in node.names:
@@ -68,8 +69,13 @@ def _failure_result(base: CaseResult, raw: RawCase, candidate_name: str) -> Case
     timed_out = raw.failure == "timeout"
     base.failure_class = "timeout" if timed_out else "runtime_error"
     location, excerpt = crash_evidence(raw.log_tail, candidate_name)
-    base.error = ErrorInfo(phase="sandbox", type="Timeout" if timed_out else "ProcessDied",
-                           message=raw.failure_detail, location=location, excerpt=excerpt)
+    base.error = ErrorInfo(
+        phase="sandbox",
+        type="Timeout" if timed_out else "ProcessDied",
+        message=raw.failure_detail,
+        location=location,
+        excerpt=excerpt,
+    )
     if timed_out:
         base.diagnosis = f"No result in time ({raw.failure_detail}); the process was killed."
     else:
@@ -84,14 +90,23 @@ def case_result(raw: RawCase, candidate_name: str) -> CaseResult:
     info = raw.info
     grid = raw.geometry[-1]["grid"] if raw.geometry else None
     base = CaseResult(
-        suite=info.suite, name=info.name, dims=info.dims, dtype=info.dtype,
-        profile=info.profile, passed=False, atol=info.atol, rtol=info.rtol,
-        compile_s=raw.compile_s, run_s=raw.run_s, kernel_grid=grid,
+        suite=info.suite,
+        name=info.name,
+        dims=info.dims,
+        dtype=info.dtype,
+        profile=info.profile,
+        passed=False,
+        atol=info.atol,
+        rtol=info.rtol,
+        compile_s=raw.compile_s,
+        run_s=raw.run_s,
+        kernel_grid=grid,
     )
     if raw.outputs is None:
         return _failure_result(base, raw, candidate_name)
-    structure = structure_difference(raw.reference, raw.reference_tree, raw.outputs,
-                                     raw.output_tree or "")
+    structure = structure_difference(
+        raw.reference, raw.reference_tree, raw.outputs, raw.output_tree or ""
+    )
     if structure:
         base.failure_class = "shape_mismatch"
         base.structure = structure
@@ -109,8 +124,13 @@ def case_result(raw: RawCase, candidate_name: str) -> CaseResult:
     return base
 
 
-def check(spec: str | Path, candidate: str | Path, suite: str = "all", seed: int | None = None,
-          limits: Limits | None = None) -> CheckReport:
+def check(
+    spec: str | Path,
+    candidate: str | Path,
+    suite: str = "all",
+    seed: int | None = None,
+    limits: Limits | None = None,
+) -> CheckReport:
     """Run the spec's ``suite`` on the candidate in the sandbox and return the full report.
 
     Raises UsageError (one-line reason) for unusable input; a candidate that fails to import,
@@ -139,8 +159,14 @@ def check(spec: str | Path, candidate: str | Path, suite: str = "all", seed: int
     compact = [c.passed for c in cases if c.suite == "compact"]
     extended = [c.passed for c in cases if c.suite == "extended"]
     return CheckReport(
-        op=raw.op, category=raw.category, spec=str(spec), candidate=str(candidate),
-        suite=suite, seed=seed, platform=raw.platform, jax_version=raw.jax_version,
+        op=raw.op,
+        category=raw.category,
+        spec=str(spec),
+        candidate=str(candidate),
+        suite=suite,
+        seed=seed,
+        platform=raw.platform,
+        jax_version=raw.jax_version,
         isolation=isolation_level(),
         certified=bool(cases) and all(c.passed for c in cases) and integrity.ok,
         failure_class=primary,

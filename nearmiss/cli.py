@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     check_cmd = commands.add_parser(
-        "check", help="certify or diagnose a candidate kernel against a spec",
+        "check",
+        help="certify or diagnose a candidate kernel against a spec",
         description="Exit 0 certified, 1 not certified, 2 unusable input.",
     )
     check_cmd.add_argument("spec", type=Path, help="spec file defining SPEC")
@@ -37,10 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
     check_cmd.add_argument("--suite", choices=SUITES, default="all")
     check_cmd.add_argument("--json", action="store_true", help="print one JSON object")
     check_cmd.add_argument("--seed", type=int, help="reproduce a run (default: a fresh seed)")
-    check_cmd.add_argument("--timeout", type=_positive(float), default=Limits.case_timeout_s,
-                           help="seconds per case (default %(default)s)")
-    check_cmd.add_argument("--memory-mb", type=_positive(int), default=Limits.memory_mb,
-                           help="memory limit of candidate code (default %(default)s)")
+    check_cmd.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=Limits.case_timeout_s,
+        help="seconds per case (default %(default)s)",
+    )
+    check_cmd.add_argument(
+        "--memory-mb",
+        type=_positive(int),
+        default=Limits.memory_mb,
+        help="memory limit of candidate code (default %(default)s)",
+    )
     demo_cmd = commands.add_parser("demo", help="check the bundled example kernels")
     demo_cmd.add_argument("--seed", type=int, default=0)
     return parser

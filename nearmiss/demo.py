@@ -17,11 +17,16 @@ def run_demo(seed: int = 0) -> int:
             got = report.failure_class
             ok = report.certified if expected is None else got == expected
             misses += not ok
-            rows.append([
-                op.name, path.name, expected or "certified",
-                "certified" if report.certified else str(got),
-                "yes" if ok else "NO", f"{report.wall_s:.1f}",
-            ])
+            rows.append(
+                [
+                    op.name,
+                    path.name,
+                    expected or "certified",
+                    "certified" if report.certified else str(got),
+                    "yes" if ok else "NO",
+                    f"{report.wall_s:.1f}",
+                ]
+            )
             if not report.certified:
                 diagnoses.append(f"{op.name}/{path.name}: {report.diagnosis[:300]}")
             print(f"  checked {op.name}/{path.name}", flush=True)

@@ -26,8 +26,9 @@ def _mismatch_column(case: CaseResult) -> str:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
@@ -42,14 +43,20 @@ def render_report(report: CheckReport) -> str:
     )
     rows = [
         [
-            c.suite, c.name, _dims(c), c.dtype, c.profile,
+            c.suite,
+            c.name,
+            _dims(c),
+            c.dtype,
+            c.profile,
             "pass" if c.passed else f"FAIL {c.failure_class}",
-            _error_column(c), _mismatch_column(c),
+            _error_column(c),
+            _mismatch_column(c),
         ]
         for c in report.cases
     ]
-    body = table(["suite", "case", "dims", "dtype", "profile", "result", "max abs err",
-                  "mismatched"], rows)
+    body = table(
+        ["suite", "case", "dims", "dtype", "profile", "result", "max abs err", "mismatched"], rows
+    )
     integrity = report.integrity
     if integrity.violations:
         gate = "VIOLATED: " + "; ".join(f"{v.rule}: {v.detail}" for v in integrity.violations)

@@ -33,8 +33,9 @@ def load_operator(folder: Path) -> Operator:
     manifest = folder / "variants.json"
     entries = json.loads(manifest.read_text()) if manifest.is_file() else []
     variants = tuple(
-        Variant(folder / "variants" / e["file"], e["bug_family"], e["failure_class"],
-                e["diagnosis"])
+        Variant(
+            folder / "variants" / e["file"], e["bug_family"], e["failure_class"], e["diagnosis"]
+        )
         for e in entries
     )
     return Operator(folder.name, folder / "spec.py", folder / "golden.py", variants)

@@ -16,17 +16,23 @@ SOFTMAX_SPEC = OPS / "softmax_rows" / "spec.py"
 MATMUL_SPEC = OPS / "matmul" / "spec.py"
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None,
-            timeout: float = 240) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess:
     """Run ``nearmiss`` as a user would, in its own process."""
     return subprocess.run(
         [sys.executable, "-m", "nearmiss.cli", *map(str, args)],
-        capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=ROOT,
     )
 
 
-def check_json(spec: Path, candidate: Path, *extra: str,
-               env: dict[str, str] | None = None) -> tuple[int, dict]:
+def check_json(
+    spec: Path, candidate: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[int, dict]:
     result = run_cli("check", spec, candidate, "--json", "--seed", "7", *extra, env=env)
     assert result.returncode in (0, 1), result.stderr
     return result.returncode, json.loads(result.stdout)

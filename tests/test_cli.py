@@ -17,8 +17,7 @@ def test_certified_kernel_exits_0_with_the_json_contract():
     assert code == 0
     assert set(report) >= REQUIRED_KEYS
     assert report["certified"] is True and report["failure_class"] is None
-    assert report["integrity"]["ok"] is True and isinstance(report["integrity"]["violations"],
-                                                            list)
+    assert report["integrity"]["ok"] is True and isinstance(report["integrity"]["violations"], list)
     assert {c["suite"] for c in report["cases"]} == {"compact", "extended"}
     for case in report["cases"]:
         assert {"suite", "name", "passed"} <= set(case)
@@ -34,8 +33,9 @@ def test_not_certified_exits_1_and_a_syntax_error_in_the_candidate_is_a_finding(
 
 
 def test_human_output_is_a_table_with_the_verdict_and_diagnosis():
-    result = run_cli("check", SOFTMAX_SPEC, OPS / "softmax_rows" / "variants" / "floor_grid.py",
-                     "--seed", "3")
+    result = run_cli(
+        "check", SOFTMAX_SPEC, OPS / "softmax_rows" / "variants" / "floor_grid.py", "--seed", "3"
+    )
     assert result.returncode == 1
     out = result.stdout
     assert "suite" in out and "ragged" in out and "FAIL boundary" in out
@@ -67,18 +67,39 @@ def _spec_with(reference="lambda x: x * 2", make_inputs="lambda case, key: (jnp.
         ("X = 1\n", "def kernel(x):\n    return x\n", "defines no SPEC"),
         (_spec_with(), "def helper(x):\n    return x\n", "defines no `kernel`"),
         (_spec_with(), "kernel = None\n", "defines no callable `kernel`"),
-        (_spec_with(reference="lambda x: x.undefined_attr"), "def kernel(x):\n    return x\n",
-         "reference raised on compact case 'base'"),
-        (_spec_with(make_inputs="lambda case, key: [1, 2]"), "def kernel(x):\n    return x\n",
-         "make_inputs must return a tuple of arrays"),
-        (_spec_with(make_inputs="lambda case, key: jnp.ones(3)"), "def kernel(x):\n    return x\n",
-         "make_inputs must return a tuple of arrays"),
-        (SPEC_HEAD + "SPEC = OpSpec(name='t', category='sorting', reference=abs, "
-         "make_inputs=abs, compact=[Case('b', {'N': 1})])\n", "def kernel(x):\n    return x\n",
-         "unknown category 'sorting'"),
+        (
+            _spec_with(reference="lambda x: x.undefined_attr"),
+            "def kernel(x):\n    return x\n",
+            "reference raised on compact case 'base'",
+        ),
+        (
+            _spec_with(make_inputs="lambda case, key: [1, 2]"),
+            "def kernel(x):\n    return x\n",
+            "make_inputs must return a tuple of arrays",
+        ),
+        (
+            _spec_with(make_inputs="lambda case, key: jnp.ones(3)"),
+            "def kernel(x):\n    return x\n",
+            "make_inputs must return a tuple of arrays",
+        ),
+        (
+            SPEC_HEAD + "SPEC = OpSpec(name='t', category='sorting', reference=abs, "
+            "make_inputs=abs, compact=[Case('b', {'N': 1})])\n",
+            "def kernel(x):\n    return x\n",
+            "unknown category 'sorting'",
+        ),
     ],
-    ids=["missing-spec", "spec-syntax", "no-SPEC", "no-kernel", "kernel-not-callable",
-         "reference-raises", "inputs-not-arrays", "inputs-not-tuple", "bad-category"],
+    ids=[
+        "missing-spec",
+        "spec-syntax",
+        "no-SPEC",
+        "no-kernel",
+        "kernel-not-callable",
+        "reference-raises",
+        "inputs-not-arrays",
+        "inputs-not-tuple",
+        "bad-category",
+    ],
 )
 def test_unusable_input_is_one_line_and_exit_2(tmp_path, spec_text, candidate_text, message):
     spec = tmp_path / "spec.py" if spec_text is None else _write(tmp_path, "spec.py", spec_text)
@@ -100,8 +121,13 @@ def test_missing_candidate_and_bad_arguments_exit_2(tmp_path):
 
 
 def test_json_is_parseable_even_when_the_candidate_prints(tmp_path):
-    noisy = _write(tmp_path, "noisy.py", GOLDEN.read_text().replace(
-        "def kernel(x):", "print('{\"certified\": true}')\n\n\ndef kernel(x):"))
+    noisy = _write(
+        tmp_path,
+        "noisy.py",
+        GOLDEN.read_text().replace(
+            "def kernel(x):", "print('{\"certified\": true}')\n\n\ndef kernel(x):"
+        ),
+    )
     result = run_cli("check", SOFTMAX_SPEC, noisy, "--json", "--suite", "compact")
     assert result.returncode == 0
     assert json.loads(result.stdout)["certified"] is True

@@ -96,19 +96,26 @@ def test_structured_error_is_wrong_values_on_the_suspected_axis():
 
 def test_structure_difference_names_shape_and_dtype():
     ref = [np.zeros((4, 8), np.float32)]
-    assert structure_difference(ref, "PyTreeDef(*)", [np.zeros((8, 4), np.float32)],
-                                "PyTreeDef(*)") == (
-        "out is float32[8, 4], the reference's is float32[4, 8]"
+    assert structure_difference(
+        ref, "PyTreeDef(*)", [np.zeros((8, 4), np.float32)], "PyTreeDef(*)"
+    ) == ("out is float32[8, 4], the reference's is float32[4, 8]")
+    assert "float16" in structure_difference(
+        ref, "PyTreeDef(*)", [np.zeros((4, 8), np.float16)], "PyTreeDef(*)"
     )
-    assert "float16" in structure_difference(ref, "PyTreeDef(*)",
-                                             [np.zeros((4, 8), np.float16)], "PyTreeDef(*)")
     assert "structure" in structure_difference(ref, "PyTreeDef(*)", ref * 2, "PyTreeDef((*, *))")
     assert structure_difference(ref, "PyTreeDef(*)", ref, "PyTreeDef(*)") is None
 
 
 def _case(profile, passed, klass=None):
-    return CaseResult(suite="extended", name=profile, dims={}, dtype="float32",
-                      profile=profile, passed=passed, failure_class=klass)
+    return CaseResult(
+        suite="extended",
+        name=profile,
+        dims={},
+        dtype="float32",
+        profile=profile,
+        passed=passed,
+        failure_class=klass,
+    )
 
 
 def test_failure_only_on_adversarial_profile_is_unstable():
@@ -133,7 +140,8 @@ def test_index_ranges_are_compact():
 
 def test_error_summary_points_at_the_candidates_line():
     raw = {
-        "phase": "trace", "type": "ValueError",
+        "phase": "trace",
+        "type": "ValueError",
         "message": "Invalid dtype for `swap`.\nFor simplicity, JAX has removed its internal frames",
         "frames": [
             {"file": "/x/jax/_src/core.py", "line": 10, "name": "bind", "code": "..."},
@@ -159,6 +167,11 @@ def test_geometry_from_the_child_is_used_only_when_well_formed():
     from nearmiss.runner.session import _checked_geometry
 
     assert _checked_geometry(GEOMETRY) == GEOMETRY
-    for forged in (None, "grid", [{"grid": [1]}], [{"grid": ["x"], "outputs": []}],
-                   [{"grid": [1], "outputs": [{"array_shape": [2], "block_shape": None}]}]):
+    for forged in (
+        None,
+        "grid",
+        [{"grid": [1]}],
+        [{"grid": ["x"], "outputs": []}],
+        [{"grid": [1], "outputs": [{"array_shape": [2], "block_shape": None}]}],
+    ):
         assert _checked_geometry(forged) == []

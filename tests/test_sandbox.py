@@ -51,8 +51,9 @@ def test_a_hanging_kernel_is_killed_and_reported_as_timeout(private_tmp):
 
 
 def test_a_hang_at_import_is_a_timeout_for_every_case(private_tmp):
-    report = check(SOFTMAX_SPEC, PLANTED / "hang_at_import.py", "all", 1,
-                   Limits(startup_timeout_s=5))
+    report = check(
+        SOFTMAX_SPEC, PLANTED / "hang_at_import.py", "all", 1, Limits(startup_timeout_s=5)
+    )
     assert [c.failure_class for c in report.cases] == ["timeout"] * 3
     assert "importing the candidate" in report.cases[0].diagnosis
     assert processes_under(private_tmp) == []
@@ -90,14 +91,26 @@ def test_a_memory_bomb_hits_the_limit_and_the_caller_survives(private_tmp):
 
 
 def test_the_child_environment_is_an_allowlist():
-    parent = {"PATH": "/bin", "OPENAI_API_KEY": "k", "DATABASE_URL": "postgres://u:p@h/d",
-              "PGPASSWORD": "p", "JAX_PLATFORMS": "cpu", "AWS_SECRET_ACCESS_KEY": "s",
-              "NEARMISS_DSN": "postgres://x", "HOME": "/root"}
+    parent = {
+        "PATH": "/bin",
+        "OPENAI_API_KEY": "k",
+        "DATABASE_URL": "postgres://u:p@h/d",
+        "PGPASSWORD": "p",
+        "JAX_PLATFORMS": "cpu",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "NEARMISS_DSN": "postgres://x",
+        "HOME": "/root",
+    }
     env = child_environment(Path("/tmp/home"), parent)
     assert env["JAX_PLATFORMS"] == "cpu" and env["PATH"] == "/bin"
     assert env["HOME"] == env["TMPDIR"] == "/tmp/home"
-    for secret in ("OPENAI_API_KEY", "DATABASE_URL", "PGPASSWORD", "AWS_SECRET_ACCESS_KEY",
-                   "NEARMISS_DSN"):
+    for secret in (
+        "OPENAI_API_KEY",
+        "DATABASE_URL",
+        "PGPASSWORD",
+        "AWS_SECRET_ACCESS_KEY",
+        "NEARMISS_DSN",
+    ):
         assert secret not in env
 
 
@@ -106,11 +119,14 @@ MARKER = "planted-marker-7731"
 
 def test_a_secret_in_the_callers_environment_never_reaches_the_candidate():
     if isolation_level() != "namespaces":
-        pytest.skip("without PID namespaces /proc/PPID/environ is readable; the static gate "
-                    "(integrity) is then the line of defence")
+        pytest.skip(
+            "without PID namespaces /proc/PPID/environ is readable; the static gate "
+            "(integrity) is then the line of defence"
+        )
     env = dict(os.environ, OPENAI_API_KEY=MARKER, DATABASE_URL=f"postgres://u:{MARKER}@h/db")
-    code, report = check_json(SOFTMAX_SPEC, PLANTED / "secret_probe.py", "--suite", "compact",
-                              env=env)
+    code, report = check_json(
+        SOFTMAX_SPEC, PLANTED / "secret_probe.py", "--suite", "compact", env=env
+    )
     assert report["isolation"] == "namespaces"
     assert code == 0 and report["certified"], report["diagnosis"]
 
@@ -119,8 +135,9 @@ def test_the_secret_probe_does_see_what_is_passed_through():
     # Control for the test above: an allowlisted variable does reach the candidate, and the
     # probe then poisons its output, so a leak would have been caught.
     env = dict(os.environ, TZ=MARKER)
-    code, report = check_json(SOFTMAX_SPEC, PLANTED / "secret_probe.py", "--suite", "compact",
-                              env=env)
+    code, report = check_json(
+        SOFTMAX_SPEC, PLANTED / "secret_probe.py", "--suite", "compact", env=env
+    )
     assert code == 1 and report["failure_class"] == "nan_inf"
 
 
@@ -133,5 +150,8 @@ def test_forged_messages_on_the_engine_pipe_are_a_finding_not_a_crash():
     report, case, _ = compact("forged_messages.py")
     assert not report.certified
     assert case.failure_class == "runtime_error"
-    assert "unexpected message" in case.diagnosis or "malformed" in case.diagnosis \
+    assert (
+        "unexpected message" in case.diagnosis
+        or "malformed" in case.diagnosis
         or "unusable result" in case.diagnosis
+    )

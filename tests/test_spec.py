@@ -16,8 +16,11 @@ from nearmiss.spec import (
 
 def _spec(**overrides):
     fields = dict(
-        name="op", category="reduction", reference=lambda x: x,
-        make_inputs=lambda case, key: (), compact=[Case("base", {"N": 8})],
+        name="op",
+        category="reduction",
+        reference=lambda x: x,
+        make_inputs=lambda case, key: (),
+        compact=[Case("base", {"N": 8})],
     )
     fields.update(overrides)
     return OpSpec(**fields)

@@ -28,8 +28,9 @@ def leaf_name(index: int, count: int) -> str:
     return "out" if count == 1 else f"out[{index}]"
 
 
-def structure_difference(ref: list[np.ndarray], ref_tree: str, out: list[np.ndarray],
-                         out_tree: str) -> str | None:
+def structure_difference(
+    ref: list[np.ndarray], ref_tree: str, out: list[np.ndarray], out_tree: str
+) -> str | None:
     """What differs in pytree structure, shapes or dtypes; None when they all match."""
     if ref_tree != out_tree or len(ref) != len(out):
         return f"output structure {out_tree} differs from the reference's {ref_tree}"
@@ -43,8 +44,9 @@ def structure_difference(ref: list[np.ndarray], ref_tree: str, out: list[np.ndar
     return "; ".join(problems) or None
 
 
-def _fit_residuals(out: np.ndarray, ref: np.ndarray, err_rms: float) -> tuple[float | None,
-                                                                             float | None]:
+def _fit_residuals(
+    out: np.ndarray, ref: np.ndarray, err_rms: float
+) -> tuple[float | None, float | None]:
     """(scale, offset) fits that explain the error, each None when it does not."""
     if out.size < 2 or err_rms <= 0:
         return None, None
@@ -60,8 +62,9 @@ def _fit_residuals(out: np.ndarray, ref: np.ndarray, err_rms: float) -> tuple[fl
     return scale, offset
 
 
-def compare_leaf(name: str, ref: np.ndarray, out: np.ndarray, atol: float,
-                 rtol: float) -> LeafComparison:
+def compare_leaf(
+    name: str, ref: np.ndarray, out: np.ndarray, atol: float, rtol: float
+) -> LeafComparison:
     r, o = ref.astype(np.float64), out.astype(np.float64)
     ref_finite = np.isfinite(r)
     out_finite = np.isfinite(o)
@@ -108,8 +111,9 @@ def compare_leaf(name: str, ref: np.ndarray, out: np.ndarray, atol: float,
     return LeafComparison(stats, bad)
 
 
-def compare_outputs(ref: list[np.ndarray], out: list[np.ndarray], atol: float,
-                    rtol: float) -> list[LeafComparison]:
+def compare_outputs(
+    ref: list[np.ndarray], out: list[np.ndarray], atol: float, rtol: float
+) -> list[LeafComparison]:
     """Per-leaf comparison; call only after structure_difference found nothing."""
     return [
         compare_leaf(leaf_name(i, len(ref)), r, o, atol, rtol)

@@ -68,14 +68,15 @@ def crash_evidence(log: str, candidate_name: str) -> tuple[str | None, list[str]
             excerpt.append(f"{where} in {match['name']}")
     if not excerpt and log.strip():
         excerpt = [trim_message(log.strip().splitlines()[-1])]
-    return location, excerpt[:MAX_FRAMES + 1]
+    return location, excerpt[: MAX_FRAMES + 1]
 
 
 def summarise_error(raw: dict[str, Any], candidate_name: str) -> ErrorInfo:
     """ErrorInfo from the child's exception record, located in the candidate's own file."""
     frames = raw.get("frames")
     frames = [
-        f for f in (frames if isinstance(frames, list) else [])
+        f
+        for f in (frames if isinstance(frames, list) else [])
         if isinstance(f, dict) and str(f.get("file", "")).endswith("/" + candidate_name)
     ]
     location = source_line = None
@@ -95,6 +96,10 @@ def summarise_error(raw: dict[str, Any], candidate_name: str) -> ErrorInfo:
     kind = str(raw.get("type", "Exception"))
     excerpt.append(f"{kind}: {headline(message)}")
     return ErrorInfo(
-        phase=raw["phase"], type=kind, message=message, location=location,
-        source_line=source_line, excerpt=excerpt,
+        phase=raw["phase"],
+        type=kind,
+        message=message,
+        location=location,
+        source_line=source_line,
+        excerpt=excerpt,
     )

@@ -47,9 +47,11 @@ def _tile_profile(bad: np.ndarray, blocks: list[int]) -> TileProfile:
     grid = [-(-n // b) for n, b in zip(shape, blocks, strict=True)]
     coords = np.argwhere(bad) // np.asarray(blocks)
     tiles = np.unique(coords, axis=0) if coords.size else np.zeros((0, len(shape)), dtype=int)
-    partial_axes = [
-        (t + 1) * b > n for t, b, n in zip(tiles.T, blocks, shape, strict=True)
-    ] if len(tiles) else []
+    partial_axes = (
+        [(t + 1) * b > n for t, b, n in zip(tiles.T, blocks, shape, strict=True)]
+        if len(tiles)
+        else []
+    )
     is_partial = np.any(np.stack(partial_axes), axis=0) if partial_axes else np.zeros(0, bool)
     return TileProfile(
         block_shape=blocks,
@@ -106,8 +108,11 @@ def localise(name: str, bad: np.ndarray, geometry: list[dict[str, Any]]) -> Loca
     for axis, size in enumerate(bad.shape):
         others = tuple(a for a in range(bad.ndim) if a != axis)
         along = np.nonzero(bad.any(axis=others) if others else bad)[0]
-        axes.append(AxisProfile(axis=axis, size=size, bad_count=int(along.size),
-                                bad_ranges=index_ranges(along)))
+        axes.append(
+            AxisProfile(
+                axis=axis, size=size, bad_count=int(along.size), bad_ranges=index_ranges(along)
+            )
+        )
     blocks = output_blocks(geometry, bad.shape)
     tail_axes = _tail_axes(bad, blocks)
     concentrated = [a for a in axes if 0 < a.bad_count < a.size]

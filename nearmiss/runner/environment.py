@@ -21,14 +21,28 @@ import nearmiss
 
 ALLOWED_NAMES = frozenset(
     {
-        "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ",
-        "JAX_PLATFORMS", "JAX_ENABLE_X64", "XLA_FLAGS",
-        "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+        "PATH",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TZ",
+        "JAX_PLATFORMS",
+        "JAX_ENABLE_X64",
+        "XLA_FLAGS",
+        "XLA_PYTHON_CLIENT_PREALLOCATE",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION",
         "XLA_PYTHON_CLIENT_ALLOCATOR",
-        "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_HOME", "LD_LIBRARY_PATH",
-        "TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS",
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "CUDA_HOME",
+        "LD_LIBRARY_PATH",
+        "TPU_VISIBLE_CHIPS",
+        "TPU_CHIPS_PER_PROCESS_BOUNDS",
+        "TPU_PROCESS_BOUNDS",
         # Older OpenBLAS builds compute wrong results on some CPUs without these.
-        "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS",
+        "OPENBLAS_CORETYPE",
+        "OPENBLAS_L2_SIZE",
+        "OMP_NUM_THREADS",
     }
 )
 SECRET_PATTERN = re.compile(
@@ -39,8 +53,9 @@ SECRET_PATTERN = re.compile(
 PROJECT_ROOT = Path(nearmiss.__file__).resolve().parent.parent
 
 
-def child_environment(home: Path, parent: Mapping[str, str] | None = None,
-                      extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_environment(
+    home: Path, parent: Mapping[str, str] | None = None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """A scrubbed environment for a child whose private directory is ``home``."""
     parent = os.environ if parent is None else parent
     env = {
@@ -64,7 +79,14 @@ def child_environment(home: Path, parent: Mapping[str, str] | None = None,
 
 
 NAMESPACE_COMMAND = (
-    "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--net", "--ipc",
+    "unshare",
+    "--pid",
+    "--fork",
+    "--kill-child",
+    "--mount-proc",
+    "--mount",
+    "--net",
+    "--ipc",
 )
 
 

@@ -71,33 +71,48 @@ def prepare(channel: Channel, request: dict) -> None:
         try:
             inputs = spec.make_inputs(case, case_key(jax, request["seed"], suite, case.name))
         except Exception as exc:
-            channel.send(event="spec_error", message=f"make_inputs raised on {label}: "
-                         f"{type(exc).__name__}: {exc}")
+            channel.send(
+                event="spec_error",
+                message=f"make_inputs raised on {label}: {type(exc).__name__}: {exc}",
+            )
             return
         arrays = _arrays_or_none(jax, np, inputs) if isinstance(inputs, tuple | list) else None
         if arrays is None:
-            channel.send(event="spec_error", message=f"make_inputs must return a tuple of arrays "
-                         f"(got {type(inputs).__name__}) on {label}")
+            channel.send(
+                event="spec_error",
+                message=f"make_inputs must return a tuple of arrays "
+                f"(got {type(inputs).__name__}) on {label}",
+            )
             return
         started = time.perf_counter()
         try:
             reference = jax.block_until_ready(spec.reference(*inputs))
         except Exception as exc:
-            channel.send(event="spec_error", message=f"reference raised on {label}: "
-                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            channel.send(
+                event="spec_error",
+                message=f"reference raised on {label}: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            )
             return
         leaves, treedef = jax.tree_util.tree_flatten(reference)
         ref_arrays = _arrays_or_none(jax, np, leaves)
         if ref_arrays is None or not ref_arrays:
-            channel.send(event="spec_error", message=f"reference returned non-array values on "
-                         f"{label}: {treedef}")
+            channel.send(
+                event="spec_error",
+                message=f"reference returned non-array values on {label}: {treedef}",
+            )
             return
         case_dir = workdir / f"{suite}-{case.name}"
         case_dir.mkdir(parents=True, exist_ok=True)
         save_arrays(case_dir / "inputs.npz", arrays)
         save_arrays(case_dir / "reference.npz", ref_arrays, {"treedef": str(treedef)})
-        channel.send(event="case_ready", suite=suite, name=case.name, dir=str(case_dir),
-                     reference_s=time.perf_counter() - started)
+        channel.send(
+            event="case_ready",
+            suite=suite,
+            name=case.name,
+            dir=str(case_dir),
+            reference_s=time.perf_counter() - started,
+        )
     channel.send(event="done")
 
 

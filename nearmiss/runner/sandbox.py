@@ -95,8 +95,14 @@ def resident_mb(pid: int) -> float:
 class SandboxChild:
     """One child process running ``python -m MODULE`` under the sandbox rules."""
 
-    def __init__(self, module: str, home: Path, limits: Limits, platform_hint: str = "cpu",
-                 extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        module: str,
+        home: Path,
+        limits: Limits,
+        platform_hint: str = "cpu",
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.limits = limits
         self.home = home
         home.mkdir(parents=True, exist_ok=True)

@@ -90,8 +90,10 @@ class _ReferenceFeed:
                 message = self.child.receive(REFERENCE_TIMEOUT_S)
             except ChildFailure as exc:
                 tail = f" — {exc.log_tail.splitlines()[-1]}" if exc.log_tail else ""
-                message = {"event": "spec_error",
-                           "message": f"the spec's child failed: {exc}{tail}"}
+                message = {
+                    "event": "spec_error",
+                    "message": f"the spec's child failed: {exc}{tail}",
+                }
             self.messages.put(message)
             if message["event"] in ("done", "spec_error"):
                 return
@@ -118,8 +120,9 @@ def _checked_geometry(value: Any) -> list[dict[str, Any]]:
     try:
         ok = isinstance(value, list) and all(
             _int_list(call["grid"])
-            and all(_int_list(o["array_shape"]) and _int_list(o["block_shape"])
-                    for o in call["outputs"])
+            and all(
+                _int_list(o["array_shape"]) and _int_list(o["block_shape"]) for o in call["outputs"]
+            )
             for call in value
         )
     except (KeyError, TypeError):
@@ -142,7 +145,10 @@ class _CandidateRunner:
         home = Path(tempfile.mkdtemp(prefix="nearmiss-candidate-"))
         shutil.copy(self.candidate, home / self.candidate.name)
         self.child = SandboxChild(
-            CANDIDATE_MODULE, home, self.limits, self.platform,
+            CANDIDATE_MODULE,
+            home,
+            self.limits,
+            self.platform,
             extra_env={CANDIDATE_ENV: str(home / self.candidate.name)},
         )
 
@@ -165,8 +171,11 @@ class _CandidateRunner:
             self.import_problem = {"error": {**message["error"], "phase": "import"}}
             self.stop()
         elif message["event"] != "ready":
-            self.import_problem = {"failure": "died", "log_tail": self.child.log_tail(),
-                                   "failure_detail": f"unexpected message {message['event']!r}"}
+            self.import_problem = {
+                "failure": "died",
+                "log_tail": self.child.log_tail(),
+                "failure_detail": f"unexpected message {message['event']!r}",
+            }
             self.stop()
 
     def run(self, raw: RawCase, inputs: Path) -> None:
@@ -220,16 +229,18 @@ class _CandidateRunner:
             self.child = None
 
 
-def run_sandboxed(spec: Path, candidate: Path, suite: str, seed: int, limits: Limits,
-                  platform: str = "cpu") -> RawRun:
+def run_sandboxed(
+    spec: Path, candidate: Path, suite: str, seed: int, limits: Limits, platform: str = "cpu"
+) -> RawRun:
     """Run the spec's cases of ``suite`` against the candidate, each side in its own child."""
     spec, candidate = spec.resolve(), candidate.resolve()
     workdir = Path(tempfile.mkdtemp(prefix="nearmiss-reference-"))
     reference = SandboxChild(REFERENCE_MODULE, workdir / "home", limits, platform)
     runner = _CandidateRunner(candidate, limits, platform)
     try:
-        reference.send(cmd="prepare", spec=str(spec), seed=seed, suite=suite,
-                       workdir=str(workdir / "cases"))
+        reference.send(
+            cmd="prepare", spec=str(spec), seed=seed, suite=suite, workdir=str(workdir / "cases")
+        )
         feed = _ReferenceFeed(reference)
         runner.start()  # overlaps the candidate's JAX import with the reference's work
         described = feed.next("spec")
@@ -244,9 +255,12 @@ def run_sandboxed(spec: Path, candidate: Path, suite: str, seed: int, limits: Li
             runner.run(raw, Path(ready["dir"]) / "inputs.npz")
             cases.append(raw)
         return RawRun(
-            op=described["name"], category=described["category"],
-            description=described["description"], platform=described["platform"],
-            jax_version=described["jax_version"], cases=cases,
+            op=described["name"],
+            category=described["category"],
+            description=described["description"],
+            platform=described["platform"],
+            jax_version=described["jax_version"],
+            cases=cases,
         )
     finally:
         runner.stop()
