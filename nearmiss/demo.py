@@ -6,6 +6,8 @@ from nearmiss.check import check
 from nearmiss.render import table
 from pallas_ops.catalog import operators
 
+DIAGNOSIS_CHARS = 400  # the full text is in `nearmiss check`; the demo shows the gist
+
 
 def run_demo(seed: int = 0) -> int:
     """0 when every verdict matches its label: goldens certify, variants fail as labelled."""
@@ -28,7 +30,9 @@ def run_demo(seed: int = 0) -> int:
                 ]
             )
             if not report.certified:
-                diagnoses.append(f"{op.name}/{path.name}: {report.diagnosis[:300]}")
+                text = report.diagnosis
+                text = text if len(text) <= DIAGNOSIS_CHARS else text[:DIAGNOSIS_CHARS] + " …"
+                diagnoses.append(f"{op.name}/{path.name}: {text}")
             print(f"  checked {op.name}/{path.name}", flush=True)
     print()
     print(table(["operator", "kernel", "expected", "verdict", "match", "seconds"], rows))

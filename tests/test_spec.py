@@ -114,3 +114,17 @@ def test_bundled_specs_load():
     for op in operators():
         spec = load_spec(op.spec)
         assert spec.compact and spec.extended, op.name
+
+
+def test_every_labelled_variant_exists_with_a_known_failure_class():
+    from nearmiss.models import FAILURE_PRIORITY
+    from pallas_ops.catalog import operators
+
+    ops = operators()
+    assert {op.name for op in ops} >= {"softmax_rows", "matmul"}
+    for op in ops:
+        assert op.variants, op.name
+        for variant in op.variants:
+            assert variant.path.is_file(), variant.path
+            assert variant.failure_class in FAILURE_PRIORITY
+            assert variant.bug_family and variant.diagnosis
