@@ -22,6 +22,7 @@ from nearmiss.forensics.classify import (
 from nearmiss.forensics.compare import compare_outputs, structure_difference
 from nearmiss.forensics.errors import crash_evidence, headline, summarise_error
 from nearmiss.forensics.localise import localise
+from nearmiss.integrity.static import STATIC_RULES, static_violations
 from nearmiss.models import CaseResult, CheckReport, ErrorInfo, IntegrityReport
 from nearmiss.runner.environment import isolation_level
 from nearmiss.runner.session import Limits, RawCase, UsageError, run_sandboxed
@@ -124,6 +125,13 @@ def case_result(raw: RawCase, candidate_name: str) -> CaseResult:
     return base
 
 
+def integrity_note(integrity: IntegrityReport) -> str:
+    if integrity.ok:
+        return ""
+    rules = sorted({v.rule for v in integrity.violations})
+    return f"Integrity violated ({', '.join(rules)}): {integrity.violations[0].detail}. Forensics: "
+
+
 def check(
     spec: str | Path,
     candidate: str | Path,
@@ -149,13 +157,18 @@ def check(
         raise UsageError(f"cannot read candidate {candidate}: {exc}") from exc
     if binds_kernel(source) is False:
         raise UsageError(f"candidate {candidate} defines no `kernel`")
+    # Static rules read the source before any candidate code runs. A violation blocks
+    # certification; the sandboxed run still happens, for the evidence it gives.
+    violations = static_violations(source, candidate.name)
+    integrity = IntegrityReport(
+        ok=not violations, violations=violations, rules_checked=list(STATIC_RULES)
+    )
     seed = secrets.randbelow(2**31) if seed is None else seed
     raw = run_sandboxed(spec, candidate, suite, seed, limits or Limits())
     cases = [case_result(r, candidate.name) for r in raw.cases]
     refine_unstable(cases)
     classes = ranked_classes([c.failure_class for c in cases if c.failure_class])
     primary = classes[0] if classes else None
-    integrity = IntegrityReport()
     compact = [c.passed for c in cases if c.suite == "compact"]
     extended = [c.passed for c in cases if c.suite == "extended"]
     return CheckReport(
@@ -173,7 +186,7 @@ def check(
         failure_classes=classes,
         integrity=integrity,
         cases=cases,
-        diagnosis=describe_run(cases, primary),
+        diagnosis=integrity_note(integrity) + describe_run(cases, primary),
         compact_passed=all(compact) if compact else None,
         extended_passed=all(extended) if extended else None,
         wall_s=time.perf_counter() - started,

@@ -131,3 +131,16 @@ def test_json_is_parseable_even_when_the_candidate_prints(tmp_path):
     result = run_cli("check", SOFTMAX_SPEC, noisy, "--json", "--suite", "compact")
     assert result.returncode == 0
     assert json.loads(result.stdout)["certified"] is True
+
+
+def test_a_static_integrity_violation_blocks_certification(tmp_path):
+    cheat = _write(tmp_path, "cheat.py", "import os\n" + GOLDEN.read_text())
+    code, report = check_json(SOFTMAX_SPEC, cheat, "--suite", "compact")
+    assert code == 1 and report["certified"] is False
+    assert report["cases"][0]["passed"] is True  # numerically right, still not certified
+    assert report["integrity"]["ok"] is False
+    assert report["integrity"]["violations"][0] == {
+        "rule": "forbidden_import",
+        "detail": "import of `os` at cheat.py:1",
+    }
+    assert report["diagnosis"].startswith("Integrity violated (forbidden_import)")

@@ -128,7 +128,12 @@ def test_a_secret_in_the_callers_environment_never_reaches_the_candidate():
         SOFTMAX_SPEC, PLANTED / "secret_probe.py", "--suite", "compact", env=env
     )
     assert report["isolation"] == "namespaces"
-    assert code == 0 and report["certified"], report["diagnosis"]
+    # The probe's output is not poisoned: it saw no secret. (It is still refused by the static
+    # integrity rules for what it tried.)
+    assert report["cases"][0]["passed"], report["diagnosis"]
+    assert code == 1 and {v["rule"] for v in report["integrity"]["violations"]} >= {
+        "forbidden_import"
+    }
 
 
 def test_the_secret_probe_does_see_what_is_passed_through():
