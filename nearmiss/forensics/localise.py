@@ -64,11 +64,20 @@ def _tile_profile(bad: np.ndarray, blocks: list[int]) -> TileProfile:
     )
 
 
-def _tail_axes(bad: np.ndarray, blocks: list[int] | None) -> list[int]:
+def bad_indices_per_axis(bad: np.ndarray) -> list[np.ndarray]:
+    """For each axis, the sorted indices whose slice holds at least one mismatch."""
+    return [
+        np.nonzero(bad.any(axis=tuple(a for a in range(bad.ndim) if a != axis)))[0]
+        for axis in range(bad.ndim)
+    ]
+
+
+def _tail_axes(
+    along_axes: list[np.ndarray], shape: tuple[int, ...], blocks: list[int] | None
+) -> list[int]:
     """Axes along which every mismatch lies past the last whole block."""
     axes = []
-    for axis, size in enumerate(bad.shape):
-        along = np.nonzero(bad.any(axis=tuple(a for a in range(bad.ndim) if a != axis)))[0]
+    for axis, (along, size) in enumerate(zip(along_axes, shape, strict=True)):
         if along.size == 0:
             continue
         candidates = [blocks[axis]] if blocks else [b for b in FALLBACK_BLOCKS if b < size]
@@ -104,17 +113,13 @@ def _spread(bad: np.ndarray) -> bool:
 
 
 def localise(name: str, bad: np.ndarray, geometry: list[dict[str, Any]]) -> Localisation:
-    axes = []
-    for axis, size in enumerate(bad.shape):
-        others = tuple(a for a in range(bad.ndim) if a != axis)
-        along = np.nonzero(bad.any(axis=others) if others else bad)[0]
-        axes.append(
-            AxisProfile(
-                axis=axis, size=size, bad_count=int(along.size), bad_ranges=index_ranges(along)
-            )
-        )
+    along_axes = bad_indices_per_axis(bad)
+    axes = [
+        AxisProfile(axis=axis, size=size, bad_count=int(along.size), bad_ranges=index_ranges(along))
+        for axis, (size, along) in enumerate(zip(bad.shape, along_axes, strict=True))
+    ]
     blocks = output_blocks(geometry, bad.shape)
-    tail_axes = _tail_axes(bad, blocks)
+    tail_axes = _tail_axes(along_axes, bad.shape, blocks)
     concentrated = [a for a in axes if 0 < a.bad_count < a.size]
     suspected = min(concentrated, key=lambda a: a.bad_count / a.size).axis if concentrated else None
     return Localisation(
