@@ -9,20 +9,16 @@ def _dims(case: CaseResult) -> str:
     return " ".join(f"{k}={v}" for k, v in case.dims.items())
 
 
-def _error_column(case: CaseResult) -> str:
+def _error_columns(case: CaseResult) -> list[str]:
+    """'max abs err' and 'mismatched' of the output leaf with the most mismatches."""
     if not case.leaves:
-        return "-"
+        return ["-", "-"]
     worst = max(case.leaves, key=lambda leaf: leaf.mismatched)
     if worst.nan_count or worst.inf_count:
-        return f"{worst.nan_count} NaN {worst.inf_count} Inf"
-    return f"{worst.max_abs_error:.2e}"
-
-
-def _mismatch_column(case: CaseResult) -> str:
-    if not case.leaves:
-        return "-"
-    worst = max(case.leaves, key=lambda leaf: leaf.mismatched)
-    return f"{worst.mismatched} ({worst.mismatched_fraction:.1%})"
+        error = f"{worst.nan_count} NaN {worst.inf_count} Inf"
+    else:
+        error = f"{worst.max_abs_error:.2e}"
+    return [error, f"{worst.mismatched} ({worst.mismatched_fraction:.1%})"]
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -49,8 +45,7 @@ def render_report(report: CheckReport) -> str:
             c.dtype,
             c.profile,
             "pass" if c.passed else f"FAIL {c.failure_class}",
-            _error_column(c),
-            _mismatch_column(c),
+            *_error_columns(c),
         ]
         for c in report.cases
     ]

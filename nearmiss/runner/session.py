@@ -20,7 +20,7 @@ import numpy as np
 
 from nearmiss.runner.arrays import load_arrays
 from nearmiss.runner.candidate_child import CANDIDATE_ENV
-from nearmiss.runner.sandbox import ChildDied, ChildFailure, ChildTimeout, Limits, SandboxChild
+from nearmiss.runner.sandbox import ChildFailure, ChildTimeout, Limits, SandboxChild
 
 REFERENCE_MODULE = "nearmiss.runner.reference_child"
 CANDIDATE_MODULE = "nearmiss.runner.candidate_child"
@@ -268,4 +268,4 @@ def run_sandboxed(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-__all__ = ["ChildDied", "Limits", "RawCase", "RawRun", "UsageError", "run_sandboxed"]
+__all__ = ["Limits", "RawCase", "RawRun", "UsageError", "run_sandboxed"]
