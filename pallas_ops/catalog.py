@@ -1,16 +1,43 @@
 """The bundled operators: each folder holds spec.py, golden.py and labelled variants.
 
-``variants.json`` beside the spec lists each near-miss variant with its bug family, the failure
-class the engine must report, and a one-line diagnosis.
+``variants.json`` beside the spec lists each near-miss variant with its bug family (one of
+``BUG_FAMILIES``), the failure class the engine must report, the first suite that exposes it
+(``fails_on``: compact, or extended when the compact suite still passes) and a one-line
+diagnosis. The fix of each variant is its diff back to the golden kernel, computed on demand so
+it can never drift from the files.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 CORPUS_ROOT = Path(__file__).resolve().parent
+
+# The kinds of bug generated kernels have; a variant's label names exactly one.
+BUG_FAMILIES = {
+    "missing_accumulator_init": "an accumulator or running statistic is never initialised",
+    "low_precision_accumulation": "partial sums kept in low precision across steps, "
+    "or a dot without preferred_element_type",
+    "reset_on_wrong_axis": "an accumulator is reset on the wrong grid axis",
+    "wrong_index_map": "a BlockSpec index_map selects the wrong block",
+    "ragged_tail": "the grid floors the size, or the tail block reads past the edge unmasked",
+    "unstable_formula": "a formula that overflows or cancels (no max subtraction, "
+    "naive log(1+exp))",
+    "wrong_reduction_axis": "a reduction over the wrong axis",
+    "wrong_scale_factor": "a wrong constant or scale factor",
+    "causal_mask_off_by_one": "the causal mask admits or drops the diagonal",
+    "wrong_out_dtype": "out_shape declares the wrong dtype",
+    "compile_time_error": "index_map arity, block rank, dtype of a store, Python control flow "
+    "on traced values",
+    "reduction_axis_order": "the reduction axis placed before the parallel axes, so output "
+    "blocks are revisited",
+    "wrong_normalisation_constant": "N vs N-1, per-tile instead of global statistics",
+    "accumulator_overwrite": "each step overwrites the accumulator instead of adding to it",
+}
+FAILS_ON = ("compact", "extended")
 
 
 @dataclass(frozen=True)
@@ -18,15 +45,38 @@ class Variant:
     path: Path
     bug_family: str
     failure_class: str
+    fails_on: str
     diagnosis: str
 
 
 @dataclass(frozen=True)
 class Operator:
     name: str
+    category: str
     spec: Path
     golden: Path
     variants: tuple[Variant, ...]
+
+
+def fix_diff(golden: Path, variant: Path) -> str:
+    """The fix of a variant: the unified diff that turns it back into the golden kernel."""
+    return "".join(
+        difflib.unified_diff(
+            variant.read_text().splitlines(keepends=True),
+            golden.read_text().splitlines(keepends=True),
+            fromfile=f"variants/{variant.name}",
+            tofile="golden.py",
+        )
+    )
+
+
+def _spec_category(spec: Path) -> str:
+    """The category named in the spec file, read as text so listing never imports JAX."""
+    for line in spec.read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("category="):
+            return stripped.split("=", 1)[1].strip().strip(",").strip("\"'")
+    return "other"
 
 
 def load_operator(folder: Path) -> Operator:
@@ -34,11 +84,16 @@ def load_operator(folder: Path) -> Operator:
     entries = json.loads(manifest.read_text()) if manifest.is_file() else []
     variants = tuple(
         Variant(
-            folder / "variants" / e["file"], e["bug_family"], e["failure_class"], e["diagnosis"]
+            path=folder / "variants" / e["file"],
+            bug_family=e["bug_family"],
+            failure_class=e["failure_class"],
+            fails_on=e.get("fails_on", "compact"),
+            diagnosis=e["diagnosis"],
         )
         for e in entries
     )
-    return Operator(folder.name, folder / "spec.py", folder / "golden.py", variants)
+    spec = folder / "spec.py"
+    return Operator(folder.name, _spec_category(spec), spec, folder / "golden.py", variants)
 
 
 def operators(root: Path = CORPUS_ROOT) -> list[Operator]:
