@@ -22,7 +22,7 @@ from nearmiss.forensics.classify import (
 from nearmiss.forensics.compare import compare_outputs, structure_difference
 from nearmiss.forensics.errors import crash_evidence, headline, summarise_error
 from nearmiss.forensics.localise import localise
-from nearmiss.integrity.static import STATIC_RULES, static_violations
+from nearmiss.integrity.gate import MODES, blocks_execution, judge, static_violations
 from nearmiss.models import CaseResult, CheckReport, ErrorInfo, IntegrityReport
 from nearmiss.runner.environment import isolation_level
 from nearmiss.runner.session import Limits, RawCase, UsageError, run_sandboxed
@@ -125,11 +125,14 @@ def case_result(raw: RawCase, candidate_name: str) -> CaseResult:
     return base
 
 
-def integrity_note(integrity: IntegrityReport) -> str:
+def integrity_note(integrity: IntegrityReport, executed: bool) -> str:
     if integrity.ok:
         return ""
     rules = sorted({v.rule for v in integrity.violations})
-    return f"Integrity violated ({', '.join(rules)}): {integrity.violations[0].detail}. Forensics: "
+    note = f"Integrity violated ({', '.join(rules)}): {integrity.violations[0].detail}."
+    if not executed:
+        return note + " The candidate was not executed."
+    return note + " Forensics: "
 
 
 def check(
@@ -138,16 +141,22 @@ def check(
     suite: str = "all",
     seed: int | None = None,
     limits: Limits | None = None,
+    integrity: str = "enforce",
 ) -> CheckReport:
     """Run the spec's ``suite`` on the candidate in the sandbox and return the full report.
 
-    Raises UsageError (one-line reason) for unusable input; a candidate that fails to import,
-    compile or run is a finding in the report, never an exception.
+    ``integrity`` is the gate's mode (see ``nearmiss.integrity.gate``). Raises UsageError
+    (one-line reason) for unusable input; a candidate that fails to import, compile or run is a
+    finding in the report, never an exception.
     """
     started = time.perf_counter()
     spec, candidate = Path(spec), Path(candidate)
     if suite not in SUITES:
         raise UsageError(f"unknown suite {suite!r}; expected one of {', '.join(SUITES)}")
+    if integrity not in MODES:
+        raise UsageError(
+            f"unknown integrity mode {integrity!r}; expected one of {', '.join(MODES)}"
+        )
     for role, path in (("spec", spec), ("candidate", candidate)):
         if not path.is_file():
             raise UsageError(f"{role} file not found: {path}")
@@ -157,14 +166,21 @@ def check(
         raise UsageError(f"cannot read candidate {candidate}: {exc}") from exc
     if binds_kernel(source) is False:
         raise UsageError(f"candidate {candidate} defines no `kernel`")
-    # Static rules read the source before any candidate code runs. A violation blocks
-    # certification; the sandboxed run still happens, for the evidence it gives.
-    violations = static_violations(source, candidate.name)
-    integrity = IntegrityReport(
-        ok=not violations, violations=violations, rules_checked=list(STATIC_RULES)
-    )
+    # Static rules read the source before any candidate code runs. Most violations still let
+    # the sandboxed run happen, for the evidence it gives; reaching outside the contract does not.
+    static = [] if integrity == "off" else static_violations(source, candidate.name)
+    execute = not blocks_execution(static, integrity)
     seed = secrets.randbelow(2**31) if seed is None else seed
-    raw = run_sandboxed(spec, candidate, suite, seed, limits or Limits())
+    raw = run_sandboxed(
+        spec,
+        candidate,
+        suite,
+        seed,
+        limits or Limits(),
+        audit=integrity != "off",
+        execute=execute,
+    )
+    verdict = judge(static, raw.cases, integrity)
     cases = [case_result(r, candidate.name) for r in raw.cases]
     refine_unstable(cases)
     classes = ranked_classes([c.failure_class for c in cases if c.failure_class])
@@ -181,12 +197,15 @@ def check(
         platform=raw.platform,
         jax_version=raw.jax_version,
         isolation=isolation_level(),
-        certified=bool(cases) and all(c.passed for c in cases) and integrity.ok,
+        certified=bool(cases)
+        and all(c.passed for c in cases)
+        and (verdict.ok or integrity != "enforce"),
         failure_class=primary,
         failure_classes=classes,
-        integrity=integrity,
+        integrity=verdict,
         cases=cases,
-        diagnosis=integrity_note(integrity) + describe_run(cases, primary),
+        diagnosis=integrity_note(verdict, execute)
+        + (describe_run(cases, primary) if execute else ""),
         compact_passed=all(compact) if compact else None,
         extended_passed=all(extended) if extended else None,
         wall_s=time.perf_counter() - started,

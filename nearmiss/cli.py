@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from nearmiss.check import SUITES, check
+from nearmiss.integrity.gate import MODES
 from nearmiss.render import render_report
 from nearmiss.runner.session import Limits, UsageError
 
@@ -50,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=Limits.memory_mb,
         help="memory limit of candidate code (default %(default)s)",
     )
+    check_cmd.add_argument(
+        "--integrity",
+        choices=MODES,
+        default="enforce",
+        help="anti-cheat gate: enforce (default), report (list violations, certify on the "
+        "numbers alone), off",
+    )
     demo_cmd = commands.add_parser("demo", help="check the bundled example kernels")
     demo_cmd.add_argument("--seed", type=int, default=0)
     return parser
@@ -58,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 def run_check(args: argparse.Namespace) -> int:
     limits = Limits(case_timeout_s=args.timeout, memory_mb=args.memory_mb)
     try:
-        report = check(args.spec, args.candidate, args.suite, args.seed, limits)
+        report = check(
+            args.spec, args.candidate, args.suite, args.seed, limits, integrity=args.integrity
+        )
     except UsageError as exc:
         print(f"nearmiss: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

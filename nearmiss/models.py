@@ -132,8 +132,12 @@ class Violation(BaseModel):
 
 class IntegrityReport(BaseModel):
     ok: bool = True
+    mode: str = "enforce"  # enforce | report | off
     violations: list[Violation] = Field(default_factory=list)
     rules_checked: list[str] = Field(default_factory=list)
+    # Cases whose run was audited; 0 means the dynamic rules had nothing to judge (the kernel
+    # never ran, or the gate was off), so ``ok`` rests on the static rules alone.
+    audited_cases: int = 0
 
 
 class CheckReport(BaseModel):

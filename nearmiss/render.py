@@ -52,17 +52,22 @@ def render_report(report: CheckReport) -> str:
     body = table(
         ["suite", "case", "dims", "dtype", "profile", "result", "max abs err", "mismatched"], rows
     )
+    if not report.cases:
+        body = "(no case was run)"
     integrity = report.integrity
-    if integrity.violations:
-        gate = "VIOLATED: " + "; ".join(f"{v.rule}: {v.detail}" for v in integrity.violations)
-    elif integrity.rules_checked:
-        gate = f"ok ({len(integrity.rules_checked)} rules)"
+    if integrity.mode == "off":
+        gate = "off (not checked)"
+    elif integrity.violations:
+        gate = "VIOLATED" + "".join(f"\n  {v.rule}: {v.detail}" for v in integrity.violations)
     else:
-        gate = "ok (no rules checked)"
+        audited = f", {integrity.audited_cases} cases audited" if integrity.audited_cases else ""
+        gate = f"ok ({len(integrity.rules_checked)} rules{audited})"
     if report.certified:
         verdict = "CERTIFIED"
         if report.suite != "all":
             verdict += f" on the {report.suite} suite only (not full coverage)"
+        if integrity.mode != "enforce":
+            verdict += f" with the integrity gate {integrity.mode!r}, not enforced"
     else:
         verdict = f"NOT CERTIFIED — {report.failure_class or 'integrity'}"
     lines = [head, "", body, "", f"integrity: {gate}", f"verdict: {verdict}"]

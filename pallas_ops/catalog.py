@@ -1,5 +1,9 @@
 """The bundled operators: each folder holds spec.py, golden.py and labelled variants.
 
+``integrity/`` holds the cheat corpus of the integrity gate: kernels that get the right numbers
+the wrong way, each labelled with the rule that must reject it, and honest kernels with layout
+glue outside the kernel that no rule may flag (``integrity/manifest.json``).
+
 ``variants.json`` beside the spec lists each near-miss variant with its bug family (one of
 ``BUG_FAMILIES``), the failure class the engine must report, the first suite that exposes it
 (``fails_on``: compact, or extended when the compact suite still passes) and a one-line
@@ -77,6 +81,24 @@ def _spec_category(spec: Path) -> str:
         if stripped.startswith("category="):
             return stripped.split("=", 1)[1].strip().strip(",").strip("\"'")
     return "other"
+
+
+@dataclass(frozen=True)
+class IntegrityCase:
+    """A kernel of the cheat corpus: ``rule`` must reject it, or None for an honest kernel."""
+
+    path: Path
+    op: str
+    rule: str | None
+
+    @property
+    def spec(self) -> Path:
+        return self.path.parents[2] / self.op / "spec.py"
+
+
+def integrity_cases(root: Path = CORPUS_ROOT) -> list[IntegrityCase]:
+    entries = json.loads((root / "integrity" / "manifest.json").read_text())
+    return [IntegrityCase(root / "integrity" / e["file"], e["op"], e["rule"]) for e in entries]
 
 
 def load_operator(folder: Path) -> Operator:

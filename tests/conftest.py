@@ -41,3 +41,31 @@ def check_json(
 @pytest.fixture
 def softmax_spec() -> Path:
     return SOFTMAX_SPEC
+
+
+SWEEP_KINDS = {
+    "test_golden_certifies": "goldens certified",
+    "test_variant_fails_with_its_label": "variants failing with their labelled class",
+    "test_integrity_case": "integrity cases (cheats rejected with their rule, honest clean)",
+}
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Tally the corpus sweep (its reports reach here from every xdist worker)."""
+    tally: dict[str, list[int]] = {}
+    for outcome in ("passed", "failed"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if report.when != "call" or "test_corpus_sweep.py::" not in report.nodeid:
+                continue
+            name = report.nodeid.split("::", 1)[1].split("[", 1)[0]
+            counts = tally.setdefault(name, [0, 0])
+            counts[0] += outcome == "passed"
+            counts[1] += 1
+    if not tally:
+        return
+    terminalreporter.section("corpus sweep")
+    right = sum(c[0] for c in tally.values())
+    total = sum(c[1] for c in tally.values())
+    for name, (passed, count) in tally.items():
+        terminalreporter.write_line(f"{SWEEP_KINDS.get(name, name)}: {passed}/{count}")
+    terminalreporter.write_line(f"accuracy: {right}/{total} = {right / total:.1%}")

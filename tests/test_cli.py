@@ -133,14 +133,39 @@ def test_json_is_parseable_even_when_the_candidate_prints(tmp_path):
     assert json.loads(result.stdout)["certified"] is True
 
 
-def test_a_static_integrity_violation_blocks_certification(tmp_path):
+def test_a_forbidden_import_blocks_certification_and_execution(tmp_path):
     cheat = _write(tmp_path, "cheat.py", "import os\n" + GOLDEN.read_text())
     code, report = check_json(SOFTMAX_SPEC, cheat, "--suite", "compact")
     assert code == 1 and report["certified"] is False
-    assert report["cases"][0]["passed"] is True  # numerically right, still not certified
+    assert report["cases"] == []  # the gate refused to run it
     assert report["integrity"]["ok"] is False
     assert report["integrity"]["violations"][0] == {
         "rule": "forbidden_import",
         "detail": "import of `os` at cheat.py:1",
     }
     assert report["diagnosis"].startswith("Integrity violated (forbidden_import)")
+    assert "not executed" in report["diagnosis"]
+
+
+def test_a_fallback_blocks_certification_though_the_numbers_pass(tmp_path):
+    body = GOLDEN.read_text().replace(
+        "    return pl.pallas_call(",
+        "    try:\n        pass\n    except ValueError:\n"
+        "        return x\n    return pl.pallas_call(",
+    )
+    cheat = _write(tmp_path, "cheat.py", body)
+    code, report = check_json(SOFTMAX_SPEC, cheat, "--suite", "compact")
+    assert code == 1 and report["certified"] is False
+    assert report["cases"][0]["passed"] is True  # executed, numerically right, still refused
+    assert [v["rule"] for v in report["integrity"]["violations"]] == ["exception_fallback"]
+
+
+def test_report_mode_lists_violations_but_certifies_on_the_numbers():
+    cheat = OPS / "integrity" / "cheats" / "copy_kernel_softmax.py"
+    code, report = check_json(SOFTMAX_SPEC, cheat, "--suite", "compact", "--integrity", "report")
+    assert code == 0 and report["certified"] is True
+    assert report["integrity"]["mode"] == "report"
+    assert [v["rule"] for v in report["integrity"]["violations"]] == ["wrapper_compute"]
+    code, report = check_json(SOFTMAX_SPEC, cheat, "--suite", "compact", "--integrity", "off")
+    assert code == 0 and report["integrity"]["violations"] == []
+    assert report["integrity"]["rules_checked"] == []

@@ -67,8 +67,12 @@ def test_honest_glue_is_not_flagged(source):
 
 
 def test_no_bundled_kernel_is_flagged():
+    cheats = OPS / "integrity" / "cheats"
     kernels = [
-        p for p in OPS.rglob("*.py") if p.name not in ("spec.py", "catalog.py", "__init__.py")
+        p
+        for p in OPS.rglob("*.py")
+        if p.name not in ("spec.py", "catalog.py", "verify.py", "__init__.py")
+        and not p.is_relative_to(cheats)
     ]
     assert len(kernels) >= 9
     for path in kernels:

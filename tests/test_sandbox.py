@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PLANTED, SOFTMAX_SPEC, check_json
+from conftest import OPS, PLANTED, SOFTMAX_SPEC, check_json
 from nearmiss.check import check
 from nearmiss.runner.environment import child_environment, isolation_level
 from nearmiss.runner.sandbox import Limits
@@ -37,7 +37,10 @@ def processes_under(folder: Path) -> list[int]:
 
 def compact(candidate: str, **limits) -> tuple:
     started = time.monotonic()
-    report = check(SOFTMAX_SPEC, PLANTED / candidate, "compact", 1, Limits(**limits))
+    # The gate only reports: these kernels are hostile on purpose and must reach the sandbox.
+    report = check(
+        SOFTMAX_SPEC, PLANTED / candidate, "compact", 1, Limits(**limits), integrity="report"
+    )
     return report, report.cases[0], time.monotonic() - started
 
 
@@ -52,7 +55,12 @@ def test_a_hanging_kernel_is_killed_and_reported_as_timeout(private_tmp):
 
 def test_a_hang_at_import_is_a_timeout_for_every_case(private_tmp):
     report = check(
-        SOFTMAX_SPEC, PLANTED / "hang_at_import.py", "all", 1, Limits(startup_timeout_s=5)
+        SOFTMAX_SPEC,
+        PLANTED / "hang_at_import.py",
+        "all",
+        1,
+        Limits(startup_timeout_s=5),
+        integrity="report",
     )
     assert [c.failure_class for c in report.cases] == ["timeout"] * 3
     assert "importing the candidate" in report.cases[0].diagnosis
@@ -124,16 +132,34 @@ def test_a_secret_in_the_callers_environment_never_reaches_the_candidate():
             "(integrity) is then the line of defence"
         )
     env = dict(os.environ, OPENAI_API_KEY=MARKER, DATABASE_URL=f"postgres://u:{MARKER}@h/db")
+    # With the gate enforced the probe never runs at all (its imports are forbidden); in
+    # report mode it runs, and the sandbox alone must keep the secret from it.
     code, report = check_json(
-        SOFTMAX_SPEC, PLANTED / "secret_probe.py", "--suite", "compact", env=env
+        SOFTMAX_SPEC,
+        PLANTED / "secret_probe.py",
+        "--suite",
+        "compact",
+        "--integrity",
+        "report",
+        env=env,
     )
     assert report["isolation"] == "namespaces"
-    # The probe's output is not poisoned: it saw no secret. (It is still refused by the static
-    # integrity rules for what it tried.)
+    # The probe's output is not poisoned: it saw no secret.
     assert report["cases"][0]["passed"], report["diagnosis"]
-    assert code == 1 and {v["rule"] for v in report["integrity"]["violations"]} >= {
-        "forbidden_import"
-    }
+    assert {v["rule"] for v in report["integrity"]["violations"]} >= {"forbidden_import"}
+
+
+def test_with_the_gate_enforced_a_credential_reader_never_runs(tmp_path):
+    sink = Path("/tmp/nearmiss-stolen.txt")  # where the cheat would write what it read
+    sink.unlink(missing_ok=True)
+    env = dict(os.environ, OPENAI_API_KEY=MARKER)
+    code, report = check_json(
+        SOFTMAX_SPEC, OPS / "integrity" / "cheats" / "credential_reader.py", env=env
+    )
+    assert code == 1 and report["cases"] == []
+    assert "not executed" in report["diagnosis"]
+    assert report["integrity"]["violations"][0]["rule"] == "forbidden_import"
+    assert not sink.exists()
 
 
 def test_the_secret_probe_does_see_what_is_passed_through():
@@ -141,7 +167,13 @@ def test_the_secret_probe_does_see_what_is_passed_through():
     # probe then poisons its output, so a leak would have been caught.
     env = dict(os.environ, TZ=MARKER)
     code, report = check_json(
-        SOFTMAX_SPEC, PLANTED / "secret_probe.py", "--suite", "compact", env=env
+        SOFTMAX_SPEC,
+        PLANTED / "secret_probe.py",
+        "--suite",
+        "compact",
+        "--integrity",
+        "report",
+        env=env,
     )
     assert code == 1 and report["failure_class"] == "nan_inf"
 

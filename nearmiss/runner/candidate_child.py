@@ -47,6 +47,8 @@ def run_case(kernel, request: dict) -> dict:
             result["geometry"] = kernel_geometry(traced.jaxpr)
         except Exception:  # geometry is a forensic hint; never fail a case over it
             result["geometry"] = []
+        if request.get("audit"):
+            result["audit"], result["audit_error"] = _audit(traced.jaxpr)
         phase = "compile"
         compiled = traced.lower().compile()
         result["compile_s"] = time.perf_counter() - started
@@ -59,7 +61,58 @@ def run_case(kernel, request: dict) -> dict:
         result.update(ok=True, treedef=str(treedef))
     except (Exception, SystemExit) as exc:
         result.update(ok=False, error=describe_exception(exc, phase))
+        return result
+    if request.get("audit"):
+        result["inputs_changed"] = _changed_inputs(args, inputs)
+        result["probes_done"] = _run_probes(compiled, request.get("probes", []))
     return result
+
+
+def _audit(jaxpr) -> tuple[dict | None, str]:
+    """The jaxpr audit, or None and why: the engine judges a missing audit as unverified."""
+    from nearmiss.integrity.audit import audit_candidate
+
+    try:
+        return audit_candidate(jaxpr), ""
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _changed_inputs(args, originals) -> list[int]:
+    """Indices of inputs whose bytes differ after the call (or that the call consumed)."""
+    import numpy as np
+
+    changed = []
+    for index, (arg, original) in enumerate(zip(args, originals, strict=True)):
+        try:
+            same = np.asarray(arg).tobytes() == original.tobytes()
+        except Exception:  # a deleted (donated) buffer cannot be read back
+            same = False
+        if not same:
+            changed.append(index)
+    return changed
+
+
+def _run_probes(compiled, probes: list[dict]) -> list[int]:
+    """Run the compiled kernel on the probe inputs (one input re-drawn each); return those done."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from nearmiss.runner.arrays import load_arrays, save_arrays
+
+    done = []
+    for probe in probes:
+        probe_dir = Path(probe["dir"])
+        try:
+            inputs, _ = load_arrays(probe_dir / "inputs.npz")
+            output = jax.block_until_ready(compiled(*[jnp.asarray(a) for a in inputs]))
+            leaves = jax.tree_util.tree_leaves(output)
+            save_arrays(probe_dir / "output.npz", [np.asarray(leaf) for leaf in leaves])
+        except Exception:  # an unanswered probe is judged by the engine
+            continue
+        done.append(probe["input"])
+    return done
 
 
 def main() -> None:

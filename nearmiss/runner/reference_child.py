@@ -15,11 +15,54 @@ from pathlib import Path
 
 from nearmiss.runner.child import Channel, start_child
 
+# Folded into a case's key to draw the fresh inputs of the input-independence probes.
+PROBE_TAG = 0x5EED
+
 
 def case_key(jax, seed: int, suite: str, name: str):
     """The PRNG key of one case: a function of the engine's seed and the case's identity only."""
     tag = zlib.crc32(f"{suite}/{name}".encode()) & 0x7FFFFFFF
     return jax.random.fold_in(jax.random.PRNGKey(seed), tag)
+
+
+def reference_work(jax, spec, inputs) -> int | None:
+    """The reference's total work, the yardstick for work a candidate does outside its kernel."""
+    from nearmiss.integrity.audit import total_work
+
+    try:
+        return total_work(jax.make_jaxpr(spec.reference)(*inputs))
+    except Exception:
+        return None
+
+
+def write_probes(jax, np, spec, case, key, arrays, reference, case_dir: Path) -> list[dict]:
+    """Probe inputs for ``input_independent``: the case's inputs with one of them re-drawn.
+
+    Only probes where the fresh input differs and changes the reference are worth running: there
+    the candidate's output must change too.
+    """
+    from nearmiss.runner.arrays import save_arrays
+
+    fresh = _arrays_or_none(jax, np, spec.make_inputs(case, jax.random.fold_in(key, PROBE_TAG)))
+    if fresh is None or len(fresh) != len(arrays):
+        return []
+    probes = []
+    for index, value in enumerate(fresh):
+        if value.shape != arrays[index].shape or value.tobytes() == arrays[index].tobytes():
+            continue
+        mixed = [*arrays[:index], value, *arrays[index + 1 :]]
+        leaves = jax.tree_util.tree_leaves(jax.block_until_ready(spec.reference(*mixed)))
+        changed = _arrays_or_none(jax, np, leaves)
+        if changed is None or len(changed) != len(reference):
+            continue
+        if all(a.tobytes() == b.tobytes() for a, b in zip(changed, reference, strict=True)):
+            continue
+        probe_dir = case_dir / f"probe-{index}"
+        probe_dir.mkdir(exist_ok=True)
+        save_arrays(probe_dir / "inputs.npz", mixed)
+        save_arrays(probe_dir / "reference.npz", changed)
+        probes.append({"input": index, "dir": str(probe_dir)})
+    return probes
 
 
 def _arrays_or_none(jax, np, values):
@@ -66,10 +109,12 @@ def prepare(channel: Channel, request: dict) -> None:
         ],
     )
     workdir = Path(request["workdir"])
-    for suite, case in cases:
+    integrity = bool(request.get("integrity"))
+    for position, (suite, case) in enumerate(cases):
         label = f"{suite} case {case.name!r}"
+        key = case_key(jax, request["seed"], suite, case.name)
         try:
-            inputs = spec.make_inputs(case, case_key(jax, request["seed"], suite, case.name))
+            inputs = spec.make_inputs(case, key)
         except Exception as exc:
             channel.send(
                 event="spec_error",
@@ -106,12 +151,28 @@ def prepare(channel: Channel, request: dict) -> None:
         case_dir.mkdir(parents=True, exist_ok=True)
         save_arrays(case_dir / "inputs.npz", arrays)
         save_arrays(case_dir / "reference.npz", ref_arrays, {"treedef": str(treedef)})
+        reference_s = time.perf_counter() - started
+        work, probes = None, []
+        if integrity:
+            work = reference_work(jax, spec, inputs)
+            if position == 0:
+                try:
+                    probes = write_probes(jax, np, spec, case, key, arrays, ref_arrays, case_dir)
+                except Exception as exc:
+                    channel.send(
+                        event="spec_error",
+                        message=f"make_inputs or reference raised on a fresh draw of {label}: "
+                        f"{type(exc).__name__}: {exc}",
+                    )
+                    return
         channel.send(
             event="case_ready",
             suite=suite,
             name=case.name,
             dir=str(case_dir),
-            reference_s=time.perf_counter() - started,
+            reference_s=reference_s,
+            reference_work=work,
+            probes=probes,
         )
     channel.send(event="done")
 

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
+from nearmiss.integrity.dynamic import JaxprAudit, Probe
 from nearmiss.runner.arrays import load_arrays
 from nearmiss.runner.candidate_child import CANDIDATE_ENV
 from nearmiss.runner.sandbox import ChildFailure, ChildTimeout, Limits, SandboxChild
@@ -63,6 +65,14 @@ class RawCase:
     geometry: list[dict[str, Any]] = field(default_factory=list)
     compile_s: float | None = None
     run_s: float | None = None
+    # Integrity evidence (only when the run audits): the jaxpr audit — None when the child sent
+    # none or a malformed one — the reference's work, inputs changed by the call, and probes.
+    audited: bool = False
+    audit: JaxprAudit | None = None
+    audit_error: str = ""
+    reference_work: int | None = None
+    inputs_changed: list[int] = field(default_factory=list)
+    probes: list[Probe] = field(default_factory=list)
 
 
 @dataclass
@@ -130,6 +140,26 @@ def _checked_geometry(value: Any) -> list[dict[str, Any]]:
     return value if ok else []
 
 
+def _record_integrity(raw: RawCase, message: dict[str, Any], case_dir: Path) -> None:
+    """The integrity evidence of a successful case, each part checked before it is believed."""
+    try:
+        raw.audit = JaxprAudit.model_validate(message.get("audit"))
+    except ValidationError as exc:
+        raw.audit = None  # judged as "could not be verified", never as clean
+        error = message.get("audit_error")
+        raw.audit_error = error[:200] if isinstance(error, str) and error else str(exc)[:200]
+    changed = message.get("inputs_changed")
+    if not _int_list(changed):
+        raise ValueError("inputs_changed is not a list of indices")
+    raw.inputs_changed = sorted(set(changed))
+    done = message.get("probes_done")
+    if not _int_list(done):
+        raise ValueError("probes_done is not a list of indices")
+    for probe in raw.probes:
+        if probe.input in done:
+            probe.outputs, _ = load_arrays(case_dir / f"probe-{probe.input}" / "output.npz")
+
+
 class _CandidateRunner:
     """Keeps one candidate child alive across cases; replaces it after a timeout or crash."""
 
@@ -178,7 +208,7 @@ class _CandidateRunner:
             }
             self.stop()
 
-    def run(self, raw: RawCase, inputs: Path) -> None:
+    def run(self, raw: RawCase, inputs: Path, probe_dirs: dict[int, Path]) -> None:
         if self.import_problem is None and self.child is None:
             self.start()
             self.wait_ready()
@@ -190,8 +220,20 @@ class _CandidateRunner:
         case_dir = self.child.home / "cases" / raw.info.key
         case_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy(inputs, case_dir / "inputs.npz")
+        probes = []
+        for index, source in probe_dirs.items():
+            (case_dir / f"probe-{index}").mkdir(exist_ok=True)
+            shutil.copy(source / "inputs.npz", case_dir / f"probe-{index}" / "inputs.npz")
+            probes.append({"input": index, "dir": str(case_dir / f"probe-{index}")})
         try:
-            self.child.send(cmd="run", suite=raw.info.suite, name=raw.info.name, dir=str(case_dir))
+            self.child.send(
+                cmd="run",
+                suite=raw.info.suite,
+                name=raw.info.name,
+                dir=str(case_dir),
+                audit=raw.audited,
+                probes=probes,
+            )
             message = self.child.receive(self.limits.case_timeout_s)
         except ChildFailure as exc:
             raw.failure = "timeout" if isinstance(exc, ChildTimeout) else "died"
@@ -216,6 +258,8 @@ class _CandidateRunner:
         if message.get("ok"):
             raw.outputs, _ = load_arrays(case_dir / "output.npz")
             raw.output_tree = str(message["treedef"])
+            if raw.audited:
+                _record_integrity(raw, message, case_dir)
         else:
             error = message["error"]
             if error.get("phase") not in ("trace", "compile", "run"):
@@ -230,29 +274,57 @@ class _CandidateRunner:
 
 
 def run_sandboxed(
-    spec: Path, candidate: Path, suite: str, seed: int, limits: Limits, platform: str = "cpu"
+    spec: Path,
+    candidate: Path,
+    suite: str,
+    seed: int,
+    limits: Limits,
+    platform: str = "cpu",
+    audit: bool = True,
+    execute: bool = True,
 ) -> RawRun:
-    """Run the spec's cases of ``suite`` against the candidate, each side in its own child."""
+    """Run the spec's cases of ``suite`` against the candidate, each side in its own child.
+
+    With ``audit`` the run also gathers integrity evidence: the reference's work per case, the
+    candidate's jaxpr audit, whether inputs survive the call, and input-independence probes on
+    the first case. Without ``execute`` only the spec is read: the candidate never starts.
+    """
     spec, candidate = spec.resolve(), candidate.resolve()
     workdir = Path(tempfile.mkdtemp(prefix="nearmiss-reference-"))
     reference = SandboxChild(REFERENCE_MODULE, workdir / "home", limits, platform)
     runner = _CandidateRunner(candidate, limits, platform)
+    feed: _ReferenceFeed | None = None
     try:
         reference.send(
-            cmd="prepare", spec=str(spec), seed=seed, suite=suite, workdir=str(workdir / "cases")
+            cmd="prepare",
+            spec=str(spec),
+            seed=seed,
+            suite=suite,
+            workdir=str(workdir / "cases"),
+            integrity=audit,
         )
         feed = _ReferenceFeed(reference)
-        runner.start()  # overlaps the candidate's JAX import with the reference's work
+        if execute:
+            runner.start()  # overlaps the candidate's JAX import with the reference's work
         described = feed.next("spec")
-        runner.wait_ready()
         cases = []
-        for item in described["cases"]:
+        for item in described["cases"] if execute else []:
             atol, rtol = item.pop("tolerance")
             info = CaseInfo(atol=atol, rtol=rtol, **item)
             ready = feed.next("case_ready")
+            if not cases:
+                runner.wait_ready()
             reference_arrays, extra = load_arrays(Path(ready["dir"]) / "reference.npz")
-            raw = RawCase(info, reference_arrays, extra["treedef"])
-            runner.run(raw, Path(ready["dir"]) / "inputs.npz")
+            raw = RawCase(info, reference_arrays, extra["treedef"], audited=audit)
+            probe_dirs = {}
+            if audit:
+                raw.reference_work = ready.get("reference_work")
+                for probe in ready.get("probes", []):
+                    probe_dir = Path(probe["dir"])
+                    probe_ref, _ = load_arrays(probe_dir / "reference.npz")
+                    raw.probes.append(Probe(probe["input"], probe_ref))
+                    probe_dirs[probe["input"]] = probe_dir
+            runner.run(raw, Path(ready["dir"]) / "inputs.npz", probe_dirs)
             cases.append(raw)
         return RawRun(
             op=described["name"],
@@ -264,6 +336,12 @@ def run_sandboxed(
         )
     finally:
         runner.stop()
+        if feed is not None:
+            # The reference child may still be working (an early return or a usage error). Kill
+            # it and let the feed thread see the end of its pipe *before* the pipe is closed:
+            # a thread left reading a closed descriptor would read whatever reuses the number.
+            reference.kill()
+            feed.thread.join(timeout=30)
         reference.close()
         shutil.rmtree(workdir, ignore_errors=True)
 

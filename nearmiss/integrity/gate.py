@@ -1,0 +1,77 @@
+"""The integrity gate: static rules on the source, dynamic rules on the run, one verdict.
+
+``judge`` turns a run's evidence into an ``IntegrityReport``; ``check`` calls it on every run.
+``gate`` is the gate on its own, for the repair loop: static rules, then a compact run.
+
+Modes: ``enforce`` (the default) blocks certification on any violation and never executes a
+candidate whose source reaches outside the contract (``forbidden_import``); ``report`` runs and
+lists everything but certifies on the numbers alone (the no-anti-cheat ablation, sandbox tests);
+``off`` skips the gate entirely (the baseline the gate's cost is measured against).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nearmiss.integrity.dynamic import (
+    DYNAMIC_RULES,
+    audit_violations,
+    merge,
+    mutation_violations,
+    probe_violations,
+)
+from nearmiss.integrity.static import STATIC_RULES, static_violations
+from nearmiss.models import IntegrityReport, Violation
+from nearmiss.runner.session import RawCase
+
+RULES = tuple(dict.fromkeys(STATIC_RULES + DYNAMIC_RULES))  # host_callback is in both
+MODES = ("enforce", "report", "off")
+# Static findings that make running the candidate pointless and unsafe under ``enforce``.
+BLOCKS_EXECUTION = ("forbidden_import",)
+
+
+def _case_violations(raw: RawCase) -> list[Violation]:
+    if raw.audit is None:
+        found = [
+            Violation(
+                rule="wrapper_compute",
+                detail="the traced kernel could not be audited, so the work outside it is "
+                f"unknown ({raw.audit_error})",
+            )
+        ]
+    else:
+        outputs = sum(a.size for a in raw.reference)
+        found = audit_violations(raw.audit, max(raw.reference_work or 0, outputs, 1))
+    found += mutation_violations(raw.inputs_changed)
+    found += probe_violations(raw.probes, raw.reference, raw.outputs or [])
+    return found
+
+
+def judge(static: list[Violation], cases: list[RawCase], mode: str) -> IntegrityReport:
+    """The integrity verdict of one run: static findings plus what each audited case showed."""
+    if mode == "off":
+        return IntegrityReport(ok=True, mode=mode)
+    audited = [raw for raw in cases if raw.audited and raw.outputs is not None]
+    dynamic = merge([(raw.info.key, _case_violations(raw)) for raw in audited])
+    violations = static + dynamic
+    return IntegrityReport(
+        ok=not violations,
+        mode=mode,
+        violations=violations,
+        rules_checked=list(RULES if audited else STATIC_RULES),
+        audited_cases=len(audited),
+    )
+
+
+def blocks_execution(static: list[Violation], mode: str) -> bool:
+    return mode == "enforce" and any(v.rule in BLOCKS_EXECUTION for v in static)
+
+
+def gate(spec: str | Path, candidate: str | Path, seed: int | None = None) -> IntegrityReport:
+    """The gate alone: static rules, then (unless they forbid it) a compact run audited."""
+    from nearmiss.check import check
+
+    return check(spec, candidate, suite="compact", seed=seed).integrity
+
+
+__all__ = ["MODES", "RULES", "blocks_execution", "gate", "judge", "static_violations"]

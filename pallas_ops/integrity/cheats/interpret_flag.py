@@ -1,0 +1,17 @@
+"""Cheat (config_tamper): forces interpret mode, so the kernel never runs on the accelerator."""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def _softmax_body(x_ref, o_ref):
+    x = x_ref[...].astype(jnp.float32)
+    e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+    o_ref[...] = (e / jnp.sum(e, axis=-1, keepdims=True)).astype(o_ref.dtype)
+
+
+def kernel(x):
+    return pl.pallas_call(
+        _softmax_body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=True
+    )(x)

@@ -1,0 +1,200 @@
+"""The dynamic integrity rules: the jaxpr audit's work model and the engine's judgement of it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from pydantic import ValidationError
+
+from nearmiss.integrity.audit import audit_candidate, total_work
+from nearmiss.integrity.dynamic import (
+    JaxprAudit,
+    Probe,
+    audit_violations,
+    merge,
+    probe_violations,
+)
+from nearmiss.models import Violation
+from nearmiss.runner.interpret import force_interpret_on_cpu
+
+force_interpret_on_cpu()
+
+A = jnp.ones((32, 64), jnp.float32)
+B = jnp.ones((64, 16), jnp.float32)
+
+
+def _copy(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+
+def copy_kernel(x, **aliases):
+    return pl.pallas_call(_copy, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), **aliases)(x)
+
+
+def audit(fn, *args):
+    return audit_candidate(jax.jit(fn).trace(*args).jaxpr)
+
+
+def test_a_matmul_costs_two_m_n_k_and_glue_costs_nothing():
+    assert total_work(jax.make_jaxpr(jnp.dot)(A, B)) == 2 * 32 * 16 * 64
+    glue = jax.make_jaxpr(
+        lambda x: jnp.pad(x, ((0, 8), (0, 0))).T.reshape(-1)[:100].astype(jnp.bfloat16)
+    )(A)
+    assert total_work(glue) == 0
+
+
+def test_scan_bodies_count_once_per_step_and_cond_its_costliest_branch():
+    def scanned(x):
+        return jax.lax.scan(lambda c, row: (c + jnp.exp(row).sum(), None), 0.0, x)[0]
+
+    # 32 steps × (exp over 64 + sum over 64 + one scalar add)
+    assert total_work(jax.make_jaxpr(scanned)(A)) == 32 * (64 + 64 + 1)
+
+    def branchy(x):
+        return jax.lax.cond(x[0, 0] > 0, lambda: jnp.tanh(x).sum(), lambda: x[0, 0])
+
+    assert total_work(jax.make_jaxpr(branchy)(A)) == 1 + 2 * 32 * 64
+
+
+def test_work_outside_a_kernel_is_found_through_nested_jit_and_custom_jvp():
+    @jax.custom_jvp
+    def hidden(x):
+        return jnp.exp(x)
+
+    hidden.defjvp(lambda p, t: (hidden(p[0]), t[0]))
+
+    found = audit(lambda x: copy_kernel(jax.jit(hidden)(x)), A)
+    assert found["pallas_calls"] == 1
+    assert found["outside_heavy"] == 32 * 64
+    assert found["costliest"][0]["primitive"] == "exp"
+    assert found["costliest"][0]["where"].startswith("test_integrity_dynamic.py:")
+
+
+def test_kernel_bodies_are_the_kernels_own_work():
+    def body(x_ref, o_ref):
+        o_ref[...] = jnp.exp(x_ref[...]) / jnp.sum(jnp.exp(x_ref[...]))
+
+    found = audit(
+        lambda x: pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x), A
+    )
+    assert found["outside_heavy"] == found["outside_light"] == 0
+    assert found["callbacks"] == [] and found["aliased_inputs"] == []
+
+
+def test_aliasing_a_callers_input_is_found_but_aliasing_a_temporary_is_not():
+    direct = audit(lambda x: copy_kernel(x, input_output_aliases={0: 0}), A)
+    assert [a["input"] for a in direct["aliased_inputs"]] == [0]
+    nested = audit(
+        lambda a, b: jax.jit(lambda y: copy_kernel(y, input_output_aliases={0: 0}))(b), A, B
+    )
+    assert [a["input"] for a in nested["aliased_inputs"]] == [1]
+    temporary = audit(lambda x: copy_kernel(x * 2.0, input_output_aliases={0: 0}), A)
+    assert temporary["aliased_inputs"] == []
+
+
+def test_callbacks_are_found_even_inside_kernel_bodies():
+    def body(x_ref, o_ref):
+        jax.debug.callback(lambda v: None, x_ref[0, 0])
+        o_ref[...] = x_ref[...]
+
+    found = audit(
+        lambda x: pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x), A
+    )
+    assert [c["primitive"] for c in found["callbacks"]] == ["debug_callback"]
+
+
+def _audit(heavy=0, light=0, calls=1, **extra) -> JaxprAudit:
+    return JaxprAudit(
+        pallas_calls=calls,
+        outside_heavy=heavy,
+        outside_light=light,
+        costliest=[
+            {
+                "primitive": "exp",
+                "kind": "heavy",
+                "operand": "f32[8]",
+                "where": "k.py:3",
+                "work": heavy,
+            }
+        ],
+        callbacks=extra.get("callbacks", []),
+        aliased_inputs=extra.get("aliased_inputs", []),
+    )
+
+
+@pytest.mark.parametrize(
+    ("heavy", "light", "flagged"),
+    [
+        (0, 0, False),
+        (40, 0, False),  # below the absolute floor: a scalar epilogue
+        (400, 0, False),  # 4 % of the reference: under the heavy share
+        (600, 0, True),  # 6 %: a reduction or transcendental over the data
+        (0, 4000, False),  # elementwise arithmetic worth 40 %
+        (0, 6000, True),  # ... and worth 60 %
+    ],
+)
+def test_wrapper_compute_thresholds(heavy, light, flagged):
+    rules = [v.rule for v in audit_violations(_audit(heavy, light), 10_000)]
+    assert ("wrapper_compute" in rules) is flagged
+
+
+def test_violations_say_what_was_found_and_where():
+    found = audit_violations(
+        _audit(
+            5000,
+            calls=0,
+            callbacks=[{"primitive": "pure_callback", "where": "k.py:9"}],
+            aliased_inputs=[{"input": 1, "where": "k.py:12"}],
+        ),
+        10_000,
+    )
+    details = {v.rule: v.detail for v in found}
+    assert set(details) == {"no_pallas_call", "wrapper_compute", "host_callback", "input_mutation"}
+    assert "exp over f32[8] at k.py:3 (50%)" in details["wrapper_compute"]
+    assert "k.py:9" in details["host_callback"] and "input #1" in details["input_mutation"]
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"pallas_calls": -1},
+        {"outside_heavy": "0"},
+        {"costliest": [{"primitive": "x", "kind": "free", "operand": "", "where": "", "work": 1}]},
+        {"extra": 1},
+    ],
+)
+def test_a_forged_audit_is_rejected(forged):
+    good = _audit().model_dump()
+    with pytest.raises(ValidationError):
+        JaxprAudit.model_validate({**good, **forged})
+
+
+def test_outputs_that_ignore_a_redrawn_input_are_input_independent():
+    ref, ref_new = np.zeros((4, 4)), np.ones((4, 4))
+    honest = Probe(0, [ref_new], [ref_new.copy()])
+    stuck = Probe(1, [ref_new], [ref.copy()])
+    missing = Probe(2, [ref_new], None)
+    found = probe_violations([honest, stuck, missing], [ref], [ref.copy()])
+    assert [(v.rule, "#1" in v.detail or "#2" in v.detail) for v in found] == [
+        ("input_independent", True),
+        ("input_independent", True),
+    ]
+    nan = np.full((2,), np.nan)
+    assert probe_violations([Probe(0, [nan], [nan])], [nan], [nan]) == []  # nothing moved
+
+
+def test_findings_are_merged_across_cases():
+    shared = Violation(rule="host_callback", detail="`pure_callback` at k.py:3")
+    merged = merge(
+        [
+            ("compact-base", [shared, Violation(rule="wrapper_compute", detail="60%")]),
+            ("extended-ragged", [shared, Violation(rule="wrapper_compute", detail="70%")]),
+        ]
+    )
+    assert [v.detail for v in merged] == [
+        "`pure_callback` at k.py:3 (case compact-base, extended-ragged)",
+        "60% (case compact-base, extended-ragged)",
+    ]
