@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 from nearmiss.check import SUITES, check
 from nearmiss.integrity.gate import MODES
-from nearmiss.render import render_report
+from nearmiss.render import render_report, table
 from nearmiss.runner.session import Limits, UsageError
 
 EXIT_CERTIFIED, EXIT_NOT_CERTIFIED, EXIT_USAGE = 0, 1, 2
@@ -58,8 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="anti-cheat gate: enforce (default), report (list violations, certify on the "
         "numbers alone), off",
     )
+    corpus_cmd = commands.add_parser(
+        "corpus", help="list the bundled operators and their labelled near-miss variants"
+    )
+    corpus_cmd.add_argument("--json", action="store_true", help="print one JSON list")
     demo_cmd = commands.add_parser("demo", help="check the bundled example kernels")
     demo_cmd.add_argument("--seed", type=int, default=0)
+    demo_cmd.add_argument(
+        "--all", action="store_true", help="the whole corpus, not one operator per category"
+    )
     return parser
 
 
@@ -76,13 +85,40 @@ def run_check(args: argparse.Namespace) -> int:
     return EXIT_CERTIFIED if report.certified else EXIT_NOT_CERTIFIED
 
 
+def run_corpus(args: argparse.Namespace) -> int:
+    from pallas_ops.catalog import listing
+
+    entries = listing()
+    if args.json:
+        print(json.dumps(entries, indent=2))
+        return 0
+    rows = [
+        [
+            e["name"],
+            e["category"],
+            str(len(e["variants"])),
+            ", ".join(sorted({v["bug_family"] for v in e["variants"]})),
+        ]
+        for e in entries
+    ]
+    print(table(["operator", "category", "variants", "bug families"], rows))
+    categories = Counter(e["category"] for e in entries)
+    print(
+        f"\n{len(entries)} operators, {sum(len(e['variants']) for e in entries)} variants; "
+        + ", ".join(f"{name} {count}" for name, count in sorted(categories.items()))
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "check":
         return run_check(args)
+    if args.command == "corpus":
+        return run_corpus(args)
     from nearmiss.demo import run_demo
 
-    return run_demo(seed=args.seed)
+    return run_demo(seed=args.seed, everything=args.all)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ it can never drift from the files.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import json
 from dataclasses import dataclass
@@ -62,12 +63,23 @@ class Operator:
     variants: tuple[Variant, ...]
 
 
+def _code_lines(path: Path) -> list[str]:
+    """The file's lines after its module docstring (which differs by design: it names the bug)."""
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    body = ast.parse(text).body
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        lines = [""] * first.end_lineno + lines[first.end_lineno :]
+    return lines
+
+
 def fix_diff(golden: Path, variant: Path) -> str:
-    """The fix of a variant: the unified diff that turns it back into the golden kernel."""
+    """The fix of a variant: the unified diff of the code that turns it back into the golden."""
     return "".join(
         difflib.unified_diff(
-            variant.read_text().splitlines(keepends=True),
-            golden.read_text().splitlines(keepends=True),
+            _code_lines(variant),
+            _code_lines(golden),
             fromfile=f"variants/{variant.name}",
             tofile="golden.py",
         )
@@ -123,4 +135,28 @@ def operators(root: Path = CORPUS_ROOT) -> list[Operator]:
         load_operator(folder)
         for folder in sorted(root.iterdir())
         if (folder / "spec.py").is_file() and (folder / "golden.py").is_file()
+    ]
+
+
+def listing(root: Path = CORPUS_ROOT) -> list[dict]:
+    """The corpus as ``nearmiss corpus --json`` prints it: one entry per operator."""
+    return [
+        {
+            "name": op.name,
+            "category": op.category,
+            "spec": str(op.spec),
+            "golden": str(op.golden),
+            "variants": [
+                {
+                    "path": str(v.path),
+                    "bug_family": v.bug_family,
+                    "failure_class": v.failure_class,
+                    "fails_on": v.fails_on,
+                    "diagnosis": v.diagnosis,
+                    "fix": fix_diff(op.golden, v.path),
+                }
+                for v in op.variants
+            ],
+        }
+        for op in operators(root)
     ]

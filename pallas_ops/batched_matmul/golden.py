@@ -1,0 +1,40 @@
+"""Batched matmul: grid (B, M/BM, N/BN, K/BK), K innermost and masked, into the f32 output."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BM, BN, BK = 64, 64, 128
+
+
+def _bmm_body(a_ref, b_ref, o_ref, *, k_size):
+    kk = pl.program_id(3)
+
+    @pl.when(kk == 0)
+    def _init():
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    a = a_ref[0]
+    b = b_ref[0]
+    a_col = kk * BK + jax.lax.broadcasted_iota(jnp.int32, a.shape, 1)
+    b_row = kk * BK + jax.lax.broadcasted_iota(jnp.int32, b.shape, 0)
+    a = jnp.where(a_col < k_size, a, jnp.zeros_like(a))
+    b = jnp.where(b_row < k_size, b, jnp.zeros_like(b))
+    o_ref[0] += jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+
+def kernel(a, b):
+    bsz, m, k = a.shape
+    n = b.shape[2]
+    return pl.pallas_call(
+        functools.partial(_bmm_body, k_size=k),
+        grid=(bsz, pl.cdiv(m, BM), pl.cdiv(n, BN), pl.cdiv(k, BK)),
+        in_specs=[
+            pl.BlockSpec((1, BM, BK), lambda bi, i, j, kk: (bi, i, kk)),
+            pl.BlockSpec((1, BK, BN), lambda bi, i, j, kk: (bi, kk, j)),
+        ],
+        out_specs=pl.BlockSpec((1, BM, BN), lambda bi, i, j, kk: (bi, i, j)),
+        out_shape=jax.ShapeDtypeStruct((bsz, m, n), jnp.float32),
+    )(a, b)

@@ -1,0 +1,40 @@
+"""Bug: the accumulator takes the input dtype, so with bfloat16 inputs the running sum is rounded
+to bf16 after every one of the 9 taps (float32 inputs are unaffected)."""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BH = 8
+
+
+def _conv_body(x_ref, w_ref, o_ref):
+    c_out, bh, width = o_ref.shape
+    start = pl.program_id(0) * BH
+    w = w_ref[...].astype(jnp.float32)
+    acc = jnp.zeros((c_out, bh, width), o_ref.dtype)
+    for dy in range(3):
+        for dx in range(3):
+            xs = x_ref[:, pl.ds(start + dy, BH), pl.ds(dx, width)].astype(jnp.float32)
+            tap = w[:, :, dy, dx]  # (Cout, Cin)
+            # Contract the input channels: (Cout, Cin, 1, 1) * (1, Cin, BH, W) summed over Cin.
+            acc += jnp.sum(tap[:, :, None, None] * xs[None], axis=1).astype(acc.dtype)
+    o_ref[...] = acc.astype(o_ref.dtype)
+
+
+def kernel(x, w):
+    c_in, h, width = x.shape
+    c_out = w.shape[0]
+    steps = pl.cdiv(h, BH)
+    # 'same' padding of one pixel, plus rows at the bottom so the last block's window fits.
+    xp = jnp.pad(x, ((0, 0), (1, steps * BH - h + 1), (1, 1)))
+    return pl.pallas_call(
+        _conv_body,
+        grid=(steps,),
+        in_specs=[
+            pl.BlockSpec(xp.shape, lambda i: (0, 0, 0)),
+            pl.BlockSpec(w.shape, lambda i: (0, 0, 0, 0)),
+        ],
+        out_specs=pl.BlockSpec((c_out, BH, width), lambda i: (0, i, 0)),
+        out_shape=jax.ShapeDtypeStruct((c_out, h, width), x.dtype),
+    )(xp, w)

@@ -1,0 +1,39 @@
+"""Bug: the time grid floors T/BT, so the rows of a partial last time block are never written."""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BT, BD = 32, 128
+
+
+def _ema_body(x_ref, a_ref, o_ref, h_ref):
+    @pl.when(pl.program_id(1) == 0)
+    def _reset():
+        h_ref[...] = jnp.zeros_like(h_ref)
+
+    a = a_ref[...].astype(jnp.float32)
+
+    def step(t, h):
+        xt = x_ref[pl.ds(t, 1), :].astype(jnp.float32)
+        h = a * h + (1.0 - a) * xt
+        o_ref[pl.ds(t, 1), :] = h.astype(o_ref.dtype)
+        return h
+
+    h = jax.lax.fori_loop(0, BT, step, h_ref[...].astype(jnp.float32))
+    h_ref[...] = h.astype(h_ref.dtype)
+
+
+def kernel(x, a):
+    t, d = x.shape
+    return pl.pallas_call(
+        _ema_body,
+        grid=(pl.cdiv(d, BD), t // BT),
+        in_specs=[
+            pl.BlockSpec((BT, BD), lambda j, i: (i, j)),
+            pl.BlockSpec((1, BD), lambda j, i: (0, j)),
+        ],
+        out_specs=pl.BlockSpec((BT, BD), lambda j, i: (i, j)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        scratch_shapes=[pl.ANY((1, BD), jnp.float32)],
+    )(x, a.reshape(1, d))

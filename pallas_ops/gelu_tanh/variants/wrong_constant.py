@@ -1,0 +1,30 @@
+"""Bug: sqrt(pi/2) instead of sqrt(2/pi) inside tanh, so the curve is too steep
+near zero and every non-trivial output is off (already on the compact suite)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BLOCK_R, BLOCK_C = 32, 128
+SQRT_2_OVER_PI = math.sqrt(math.pi / 2.0)
+
+
+def _gelu_body(x_ref, o_ref):
+    x = x_ref[...].astype(jnp.float32)
+    inner = SQRT_2_OVER_PI * (x + 0.044715 * (x * x * x))
+    y = 0.5 * x * (1.0 + jnp.tanh(inner))
+    o_ref[...] = y.astype(o_ref.dtype)
+
+
+def kernel(x):
+    rows, cols = x.shape
+    spec = pl.BlockSpec((BLOCK_R, BLOCK_C), lambda i, j: (i, j))
+    return pl.pallas_call(
+        _gelu_body,
+        grid=(pl.cdiv(rows, BLOCK_R), pl.cdiv(cols, BLOCK_C)),
+        in_specs=[spec],
+        out_specs=spec,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x)

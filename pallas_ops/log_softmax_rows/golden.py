@@ -1,0 +1,25 @@
+"""Log-softmax over rows: one block of BLOCK_R full rows per grid step; the grid rounds up."""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BLOCK_R = 8
+
+
+def _log_softmax_body(x_ref, o_ref):
+    x = x_ref[...].astype(jnp.float32)
+    shifted = x - jnp.max(x, axis=-1, keepdims=True)
+    lse = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
+    o_ref[...] = (shifted - lse).astype(o_ref.dtype)
+
+
+def kernel(x):
+    rows, cols = x.shape
+    return pl.pallas_call(
+        _log_softmax_body,
+        grid=(pl.cdiv(rows, BLOCK_R),),
+        in_specs=[pl.BlockSpec((BLOCK_R, cols), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((BLOCK_R, cols), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x)

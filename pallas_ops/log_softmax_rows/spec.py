@@ -1,0 +1,33 @@
+"""Row-wise log-softmax over the last axis: x - max - log(sum(exp(x - max)))."""
+
+import jax
+import jax.numpy as jnp
+
+from nearmiss.spec import Case, OpSpec
+
+
+def reference(x):
+    return jax.nn.log_softmax(x.astype(jnp.float32), axis=-1).astype(x.dtype)
+
+
+def make_inputs(case, key):
+    x = jax.random.normal(key, (case.dims["R"], case.dims["C"]), jnp.float32)
+    if case.profile == "large":
+        x = x * 30.0
+    return (x.astype(case.dtype),)
+
+
+SPEC = OpSpec(
+    name="log_softmax_rows",
+    category="reduction",
+    reference=reference,
+    make_inputs=make_inputs,
+    compact=[Case("base", {"R": 64, "C": 256})],
+    extended=[
+        Case("ragged", {"R": 45, "C": 320}),
+        Case("bf16", {"R": 64, "C": 512}, dtype="bfloat16"),
+        Case("large", {"R": 64, "C": 256}, profile="large"),
+    ],
+    tolerance={"float32": (1e-5, 1e-5), "bfloat16": (2e-2, 1e-2)},
+    description="Numerically stable log-softmax over the last axis.",
+)

@@ -1,0 +1,37 @@
+"""Scaled matmul: grid (M/BM, N/BN, K/BK), K innermost; the last K step multiplies by alpha."""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BM, BN, BK = 64, 64, 128
+
+
+def _matmul_scaled_body(a_ref, b_ref, s_ref, o_ref):
+    kk = pl.program_id(2)
+
+    @pl.when(kk == 0)
+    def _init():
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    o_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+    @pl.when(kk == pl.num_programs(2) - 1)
+    def _epilogue():
+        o_ref[...] = o_ref[...] * s_ref[...]
+
+
+def kernel(a, b, scale):
+    m, k = a.shape
+    n = b.shape[1]
+    return pl.pallas_call(
+        _matmul_scaled_body,
+        grid=(pl.cdiv(m, BM), pl.cdiv(n, BN), pl.cdiv(k, BK)),
+        in_specs=[
+            pl.BlockSpec((BM, BK), lambda i, j, kk: (i, kk)),
+            pl.BlockSpec((BK, BN), lambda i, j, kk: (kk, j)),
+            pl.BlockSpec((1, 1), lambda i, j, kk: (0, 0)),
+        ],
+        out_specs=pl.BlockSpec((BM, BN), lambda i, j, kk: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+    )(a, b, scale.reshape(1, 1))

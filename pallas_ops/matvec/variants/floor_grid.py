@@ -1,0 +1,40 @@
+"""Bug: the grid floors M / BM, so when M is not a multiple of BM the last, partial block of
+output rows is never computed or written."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BM, BK = 64, 128
+
+
+def _matvec_body(a_ref, x_ref, o_ref, *, k_size):
+    kk = pl.program_id(1)
+
+    @pl.when(kk == 0)
+    def _init():
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    a = a_ref[...]
+    x = x_ref[...]
+    a_col = kk * BK + jax.lax.broadcasted_iota(jnp.int32, a.shape, 1)
+    x_idx = kk * BK + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0)
+    a = jnp.where(a_col < k_size, a, jnp.zeros_like(a))
+    x = jnp.where(x_idx < k_size, x, jnp.zeros_like(x))
+    o_ref[...] += jnp.dot(a, x, preferred_element_type=jnp.float32)
+
+
+def kernel(a, x):
+    m, k = a.shape
+    return pl.pallas_call(
+        functools.partial(_matvec_body, k_size=k),
+        grid=(m // BM, pl.cdiv(k, BK)),
+        in_specs=[
+            pl.BlockSpec((BM, BK), lambda i, kk: (i, kk)),
+            pl.BlockSpec((BK,), lambda i, kk: (kk,)),
+        ],
+        out_specs=pl.BlockSpec((BM,), lambda i, kk: (i,)),
+        out_shape=jax.ShapeDtypeStruct((m,), jnp.float32),
+    )(a, x)

@@ -1,0 +1,26 @@
+"""Row variance: one block of BLOCK_R full rows per grid step, two passes over the block in VMEM."""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BLOCK_R = 8
+
+
+def _variance_body(x_ref, o_ref):
+    x = x_ref[...].astype(jnp.float32)
+    n = x.shape[-1]
+    mean = jnp.sum(x, axis=-1, keepdims=True) / n
+    centred = x - mean
+    o_ref[...] = (jnp.sum(centred * centred, axis=-1) / n).astype(o_ref.dtype)
+
+
+def kernel(x):
+    rows, cols = x.shape
+    return pl.pallas_call(
+        _variance_body,
+        grid=(pl.cdiv(rows, BLOCK_R),),
+        in_specs=[pl.BlockSpec((BLOCK_R, cols), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((BLOCK_R,), lambda i: (i,)),
+        out_shape=jax.ShapeDtypeStruct((rows,), x.dtype),
+    )(x)

@@ -1,0 +1,27 @@
+"""Bug: the sum of squared deviations is divided by N - 1 (sample variance) instead of N,
+so every output is N / (N - 1) times too large."""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BLOCK_R = 8
+
+
+def _variance_body(x_ref, o_ref):
+    x = x_ref[...].astype(jnp.float32)
+    n = x.shape[-1]
+    mean = jnp.sum(x, axis=-1, keepdims=True) / n
+    centred = x - mean
+    o_ref[...] = (jnp.sum(centred * centred, axis=-1) / (n - 1)).astype(o_ref.dtype)
+
+
+def kernel(x):
+    rows, cols = x.shape
+    return pl.pallas_call(
+        _variance_body,
+        grid=(pl.cdiv(rows, BLOCK_R),),
+        in_specs=[pl.BlockSpec((BLOCK_R, cols), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((BLOCK_R,), lambda i: (i,)),
+        out_shape=jax.ShapeDtypeStruct((rows,), x.dtype),
+    )(x)

@@ -1,0 +1,27 @@
+"""Bug: one-pass E[x^2] - E[x]^2; with a large common offset the two terms cancel in
+float32 and the variance is garbage (normal zero-mean rows pass)."""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BLOCK_R = 8
+
+
+def _variance_body(x_ref, o_ref):
+    x = x_ref[...].astype(jnp.float32)
+    n = x.shape[-1]
+    mean = jnp.sum(x, axis=-1, keepdims=True) / n
+    mean_sq = jnp.sum(x * x, axis=-1, keepdims=True) / n
+    o_ref[...] = (mean_sq - mean * mean)[:, 0].astype(o_ref.dtype)
+
+
+def kernel(x):
+    rows, cols = x.shape
+    return pl.pallas_call(
+        _variance_body,
+        grid=(pl.cdiv(rows, BLOCK_R),),
+        in_specs=[pl.BlockSpec((BLOCK_R, cols), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((BLOCK_R,), lambda i: (i,)),
+        out_shape=jax.ShapeDtypeStruct((rows,), x.dtype),
+    )(x)
