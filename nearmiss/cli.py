@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         "corpus", help="list the bundled operators and their labelled near-miss variants"
     )
     corpus_cmd.add_argument("--json", action="store_true", help="print one JSON list")
+    dev_cmd = commands.add_parser(
+        "dev",
+        help="the embedded dev stack: Temporal dev server + PostgreSQL on loopback",
+        description="State under NEARMISS_HOME (default .nearmiss); ports from "
+        "NEARMISS_TEMPORAL_PORT / NEARMISS_POSTGRES_PORT; NEARMISS_TEMPORAL_UI_PORT adds the UI.",
+    )
+    dev_cmd.add_argument("action", choices=("up", "down", "status"))
     demo_cmd = commands.add_parser("demo", help="check the bundled example kernels")
     demo_cmd.add_argument("--seed", type=int, default=0)
     demo_cmd.add_argument(
@@ -110,12 +117,37 @@ def run_corpus(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_dev(args: argparse.Namespace) -> int:
+    from infra.devstack import DevStack, StackError
+
+    stack = DevStack()
+    try:
+        if args.action == "up":
+            started = stack.up()
+            print(f"started: {', '.join(started)}" if started else "already running")
+        elif args.action == "down":
+            stopped = stack.down()
+            print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    except StackError as exc:
+        print(f"nearmiss: error: {exc}", file=sys.stderr)
+        return 1
+    rows = [
+        [s["service"], "up" if s["ready"] else "down", str(s["pid"] or "-"), s["address"], s["log"]]
+        for s in stack.status()
+    ]
+    print(table(["service", "state", "pid", "address", "log"], rows))
+    print(f"temporal: {stack.config.temporal_address}   postgres: {stack.config.dsn}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "check":
         return run_check(args)
     if args.command == "corpus":
         return run_corpus(args)
+    if args.command == "dev":
+        return run_dev(args)
     from nearmiss.demo import run_demo
 
     return run_demo(seed=args.seed, everything=args.all)

@@ -69,3 +69,30 @@ def pytest_terminal_summary(terminalreporter) -> None:
     for name, (passed, count) in tally.items():
         terminalreporter.write_line(f"{SWEEP_KINDS.get(name, name)}: {passed}/{count}")
     terminalreporter.write_line(f"accuracy: {right}/{total} = {right / total:.1%}")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(tmp_path_factory) -> str:
+    """A real PostgreSQL cluster of this test process, stopped (and waited for) at the end."""
+    from infra.devstack import PostgresService, StackConfig
+
+    config = StackConfig(
+        home=tmp_path_factory.mktemp("pg-home"),
+        temporal_port=free_port(),
+        postgres_port=free_port(),
+    )
+    service = PostgresService(config)
+    service.start()
+    try:
+        yield config.dsn
+    finally:
+        service.stop()
+        service.remove_data()

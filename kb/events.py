@@ -1,0 +1,203 @@
+"""The event log: every step of every repair, append-only in PostgreSQL (asyncpg).
+
+A stream is one repair session; each event has its stream's next ``version`` and a global
+``position``. Appends are idempotent so an activity Temporal retries can record again safely:
+re-appending the same event at the same version is a no-op, a *different* event at a taken
+version is a conflict. Writers are serialised with a transaction-scoped advisory lock so global
+positions commit in order and a reader tailing ``position`` never skips an event.
+
+Sources, prompts and other large artifacts go to ``blobs`` by SHA-256 and events carry the
+hash: history stays small and identical artifacts are stored once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+# Each migration runs once, in order, recorded in schema_migrations.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE events (
+        position    BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        stream_id   TEXT NOT NULL,
+        version     INTEGER NOT NULL CHECK (version >= 1),
+        type        TEXT NOT NULL,
+        payload     JSONB NOT NULL,
+        recorded_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        UNIQUE (stream_id, version)
+    );
+    CREATE INDEX events_type ON events (type, position);
+    CREATE TABLE blobs (
+        hash       TEXT PRIMARY KEY,
+        content    BYTEA NOT NULL,
+        size       INTEGER NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    """,
+]
+EVENT_TYPES = (
+    "RepairStarted",
+    "EvidenceCollected",
+    "KnowledgeRetrieved",
+    "FixProposed",
+    "CandidateValidated",
+    "IntegrityViolated",
+    "GuardTripped",
+    "RepairFinished",
+)
+# Any constant would do; it only has to be the same for every writer of this database.
+_APPEND_LOCK = 0x6E6D6973
+
+
+class EventConflict(Exception):
+    """A different event already holds that stream version (a concurrent or diverged writer)."""
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    type: str
+    payload: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        if self.type not in EVENT_TYPES:
+            raise ValueError(f"unknown event type {self.type!r}")
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    position: int
+    stream_id: str
+    version: int
+    type: str
+    payload: dict[str, Any]
+    recorded_at: datetime
+
+
+def content_hash(content: bytes) -> str:
+    return "sha256:" + hashlib.sha256(content).hexdigest()
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def migrate(conn: asyncpg.Connection) -> int:
+    """Bring the schema up to date; returns the schema version."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _APPEND_LOCK + 1)
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+            "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        done = await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations")
+        for version, statement in enumerate(MIGRATIONS, start=1):
+            if version > done:
+                await conn.execute(statement)
+                await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", version)
+    return len(MIGRATIONS)
+
+
+class EventStore:
+    """Append and read events and blobs; create with ``await EventStore.connect(dsn)``."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    @classmethod
+    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 4) -> EventStore:
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, init=_init_connection
+        )
+        async with pool.acquire() as conn:
+            await migrate(conn)
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def append(
+        self, stream_id: str, expected_version: int, events: list[NewEvent]
+    ) -> list[int]:
+        """Append ``events`` as versions expected_version+1...; returns their positions.
+
+        Idempotent: an event identical to the one already at its version is not written again
+        (its existing position is returned). Raises EventConflict on a different event.
+        """
+        positions = []
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _APPEND_LOCK)
+            for offset, event in enumerate(events, start=1):
+                version = expected_version + offset
+                position = await conn.fetchval(
+                    "INSERT INTO events (stream_id, version, type, payload) "
+                    "VALUES ($1, $2, $3, $4) ON CONFLICT (stream_id, version) DO NOTHING "
+                    "RETURNING position",
+                    stream_id,
+                    version,
+                    event.type,
+                    event.payload,
+                )
+                if position is None:
+                    existing = await conn.fetchrow(
+                        "SELECT position, type, payload FROM events "
+                        "WHERE stream_id = $1 AND version = $2",
+                        stream_id,
+                        version,
+                    )
+                    if (existing["type"], existing["payload"]) != (event.type, event.payload):
+                        raise EventConflict(
+                            f"{stream_id} v{version} holds {existing['type']}, not {event.type}"
+                        )
+                    position = existing["position"]
+                positions.append(position)
+        return positions
+
+    async def read_stream(self, stream_id: str, after_version: int = 0) -> list[StoredEvent]:
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT * FROM events WHERE stream_id = $1 AND version > $2 ORDER BY version",
+                stream_id,
+                after_version,
+            )
+        return [StoredEvent(**dict(row)) for row in rows]
+
+    async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """Events of every stream in global order, for projections that tail the log."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT * FROM events WHERE position > $1 ORDER BY position LIMIT $2",
+                after_position,
+                limit,
+            )
+        return [StoredEvent(**dict(row)) for row in rows]
+
+    async def stream_version(self, stream_id: str) -> int:
+        async with self.pool.acquire() as conn:
+            return await conn.fetchval(
+                "SELECT coalesce(max(version), 0) FROM events WHERE stream_id = $1", stream_id
+            )
+
+    async def put_blob(self, content: bytes) -> str:
+        digest = content_hash(content)
+        async with self.pool.acquire() as conn:
+            await conn.execute(
+                "INSERT INTO blobs (hash, content, size) VALUES ($1, $2, $3) "
+                "ON CONFLICT (hash) DO NOTHING",
+                digest,
+                content,
+                len(content),
+            )
+        return digest
+
+    async def get_blob(self, digest: str) -> bytes:
+        async with self.pool.acquire() as conn:
+            content = await conn.fetchval("SELECT content FROM blobs WHERE hash = $1", digest)
+        if content is None:
+            raise KeyError(digest)
+        return bytes(content)
