@@ -27,6 +27,12 @@ DEFAULT_TEMPORAL_PORT = 7233
 DEFAULT_POSTGRES_PORT = 54329  # off the system default, so a distro cluster never collides
 DATABASE = "nearmiss"
 START_TIMEOUT_S = 60.0
+# Registered at start so repair sessions can be found by kernel, verdict and tokens in the UI.
+SEARCH_ATTRIBUTES = {
+    "NearmissKernel": "Keyword",
+    "NearmissVerdict": "Keyword",
+    "NearmissTokens": "Int",
+}
 STOP_TIMEOUT_S = 20.0
 
 
@@ -167,6 +173,8 @@ class TemporalService:
             "--log-level",
             "warn",
         ]
+        for name, kind in SEARCH_ATTRIBUTES.items():
+            command += ["--search-attribute", f"{name}={kind}"]
         if self.config.ui_port:
             command += ["--ui-port", str(self.config.ui_port)]
         else:

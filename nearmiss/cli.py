@@ -12,6 +12,7 @@ from nearmiss.check import SUITES, check
 from nearmiss.integrity.gate import MODES
 from nearmiss.render import render_report, table
 from nearmiss.runner.session import Limits, UsageError
+from workflows.loop import Guards
 
 EXIT_CERTIFIED, EXIT_NOT_CERTIFIED, EXIT_USAGE = 0, 1, 2
 
@@ -64,6 +65,34 @@ def build_parser() -> argparse.ArgumentParser:
         "corpus", help="list the bundled operators and their labelled near-miss variants"
     )
     corpus_cmd.add_argument("--json", action="store_true", help="print one JSON list")
+    repair_cmd = commands.add_parser(
+        "repair",
+        help="repair a near-miss kernel in a durable session (Temporal + PostgreSQL)",
+        description="Exit 0 when the repaired kernel is certified, 1 when not, 2 on bad input. "
+        "Without TEMPORAL_ADDRESS and NEARMISS_DATABASE_URL the embedded dev stack is started "
+        "for the command.",
+    )
+    repair_cmd.add_argument("spec", type=Path, help="spec file defining SPEC")
+    repair_cmd.add_argument("candidate", type=Path, help="candidate file defining kernel()")
+    repair_cmd.add_argument(
+        "--model", default="playbook", help="playbook (zero tokens, default) or openai:MODEL"
+    )
+    repair_cmd.add_argument("--max-rounds", type=_positive(int), default=Guards().max_rounds)
+    repair_cmd.add_argument(
+        "--token-budget",
+        type=_positive(int),
+        default=Guards().token_budget,
+        help="input + output tokens for the session (default %(default)s)",
+    )
+    repair_cmd.add_argument(
+        "--deadline",
+        type=_positive(float),
+        default=Guards().deadline_s,
+        help="seconds (default %(default)s)",
+    )
+    repair_cmd.add_argument("--out", type=Path, help="where to write the fixed kernel")
+    repair_cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    commands.add_parser("worker", help="run a repair worker against the configured services")
     dev_cmd = commands.add_parser(
         "dev",
         help="the embedded dev stack: Temporal dev server + PostgreSQL on loopback",
@@ -140,6 +169,41 @@ def run_dev(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_repair(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from nearmiss.service import repair
+    from nearmiss.settings import Settings
+
+    guards = Guards(
+        max_rounds=args.max_rounds, token_budget=args.token_budget, deadline_s=args.deadline
+    )
+    try:
+        return asyncio.run(
+            repair(
+                args.spec,
+                args.candidate,
+                model=args.model,
+                guards=guards,
+                out=args.out,
+                as_json=args.json,
+                settings=Settings.from_env(),
+            )
+        )
+    except (UsageError, ValueError) as exc:
+        print(f"nearmiss: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def run_worker_command() -> int:
+    import asyncio
+
+    from nearmiss.service import run_worker
+    from nearmiss.settings import Settings
+
+    return asyncio.run(run_worker(Settings.from_env()))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "check":
@@ -148,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_corpus(args)
     if args.command == "dev":
         return run_dev(args)
+    if args.command == "repair":
+        return run_repair(args)
+    if args.command == "worker":
+        return run_worker_command()
     from nearmiss.demo import run_demo
 
     return run_demo(seed=args.seed, everything=args.all)

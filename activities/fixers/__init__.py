@@ -1,0 +1,1 @@
+"""Fixers propose edits to a failing kernel behind one small protocol (``base.Fixer``)."""

@@ -1,0 +1,26 @@
+"""The fixer protocol: one request in (spec, source, evidence), one result out.
+
+A fixer never validates its own edit — the engine does, like any other edit. Errors that a retry
+could cure (rate limits, 5xx, timeouts) raise ``FixerError(retryable=True)``; the activity turns
+them into Temporal retries. Anything else about an answer (a malformed or non-applying edit) is a
+``FixResult`` without a source and with a reason: a failed round, never a crash.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from workflows.models import FixRequest, FixResult
+
+
+class FixerError(Exception):
+    def __init__(self, message: str, *, retryable: bool, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+
+
+class Fixer(Protocol):
+    name: str
+
+    async def propose(self, request: FixRequest) -> FixResult: ...

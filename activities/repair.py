@@ -1,0 +1,138 @@
+"""The repair activities: check a candidate, propose a fix, record events.
+
+Thin wrappers: ``check`` (the sandboxed runner and integrity gate), a fixer, the event store.
+Texts travel as blob hashes; each activity loads what it needs and stores what it makes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.evidence import evidence_from_report
+from activities.fixers.base import Fixer, FixerError
+from kb.events import EventStore, NewEvent
+from nearmiss.check import check
+from nearmiss.runner.session import UsageError
+from workflows.models import (
+    CheckInput,
+    Evidence,
+    FixInput,
+    FixOutcome,
+    FixRequest,
+    RecordInput,
+)
+
+HEARTBEAT_S = 5.0
+
+
+def make_fixer(model: str) -> Fixer:
+    """``playbook`` or ``openai:MODEL`` (endpoint and key from OPENAI_BASE_URL / OPENAI_API_KEY,
+    or NEARMISS_OPENAI_BASE_URL / NEARMISS_OPENAI_API_KEY on top)."""
+    if model == "playbook":
+        from activities.fixers.playbook import PlaybookFixer
+
+        return PlaybookFixer()
+    if model.startswith("openai:") and len(model) > len("openai:"):
+        from activities.fixers.openai_fixer import OpenAIFixer
+
+        return OpenAIFixer(
+            model=model.split(":", 1)[1],
+            base_url=os.environ.get("NEARMISS_OPENAI_BASE_URL"),
+            api_key=os.environ.get("NEARMISS_OPENAI_API_KEY"),
+        )
+    raise ValueError(f"unknown model {model!r}: expected playbook or openai:MODEL")
+
+
+async def _with_heartbeats(work):
+    """Await ``work`` while telling Temporal we are alive, so a dead worker is noticed fast."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_S)
+        if done:
+            return task.result()
+        activity.heartbeat()
+
+
+class RepairActivities:
+    def __init__(
+        self,
+        store: EventStore,
+        fixer_factory: Callable[[str], Fixer] = make_fixer,
+        parallel_checks: int = 2,
+    ) -> None:
+        self.store = store
+        self.fixer_factory = fixer_factory
+        # Each check runs two JAX processes; more at once than cores only slows all of them.
+        self.checks = asyncio.Semaphore(parallel_checks)
+
+    @activity.defn(name="check_candidate")
+    async def check_candidate(self, request: CheckInput) -> Evidence:
+        spec = await self.store.get_blob(request.spec_hash)
+        source = await self.store.get_blob(request.candidate_hash)
+        async with self.checks:
+            with tempfile.TemporaryDirectory(prefix="nearmiss-check-") as tmp:
+                spec_path = Path(tmp) / "spec.py"
+                candidate_path = Path(tmp) / request.candidate_name
+                spec_path.write_bytes(spec)
+                candidate_path.write_bytes(source)
+                try:
+                    report = await _with_heartbeats(
+                        asyncio.to_thread(
+                            check, spec_path, candidate_path, request.suite, request.seed
+                        )
+                    )
+                except UsageError as exc:
+                    raise ApplicationError(str(exc), type="UsageError", non_retryable=True) from exc
+        report_hash = await self.store.put_blob(report.model_dump_json().encode())
+        return evidence_from_report(report, request.candidate_hash, report_hash)
+
+    @activity.defn(name="propose_fix")
+    async def propose_fix(self, request: FixInput) -> FixOutcome:
+        spec = (await self.store.get_blob(request.spec_hash)).decode()
+        source = (await self.store.get_blob(request.candidate_hash)).decode()
+        fixer = self.fixer_factory(request.model)
+        fix_request = FixRequest(
+            spec_path="spec.py",
+            spec_source=spec,
+            source=source,
+            candidate_name=request.candidate_name,
+            evidence=request.evidence,
+            round=request.round,
+            tried=request.tried,
+        )
+        try:
+            result = await _with_heartbeats(fixer.propose(fix_request))
+        except FixerError as exc:
+            if not exc.retryable:
+                raise ApplicationError(str(exc), type="FixerFatal", non_retryable=True) from exc
+            delay = timedelta(seconds=exc.retry_after_s) if exc.retry_after_s else None
+            raise ApplicationError(str(exc), type="FixerRetry", next_retry_delay=delay) from exc
+        outcome = FixOutcome(
+            summary=result.summary,
+            reason=result.reason,
+            model=result.model or request.model,
+            tokens=result.tokens,
+        )
+        if result.prompt:
+            outcome.prompt_hash = await self.store.put_blob(result.prompt.encode())
+        if result.response:
+            outcome.response_hash = await self.store.put_blob(result.response.encode())
+        if result.source is not None:
+            outcome.candidate_hash = await self.store.put_blob(result.source.encode())
+        return outcome
+
+    @activity.defn(name="record_events")
+    async def record_events(self, request: RecordInput) -> list[int]:
+        events = [NewEvent(e["type"], e["payload"]) for e in request.events]
+        return await self.store.append(request.stream_id, request.expected_version, events)
+
+    def all(self) -> list:
+        return [self.check_candidate, self.propose_fix, self.record_events]

@@ -1,0 +1,210 @@
+"""Client and worker wiring: `nearmiss repair` and `nearmiss worker`.
+
+The workflow, the activities and the pydantic data converter are the same on both sides. Without
+configured services, `repair` starts the embedded dev stack for the duration of the command (and
+says so) and runs its own worker, so one command works on a fresh machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import difflib
+import gc
+import json
+import signal
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
+from temporalio.worker import Worker
+
+from activities.repair import RepairActivities, make_fixer
+from infra.devstack import SEARCH_ATTRIBUTES, DevStack
+from kb.events import EventStore
+from nearmiss.runner.session import UsageError
+from nearmiss.settings import Settings
+from workflows.loop import Guards
+from workflows.repair import TASK_QUEUE, Progress, RepairRequest, RepairResult, RepairWorkflow
+
+PROGRESS_POLL_S = 0.5
+
+
+async def connect(settings: Settings) -> Client:
+    client = await Client.connect(
+        settings.temporal_address,
+        namespace=settings.namespace,
+        data_converter=pydantic_data_converter,
+    )
+    await _ensure_search_attributes(client, settings.namespace)
+    return client
+
+
+async def _ensure_search_attributes(client: Client, namespace: str) -> None:
+    """Register the session's search attributes on a server that lacks them (idempotent)."""
+    kinds = {
+        "Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+        "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT,
+    }
+    request = AddSearchAttributesRequest(
+        namespace=namespace,
+        search_attributes={name: kinds[kind] for name, kind in SEARCH_ATTRIBUTES.items()},
+    )
+    with contextlib.suppress(RPCError):  # already registered (the dev stack does it at start)
+        await client.operator_service.add_search_attributes(request)
+
+
+def build_worker(
+    client: Client,
+    store: EventStore,
+    fixer_factory: Callable = make_fixer,
+    *,
+    fail_workflows_on_error: bool = False,
+) -> Worker:
+    activities = RepairActivities(store, fixer_factory)
+    return Worker(
+        client,
+        task_queue=TASK_QUEUE,
+        workflows=[RepairWorkflow],
+        activities=activities.all(),
+        # In tests a workflow bug should fail the run, not retry its task forever.
+        workflow_failure_exception_types=[Exception] if fail_workflows_on_error else [],
+    )
+
+
+def session_id(kernel: str, candidate_hash: str) -> str:
+    return f"repair-{kernel}-{candidate_hash.split(':')[-1][:12]}-{uuid.uuid4().hex[:8]}"
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+async def _follow(handle: WorkflowHandle, quiet: bool) -> RepairResult:
+    """Print a line whenever the session moves on; return its result."""
+    result_task = asyncio.ensure_future(handle.result())
+    last = None
+    while not result_task.done():
+        with contextlib.suppress(RPCError):
+            progress: Progress = await handle.query(RepairWorkflow.progress)
+            line = (
+                f"round {progress.round} · {progress.phase}"
+                + (f" · {progress.failure_class}" if progress.failure_class else "")
+                + (f" · score {progress.score:.2f}" if progress.score is not None else "")
+                + f" · tokens {progress.tokens.total}"
+            )
+            if line != last and not quiet:
+                _say(f"  {line}")
+            last = line
+        await asyncio.wait({result_task}, timeout=PROGRESS_POLL_S)
+    return result_task.result()
+
+
+async def repair(
+    spec: Path,
+    candidate: Path,
+    *,
+    model: str,
+    guards: Guards,
+    out: Path | None,
+    as_json: bool,
+    settings: Settings,
+    seed: int = 0,
+) -> int:
+    for role, path in (("spec", spec), ("candidate", candidate)):
+        if not path.is_file():
+            raise UsageError(f"{role} file not found: {path}")
+    make_fixer(model)  # a bad --model is a usage error before anything starts
+    stack = DevStack(settings.stack) if settings.embedded else contextlib.nullcontext()
+    if settings.embedded:
+        _say(f"starting the embedded dev stack (Temporal + PostgreSQL) under {settings.stack.home}")
+    with stack:
+        store = await EventStore.connect(settings.database_url)
+        try:
+            client = await connect(settings)
+            async with build_worker(client, store):
+                return await _run_session(
+                    client, store, spec, candidate, model, guards, out, as_json, seed
+                )
+        finally:
+            await store.close()
+            gc.collect()  # the SDK's client crashes at interpreter exit now and then otherwise
+
+
+async def _run_session(client, store, spec, candidate, model, guards, out, as_json, seed) -> int:
+    from nearmiss.spec import load_spec
+
+    op = load_spec(spec).name
+    original = candidate.read_text()
+    request = RepairRequest(
+        spec_hash=await store.put_blob(spec.read_bytes()),
+        candidate_hash=await store.put_blob(original.encode()),
+        candidate_name=candidate.name,
+        kernel=op,
+        model=model,
+        guards=guards,
+        seed=seed,
+    )
+    sid = session_id(op, request.candidate_hash)
+    if not as_json:
+        _say(f"repair session {sid} ({model}) on {candidate}")
+    handle = await client.start_workflow(RepairWorkflow.run, request, id=sid, task_queue=TASK_QUEUE)
+    result = await _follow(handle, quiet=as_json)
+    final = (await store.get_blob(result.final_hash)).decode()
+    diff = "".join(
+        difflib.unified_diff(
+            original.splitlines(keepends=True),
+            final.splitlines(keepends=True),
+            fromfile=str(candidate),
+            tofile=f"{candidate.stem}.fixed.py",
+        )
+    )
+    written = None
+    if result.certified and diff:
+        written = out or candidate.with_name(f"{candidate.stem}.fixed.py")
+        written.write_text(final)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    **result.model_dump(mode="json"),
+                    "tokens": result.tokens.model_dump(),
+                    "fixed_path": str(written) if written else None,
+                    "diff": diff,
+                },
+                indent=2,
+            )
+        )
+    else:
+        verdict = "CERTIFIED" if result.certified else "NOT CERTIFIED"
+        rounds = f"{result.rounds} round(s)"
+        print(f"{verdict} after {rounds}: {result.stop_reason}: {result.stop_detail}")
+        t = result.tokens
+        print(f"tokens: {t.input} input ({t.cached_input} cached), {t.output} output")
+        if diff:
+            print(diff, end="" if diff.endswith("\n") else "\n")
+        if written:
+            print(f"fixed kernel written to {written}")
+    return 0 if result.certified else 1
+
+
+async def run_worker(settings: Settings) -> int:
+    """Serve repairs until interrupted (SIGINT/SIGTERM end it cleanly)."""
+    store = await EventStore.connect(settings.database_url)
+    try:
+        client = await connect(settings)
+        worker = build_worker(client, store)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, lambda: asyncio.ensure_future(worker.shutdown()))
+        _say(f"worker on {settings.temporal_address}, task queue {TASK_QUEUE}")
+        await worker.run()
+    finally:
+        await store.close()
+    return 0

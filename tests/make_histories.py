@@ -1,0 +1,91 @@
+"""Regenerate the saved workflow histories that tests/test_replay.py replays.
+
+    .venv/bin/python tests/make_histories.py
+
+Runs three short repairs on a private dev stack with a scripted fixer (the replay only needs the
+activities' recorded results) and writes their histories as JSON to tests/histories/. Re-run it
+after an intended change to the workflow's command sequence, and keep old histories that must
+still replay (a change that breaks them needs workflow.patched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import tempfile
+from pathlib import Path
+
+from infra.devstack import DevStack, PostgresService, StackConfig
+from kb.events import EventStore
+from nearmiss.service import build_worker, connect
+from nearmiss.settings import Settings
+from workflows.loop import Guards
+from workflows.models import FixResult
+from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
+
+ROOT = Path(__file__).resolve().parent.parent
+OPS = ROOT / "pallas_ops"
+OUT = ROOT / "tests" / "histories"
+
+
+class ScriptedFixer:
+    name = "scripted"
+
+    def __init__(self, sources: list[str | None]) -> None:
+        self.sources = list(sources)
+
+    async def propose(self, request) -> FixResult:
+        source = self.sources.pop(0) if self.sources else None
+        return FixResult(source=source, summary="scripted", model="scripted", reason="scripted")
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+SESSIONS = {
+    "certified_after_two_rounds": (
+        "matmul/variants/missing_init.py",
+        ["matmul/variants/no_accumulate.py", "matmul/golden.py"],
+        Guards(),
+    ),
+    "cycle": ("matmul/variants/missing_init.py", ["matmul/variants/missing_init.py"], Guards()),
+    "max_rounds": ("softmax_rows/variants/floor_grid.py", [None], Guards(max_rounds=1)),
+}
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory() as home:
+        config = StackConfig(home=Path(home), temporal_port=_port(), postgres_port=_port())
+        settings = Settings(config.temporal_address, config.dsn, True, config)
+        with DevStack(config):
+            store = await EventStore.connect(config.dsn)
+            client = await connect(settings)
+            for name, (candidate, script, guards) in SESSIONS.items():
+                fixer = ScriptedFixer([(OPS / s).read_text() if s else None for s in script])
+                async with build_worker(client, store, lambda _, f=fixer: f):
+                    request = RepairRequest(
+                        spec_hash=await store.put_blob(
+                            (OPS / candidate.split("/")[0] / "spec.py").read_bytes()
+                        ),
+                        candidate_hash=await store.put_blob((OPS / candidate).read_bytes()),
+                        candidate_name=Path(candidate).name,
+                        kernel=candidate.split("/")[0],
+                        model="scripted",
+                        guards=guards,
+                    )
+                    handle = await client.start_workflow(
+                        RepairWorkflow.run, request, id=f"history-{name}", task_queue=TASK_QUEUE
+                    )
+                    result = await handle.result()
+                    print(name, result.stop_reason)
+                    history = await handle.fetch_history()
+                    (OUT / f"{name}.json").write_text(history.to_json())
+            await store.close()
+        PostgresService(config).remove_data()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,152 @@
+"""The pure repair loop: every path and every guard, without a server."""
+
+from __future__ import annotations
+
+from workflows.loop import Guards, LoopState, RepairLoop
+from workflows.models import Evidence, FixOutcome, TokenUsage
+
+
+def ev(hash_: str, score: float, signature: str = "wrong_values|x|", **kw) -> Evidence:
+    return Evidence(
+        candidate_hash=hash_,
+        suite=kw.pop("suite", "compact"),
+        certified=kw.pop("certified", False),
+        failure_class=kw.pop("failure_class", "wrong_values"),
+        score=score,
+        signature=signature,
+        compact_passed=kw.pop("compact_passed", False),
+        **kw,
+    )
+
+
+def fix(hash_: str | None, tokens: int = 0, **kw) -> FixOutcome:
+    return FixOutcome(
+        candidate_hash=hash_,
+        summary=kw.pop("summary", f"edit->{hash_}"),
+        tokens=TokenUsage(input=tokens, cached_input=kw.pop("cached", 0), output=0),
+        **kw,
+    )
+
+
+def start(**guards) -> tuple[RepairLoop, object]:
+    loop = RepairLoop(LoopState(guards=Guards(**guards)))
+    step = loop.begin("h0", now=0.0)
+    assert step.action.kind == "forensics" and step.action.suite == "compact"
+    return loop, step
+
+
+def test_two_rounds_to_certification_with_the_events_of_each_step():
+    loop, step = start()
+    step = loop.on_evidence(step.action, ev("h0", 0.2, "a"), 1)
+    assert step.action.kind == "fix" and step.action.candidate_hash == "h0"
+    step = loop.on_fix(fix("h1", 100), 2)
+    assert step.action.kind == "validate" and step.action.candidate_hash == "h1"
+    step = loop.on_evidence(step.action, ev("h1", 0.5, "b"), 3)
+    assert step.action.kind == "fix" and step.action.candidate_hash == "h1"
+    step = loop.on_fix(fix("h2", 50), 4)
+    step = loop.on_evidence(step.action, ev("h2", 1.0, "ok", compact_passed=True), 5)
+    assert step.action.kind == "certify" and step.action.suite == "all"
+    events = [e.type for e in step.events]
+    assert events == ["EvidenceCollected", "CandidateValidated"]
+    step = loop.on_evidence(step.action, ev("h2", 1.0, "ok", certified=True, suite="all"), 6)
+    assert step.action.kind == "stop" and step.action.reason == "certified"
+    state = loop.state
+    assert state.certified and state.best_hash == "h2" and state.tokens.input == 150
+    assert [r.outcome for r in state.rounds] == ["improved", "certified"]
+
+
+def test_an_original_that_already_passes_is_certified_without_a_fix():
+    loop, step = start()
+    step = loop.on_evidence(step.action, ev("h0", 1.0, compact_passed=True), 1)
+    assert step.action.kind == "certify"
+    step = loop.on_evidence(step.action, ev("h0", 1.0, certified=True, suite="all"), 2)
+    assert step.action.reason == "certified" and loop.state.rounds == []
+
+
+def test_compact_passing_but_extended_failing_feeds_the_full_evidence_to_the_next_fix():
+    loop, step = start()
+    step = loop.on_evidence(step.action, ev("h0", 1.0, compact_passed=True), 1)
+    full = ev("h0", 0.6, "boundary|extended/ragged|", suite="all", failure_class="boundary")
+    step = loop.on_evidence(step.action, full, 2)
+    assert step.action.kind == "fix"
+    assert loop.state.current_evidence.failure_class == "boundary"
+
+
+def test_a_regression_is_reverted_and_the_next_fix_starts_from_the_best():
+    loop, step = start()
+    step = loop.on_evidence(step.action, ev("h0", 0.5, "a"), 1)
+    step = loop.on_fix(fix("h1"), 2)
+    step = loop.on_evidence(step.action, ev("h1", 0.1, "b"), 3)
+    assert step.action.kind == "fix" and step.action.candidate_hash == "h0"
+    assert loop.state.rounds[-1].outcome == "regression_reverted"
+    assert step.events[-1].payload["best_hash"] == "h0"
+
+
+def test_max_rounds_stops_with_its_reason():
+    loop, step = start(max_rounds=2)
+    step = loop.on_evidence(step.action, ev("h0", 0.2, "a"), 1)
+    for n in (1, 2):
+        step = loop.on_fix(fix(f"h{n}"), 2)
+        step = loop.on_evidence(step.action, ev(f"h{n}", 0.2 + n / 10, f"s{n}"), 3)
+    assert step.action.reason == "max_rounds" and "2 rounds" in step.action.detail
+    assert step.events[-1].type == "GuardTripped"
+
+
+def test_token_budgets_total_and_uncached():
+    loop, step = start(token_budget=1000)
+    step = loop.on_evidence(step.action, ev("h0", 0.2, "a"), 1)
+    step = loop.on_fix(fix("h1", 1200), 2)
+    step = loop.on_evidence(step.action, ev("h1", 0.3, "b"), 3)
+    assert step.action.reason == "token_budget"
+
+    loop, step = start(token_budget=None, uncached_token_budget=500)
+    step = loop.on_evidence(step.action, ev("h0", 0.2, "a"), 1)
+    step = loop.on_fix(fix("h1", 1200, cached=1000), 2)  # 200 uncached: under budget
+    step = loop.on_evidence(step.action, ev("h1", 0.3, "b"), 3)
+    assert step.action.kind == "fix"
+    step = loop.on_fix(fix("h2", 1200, cached=800), 4)  # 200 + 400 uncached
+    step = loop.on_evidence(step.action, ev("h2", 0.4, "c"), 5)
+    assert step.action.reason == "uncached_token_budget"
+
+
+def test_no_progress_stops_after_k_rounds_of_the_same_failure():
+    loop, step = start(no_progress_rounds=2)
+    step = loop.on_evidence(step.action, ev("h0", 0.2, "same"), 1)
+    step = loop.on_fix(fix("h1"), 2)
+    step = loop.on_evidence(step.action, ev("h1", 0.2, "same"), 3)
+    assert step.action.kind == "fix"
+    step = loop.on_fix(fix(None, reason="the edit did not apply"), 4)  # a failed round
+    assert step.action.reason == "no_progress" and "same" in step.action.detail
+
+
+def test_a_candidate_seen_before_is_a_cycle():
+    loop, step = start()
+    step = loop.on_evidence(step.action, ev("h0", 0.2), 1)
+    step = loop.on_fix(fix("h0"), 2)
+    assert step.action.reason == "cycle"
+
+
+def test_the_deadline_is_checked_before_each_fix():
+    loop, step = start(deadline_s=60)
+    step = loop.on_evidence(step.action, ev("h0", 0.2), 61)
+    assert step.action.reason == "deadline"
+
+
+def test_a_deterministic_fixer_without_an_edit_stops_plainly_and_a_fatal_error_stops_cleanly():
+    loop = RepairLoop(LoopState(guards=Guards(), deterministic_fixer=True))
+    step = loop.begin("h0", 0)
+    step = loop.on_evidence(step.action, ev("h0", 0.2), 1)
+    step = loop.on_fix(fix(None, summary="", reason="no playbook recipe applies to x"), 2)
+    assert step.action.reason == "no_fix" and "no playbook recipe" in step.action.detail
+
+    loop, step = start()
+    step = loop.on_evidence(step.action, ev("h0", 0.2), 1)
+    step = loop.on_fix(fix(None, fatal=True, reason="401 unauthorised"), 2)
+    assert step.action.reason == "fixer_error" and loop.state.stop_detail == "401 unauthorised"
+
+
+def test_integrity_violations_are_their_own_event():
+    loop, step = start()
+    bad = ev("h0", 0.0, violations=[{"rule": "wrapper_compute", "detail": "80%"}])
+    step = loop.on_evidence(step.action, bad, 1)
+    assert [e.type for e in step.events] == ["EvidenceCollected", "IntegrityViolated"]

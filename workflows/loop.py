@@ -1,0 +1,286 @@
+"""The repair loop as a pure state machine: evidence and fixes in, the next action out.
+
+No I/O, no clock, no randomness: the Temporal workflow feeds it activity results and
+``workflow.now()``, and it answers with the next action and the events to record. That keeps the
+loop deterministic under replay and testable without any server.
+
+    begin ─► forensics (compact) ─► compact passes? ─► certify (all suites) ─► certified: stop
+                                         │ no                  │ fails
+                                         ▼                     ▼
+                          guards ok? ─► fix ─► new candidate? ─► validate (compact) ─► ...
+
+Guards, checked before every fix: the wall-clock deadline, max rounds, the token budgets (total
+and uncached), no progress (the same failure signature ``no_progress_rounds`` rounds running).
+After a fix: a candidate seen before is a cycle. Validation keeps the best candidate so far; a
+regression is reverted (the next fix starts from the best). Every stop has a reason.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from workflows.models import Evidence, FixOutcome, TokenUsage
+
+StopReason = Literal[
+    "certified",
+    "max_rounds",
+    "token_budget",
+    "uncached_token_budget",
+    "no_progress",
+    "cycle",
+    "deadline",
+    "no_fix",
+    "fixer_error",
+]
+
+# Stops that are guards tripping (recorded as GuardTripped); the others end the loop naturally.
+GUARDS = ("max_rounds", "token_budget", "uncached_token_budget", "no_progress", "cycle", "deadline")
+
+
+class Guards(BaseModel):
+    max_rounds: int = Field(default=6, ge=0)
+    token_budget: int | None = Field(default=500_000, ge=0)  # input + output
+    uncached_token_budget: int | None = Field(default=None, ge=0)
+    no_progress_rounds: int = Field(default=3, ge=1)
+    deadline_s: float = Field(default=3600.0, gt=0)
+
+
+class Action(BaseModel):
+    kind: Literal["forensics", "certify", "validate", "fix", "stop"]
+    candidate_hash: str = ""
+    suite: str = ""
+    reason: str = ""  # for stop: a StopReason
+    detail: str = ""  # for stop: what tripped, in words
+
+
+class PlannedEvent(BaseModel):
+    type: str
+    payload: dict
+
+
+class Step(BaseModel):
+    action: Action
+    events: list[PlannedEvent] = Field(default_factory=list)
+
+
+class Round(BaseModel):
+    number: int
+    summary: str = ""
+    candidate_hash: str | None = None
+    outcome: str = ""  # improved, same, regression_reverted, no_edit, cycle, certified, ...
+    failure_class: str | None = None
+    score: float | None = None
+    tokens: TokenUsage = Field(default_factory=TokenUsage)
+
+
+class LoopState(BaseModel):
+    guards: Guards
+    deterministic_fixer: bool = False  # asking it again gives the same answer (the playbook)
+    started_at: float = 0.0
+    original_hash: str = ""
+    current_hash: str = ""
+    current_evidence: Evidence | None = None
+    best_hash: str = ""
+    best_rank: tuple[float, float] = (-1.0, -1.0)
+    seen: list[str] = Field(default_factory=list)
+    signatures: list[str] = Field(default_factory=list)  # the failure signature after each round
+    rounds: list[Round] = Field(default_factory=list)
+    tokens: TokenUsage = Field(default_factory=TokenUsage)
+    tried: list[str] = Field(default_factory=list)
+    pending_rank: float = 0.0  # compact score of the candidate being certified
+    stop_reason: str | None = None
+    stop_detail: str = ""
+    certified: bool = False
+
+
+def _evidence_payload(evidence: Evidence, phase: str) -> dict:
+    return {
+        "phase": phase,
+        "candidate_hash": evidence.candidate_hash,
+        "suite": evidence.suite,
+        "certified": evidence.certified,
+        "failure_class": evidence.failure_class,
+        "failure_classes": evidence.failure_classes,
+        "score": evidence.score,
+        "signature": evidence.signature,
+        "report_hash": evidence.report_hash,
+    }
+
+
+class RepairLoop:
+    """Drive with ``begin`` then ``on_evidence`` / ``on_fix`` as the actions complete."""
+
+    def __init__(self, state: LoopState) -> None:
+        self.state = state
+
+    # --- entry points -------------------------------------------------------------------
+
+    def begin(self, candidate_hash: str, now: float) -> Step:
+        s = self.state
+        s.started_at, s.original_hash = now, candidate_hash
+        s.current_hash = s.best_hash = candidate_hash
+        s.seen.append(candidate_hash)
+        return Step(action=Action(kind="forensics", candidate_hash=candidate_hash, suite="compact"))
+
+    def on_evidence(self, action: Action, evidence: Evidence, now: float) -> Step:
+        """The result of a forensics, validate or certify action."""
+        s = self.state
+        collected = _evidence_payload(evidence, action.kind)
+        events = [PlannedEvent(type="EvidenceCollected", payload=collected)]
+        if evidence.violations:
+            events.append(
+                PlannedEvent(
+                    type="IntegrityViolated",
+                    payload={
+                        "candidate_hash": evidence.candidate_hash,
+                        "violations": [v.model_dump() for v in evidence.violations],
+                    },
+                )
+            )
+        if action.kind == "certify":
+            return self._after_certify(evidence, now, events)
+        if action.kind == "validate":
+            events.append(self._judge_validation(evidence))
+        else:
+            s.current_evidence = evidence
+            s.best_rank = (evidence.score, -1.0)
+        if evidence.compact_passed and evidence.integrity_ok:
+            s.pending_rank = evidence.score
+            return Step(
+                action=Action(kind="certify", candidate_hash=evidence.candidate_hash, suite="all"),
+                events=events,
+            )
+        return self._next_fix(now, events)
+
+    def on_fix(self, outcome: FixOutcome, now: float) -> Step:
+        s = self.state
+        s.tokens = s.tokens + outcome.tokens
+        number = len(s.rounds) + 1
+        if outcome.summary:
+            s.tried.append(outcome.summary)
+        events = [
+            PlannedEvent(
+                type="FixProposed",
+                payload={
+                    "round": number,
+                    "model": outcome.model,
+                    "summary": outcome.summary,
+                    "reason": outcome.reason,
+                    "base_hash": s.current_hash,
+                    "candidate_hash": outcome.candidate_hash,
+                    "prompt_hash": outcome.prompt_hash,
+                    "response_hash": outcome.response_hash,
+                    "tokens": outcome.tokens.model_dump(),
+                },
+            )
+        ]
+        round_ = Round(number=number, summary=outcome.summary, tokens=outcome.tokens)
+        s.rounds.append(round_)
+        if outcome.fatal:
+            return self._stop("fixer_error", outcome.reason, events)
+        if outcome.candidate_hash is None:
+            round_.outcome = "no_edit"
+            s.signatures.append(self._signature())
+            if s.deterministic_fixer:
+                return self._stop("no_fix", outcome.reason, events)
+            return self._next_fix(now, events)
+        round_.candidate_hash = outcome.candidate_hash
+        if outcome.candidate_hash in s.seen:
+            round_.outcome = "cycle"
+            return self._stop("cycle", f"round {number} proposed a candidate seen before", events)
+        s.seen.append(outcome.candidate_hash)
+        return Step(
+            action=Action(kind="validate", candidate_hash=outcome.candidate_hash, suite="compact"),
+            events=events,
+        )
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _signature(self) -> str:
+        evidence = self.state.current_evidence
+        return evidence.signature if evidence else ""
+
+    def _judge_validation(self, evidence: Evidence) -> PlannedEvent:
+        """Keep the best candidate; revert a regression so the next fix starts from the best."""
+        s = self.state
+        round_ = s.rounds[-1]
+        round_.failure_class, round_.score = evidence.failure_class, evidence.score
+        s.signatures.append(evidence.signature)
+        if evidence.compact_passed and evidence.integrity_ok:
+            round_.outcome = "compact_passed"  # judged when its certification comes back
+        else:
+            self._keep_if_not_worse(round_, (evidence.score, -1.0), evidence)
+        return PlannedEvent(
+            type="CandidateValidated",
+            payload={
+                "round": round_.number,
+                "candidate_hash": evidence.candidate_hash,
+                "outcome": round_.outcome,
+                "score": evidence.score,
+                "best_hash": s.best_hash,
+            },
+        )
+
+    def _after_certify(self, evidence: Evidence, now: float, events: list) -> Step:
+        s = self.state
+        if evidence.certified:
+            s.certified = True
+            s.best_hash = s.current_hash = evidence.candidate_hash
+            s.current_evidence = evidence
+            if s.rounds:
+                s.rounds[-1].outcome = "certified"
+            return self._stop("certified", "certified on all suites with integrity", events)
+        # Compact passed, the full suite did not: that is the evidence the next fix needs.
+        if s.signatures:
+            s.signatures[-1] = evidence.signature
+        round_ = s.rounds[-1] if s.rounds else Round(number=0)
+        round_.failure_class = evidence.failure_class
+        self._keep_if_not_worse(round_, (s.pending_rank, evidence.score), evidence)
+        return self._next_fix(now, events)
+
+    def _keep_if_not_worse(self, round_: Round, rank: tuple[float, float], evidence: Evidence):
+        """Ranks compare compact score first, then the full-suite score when there is one."""
+        s = self.state
+        if rank < s.best_rank:
+            round_.outcome = "regression_reverted"
+            return
+        round_.outcome = "improved" if rank > s.best_rank else "same"
+        s.best_rank, s.best_hash = rank, evidence.candidate_hash
+        s.current_hash, s.current_evidence = evidence.candidate_hash, evidence
+
+    def _next_fix(self, now: float, events: list) -> Step:
+        s, g = self.state, self.state.guards
+        elapsed = now - s.started_at
+        if elapsed >= g.deadline_s:
+            detail = f"{elapsed:.0f} s elapsed, deadline {g.deadline_s:.0f} s"
+            return self._stop("deadline", detail, events)
+        if len(s.rounds) >= g.max_rounds:
+            detail = f"{len(s.rounds)} rounds run, max {g.max_rounds}"
+            return self._stop("max_rounds", detail, events)
+        if g.token_budget is not None and s.tokens.total >= g.token_budget:
+            return self._stop(
+                "token_budget", f"{s.tokens.total} tokens used, budget {g.token_budget}", events
+            )
+        if g.uncached_token_budget is not None and s.tokens.uncached >= g.uncached_token_budget:
+            return self._stop(
+                "uncached_token_budget",
+                f"{s.tokens.uncached} uncached tokens used, budget {g.uncached_token_budget}",
+                events,
+            )
+        k = g.no_progress_rounds
+        recent = s.signatures[-k:]
+        if len(recent) == k and len(set(recent)) == 1:
+            return self._stop(
+                "no_progress", f"the same failure ({recent[0]}) {k} rounds running", events
+            )
+        return Step(action=Action(kind="fix", candidate_hash=s.current_hash), events=events)
+
+    def _stop(self, reason: str, detail: str, events: list) -> Step:
+        s = self.state
+        s.stop_reason, s.stop_detail = reason, detail
+        if reason in GUARDS:
+            tripped = {"guard": reason, "detail": detail}
+            events.append(PlannedEvent(type="GuardTripped", payload=tripped))
+        return Step(action=Action(kind="stop", reason=reason, detail=detail), events=events)

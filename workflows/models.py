@@ -1,0 +1,132 @@
+"""The models a repair passes between client, workflow and activities (pydantic, no I/O).
+
+Sources travel by content hash (``sha256:...``) in workflow history; the activities keep the
+text in the event store's blob table, so history stays far below Temporal's payload limits.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class TokenUsage(BaseModel):
+    """Tokens of model calls; ``cached_input`` is the part of ``input`` served from a cache."""
+
+    input: int = 0
+    cached_input: int = 0
+    output: int = 0
+
+    @property
+    def uncached(self) -> int:
+        """Tokens actually processed: input not served from cache, plus output."""
+        return self.input - self.cached_input + self.output
+
+    @property
+    def total(self) -> int:
+        return self.input + self.output
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            input=self.input + other.input,
+            cached_input=self.cached_input + other.cached_input,
+            output=self.output + other.output,
+        )
+
+
+class Finding(BaseModel):
+    rule: str
+    detail: str
+
+
+class Evidence(BaseModel):
+    """What one check of one candidate showed, condensed for the loop and the fixers."""
+
+    candidate_hash: str
+    suite: str
+    certified: bool
+    failure_class: str | None = None
+    failure_classes: list[str] = Field(default_factory=list)
+    integrity_ok: bool = True
+    violations: list[Finding] = Field(default_factory=list)
+    diagnosis: str = ""
+    compact_passed: bool | None = None
+    extended_passed: bool | None = None
+    cases_passed: int = 0
+    cases_total: int = 0
+    # Progress measure in [0, 1]: 0 for integrity violations or nothing running, growing with
+    # the passing cases and shrinking mismatches; 1 only when certified.
+    score: float = 0.0
+    # Failure class × which cases fail × integrity rules: "the same failure" for no-progress.
+    signature: str = ""
+    report_hash: str = ""  # the full CheckReport JSON in the blob store
+    op: str = ""
+    category: str = ""
+    platform: str = ""
+    # How the first failing case's output structure differs, e.g. "out is float32[64,256], the
+    # reference's is bfloat16[64,256]"; None when the structure is right.
+    structure_problem: str | None = None
+
+
+class FixRequest(BaseModel):
+    """Everything a fixer may see: the spec, the current source, the evidence, what was tried."""
+
+    spec_path: str
+    spec_source: str
+    source: str
+    candidate_name: str
+    evidence: Evidence
+    round: int
+    # Names of the edits proposed earlier in this session (playbook recipes, model summaries),
+    # so a fixer does not offer the same thing twice.
+    tried: list[str] = Field(default_factory=list)
+    knowledge: list[str] = Field(default_factory=list)
+
+
+class FixResult(BaseModel):
+    """A fixer's answer. ``source`` is the whole edited file, or None when it has no edit (then
+    ``reason`` says why: no recipe applies, the model's edit did not apply, ...)."""
+
+    source: str | None = None
+    summary: str = ""  # what the edit does, e.g. the playbook recipe's name
+    reason: str = ""
+    model: str = ""
+    tokens: TokenUsage = Field(default_factory=TokenUsage)
+    prompt: str = ""
+    response: str = ""
+
+
+class FixOutcome(BaseModel):
+    """A fix as the workflow sees it: texts replaced by their blob hashes."""
+
+    candidate_hash: str | None = None  # the edited source, None when there is no edit
+    summary: str = ""
+    reason: str = ""
+    model: str = ""
+    tokens: TokenUsage = Field(default_factory=TokenUsage)
+    prompt_hash: str = ""
+    response_hash: str = ""
+    fatal: bool = False  # the fixer cannot go on (a non-retryable model error)
+
+
+class CheckInput(BaseModel):
+    spec_hash: str
+    candidate_hash: str
+    candidate_name: str
+    suite: str
+    seed: int
+
+
+class FixInput(BaseModel):
+    spec_hash: str
+    candidate_hash: str
+    candidate_name: str
+    evidence: Evidence
+    round: int
+    model: str
+    tried: list[str] = Field(default_factory=list)
+
+
+class RecordInput(BaseModel):
+    stream_id: str
+    expected_version: int
+    events: list[dict]  # {"type": ..., "payload": ...}

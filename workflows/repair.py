@@ -1,0 +1,193 @@
+"""RepairWorkflow: the Temporal workflow that drives the pure loop of ``workflows.loop``.
+
+It owns no logic of its own: it runs the action the loop asks for as an activity, feeds the
+result back, and records the loop's events through the ``record_events`` activity at versions it
+tracks itself — so a retried recording is a no-op and a replayed workflow records nothing new.
+Activities are referenced by name: this module imports nothing with I/O.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.loop import Guards, LoopState, PlannedEvent, RepairLoop
+    from workflows.models import (
+        CheckInput,
+        Evidence,
+        FixInput,
+        FixOutcome,
+        RecordInput,
+        TokenUsage,
+    )
+
+TASK_QUEUE = "nearmiss-repair"
+KERNEL_ATTRIBUTE = SearchAttributeKey.for_keyword("NearmissKernel")
+VERDICT_ATTRIBUTE = SearchAttributeKey.for_keyword("NearmissVerdict")
+TOKENS_ATTRIBUTE = SearchAttributeKey.for_int("NearmissTokens")
+SEARCH_ATTRIBUTES = (KERNEL_ATTRIBUTE, VERDICT_ATTRIBUTE, TOKENS_ATTRIBUTE)
+
+CHECK_OPTIONS = dict(
+    start_to_close_timeout=timedelta(minutes=30),
+    heartbeat_timeout=timedelta(seconds=30),
+    retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["UsageError"]),
+)
+FIX_OPTIONS = dict(
+    start_to_close_timeout=timedelta(minutes=10),
+    heartbeat_timeout=timedelta(seconds=30),
+    retry_policy=RetryPolicy(
+        initial_interval=timedelta(seconds=1),
+        maximum_interval=timedelta(seconds=30),
+        maximum_attempts=6,
+    ),
+)
+RECORD_OPTIONS = dict(
+    start_to_close_timeout=timedelta(seconds=30),
+    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10), maximum_attempts=30),
+)
+
+
+class RepairRequest(BaseModel):
+    spec_hash: str
+    candidate_hash: str
+    candidate_name: str
+    kernel: str  # the operator's name, for search
+    model: str = "playbook"
+    guards: Guards = Field(default_factory=Guards)
+    seed: int = 0
+
+
+class RepairResult(BaseModel):
+    session_id: str
+    certified: bool
+    rounds: int
+    stop_reason: str
+    stop_detail: str
+    tokens: TokenUsage
+    original_hash: str
+    final_hash: str  # the certified candidate, else the best one seen
+    failure_class: str | None = None
+
+
+class Progress(BaseModel):
+    phase: str = "starting"
+    round: int = 0
+    failure_class: str | None = None
+    score: float | None = None
+    tokens: TokenUsage = Field(default_factory=TokenUsage)
+    stop_reason: str | None = None
+    events_recorded: int = 0
+
+
+@workflow.defn(name="RepairWorkflow")
+class RepairWorkflow:
+    def __init__(self) -> None:
+        self.loop: RepairLoop | None = None
+        self.version = 0  # of this session's event stream
+        self.phase = "starting"
+
+    @workflow.query
+    def progress(self) -> Progress:
+        if self.loop is None:
+            return Progress()
+        state = self.loop.state
+        evidence = state.current_evidence
+        return Progress(
+            phase=self.phase,
+            round=len(state.rounds),
+            failure_class=evidence.failure_class if evidence else None,
+            score=evidence.score if evidence else None,
+            tokens=state.tokens,
+            stop_reason=state.stop_reason,
+            events_recorded=self.version,
+        )
+
+    @workflow.run
+    async def run(self, request: RepairRequest) -> RepairResult:
+        state = LoopState(guards=request.guards, deterministic_fixer=request.model == "playbook")
+        self.loop = loop = RepairLoop(state)
+        workflow.upsert_search_attributes(
+            [KERNEL_ATTRIBUTE.value_set(request.kernel), VERDICT_ATTRIBUTE.value_set("running")]
+        )
+        started = request.model_dump(mode="json")
+        await self._record([PlannedEvent(type="RepairStarted", payload=started)])
+        step = loop.begin(request.candidate_hash, self._now())
+        while True:
+            await self._record(step.events)
+            action = step.action
+            self.phase = action.kind
+            if action.kind == "stop":
+                break
+            if action.kind == "fix":
+                step = loop.on_fix(await self._fix(request), self._now())
+            else:
+                check = CheckInput(
+                    spec_hash=request.spec_hash,
+                    candidate_hash=action.candidate_hash,
+                    candidate_name=request.candidate_name,
+                    suite=action.suite,
+                    # Each check draws its own seed: certification runs on fresh inputs.
+                    seed=workflow.random().randint(0, 2**31 - 1),
+                )
+                evidence = await workflow.execute_activity(
+                    "check_candidate", check, result_type=Evidence, **CHECK_OPTIONS
+                )
+                step = loop.on_evidence(action, evidence, self._now())
+            workflow.upsert_search_attributes([TOKENS_ATTRIBUTE.value_set(state.tokens.total)])
+        evidence = state.current_evidence
+        result = RepairResult(
+            session_id=workflow.info().workflow_id,
+            certified=state.certified,
+            rounds=len(state.rounds),
+            stop_reason=state.stop_reason or "",
+            stop_detail=state.stop_detail,
+            tokens=state.tokens,
+            original_hash=state.original_hash,
+            final_hash=state.best_hash,
+            failure_class=None if state.certified or evidence is None else evidence.failure_class,
+        )
+        workflow.upsert_search_attributes(
+            [VERDICT_ATTRIBUTE.value_set("certified" if state.certified else state.stop_reason)]
+        )
+        finished = result.model_dump(mode="json")
+        await self._record([PlannedEvent(type="RepairFinished", payload=finished)])
+        return result
+
+    async def _fix(self, request: RepairRequest) -> FixOutcome:
+        state = self.loop.state
+        fix = FixInput(
+            spec_hash=request.spec_hash,
+            candidate_hash=state.current_hash,
+            candidate_name=request.candidate_name,
+            evidence=state.current_evidence,
+            round=len(state.rounds) + 1,
+            model=request.model,
+            tried=list(state.tried),
+        )
+        try:
+            return await workflow.execute_activity(
+                "propose_fix", fix, result_type=FixOutcome, **FIX_OPTIONS
+            )
+        except ActivityError as err:  # retries exhausted, or a non-retryable model error
+            cause = err.cause or err
+            return FixOutcome(fatal=True, reason=f"the fixer failed: {cause}", model=request.model)
+
+    async def _record(self, events: list[PlannedEvent]) -> None:
+        if not events:
+            return
+        record = RecordInput(
+            stream_id=workflow.info().workflow_id,
+            expected_version=self.version,
+            events=[e.model_dump(mode="json") for e in events],
+        )
+        await workflow.execute_activity("record_events", record, **RECORD_OPTIONS)
+        self.version += len(events)
+
+    @staticmethod
+    def _now() -> float:
+        return workflow.now().timestamp()
