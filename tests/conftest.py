@@ -96,3 +96,21 @@ def postgres_dsn(tmp_path_factory) -> str:
     finally:
         service.stop()
         service.remove_data()
+
+
+@pytest.fixture(scope="session")
+def temporal_address(tmp_path_factory) -> str:
+    """A real Temporal dev server of this test process, stopped (and waited for) at the end."""
+    from infra.devstack import StackConfig, TemporalService
+
+    config = StackConfig(
+        home=tmp_path_factory.mktemp("temporal-home"),
+        temporal_port=free_port(),
+        postgres_port=free_port(),
+    )
+    service = TemporalService(config)
+    service.start()
+    try:
+        yield config.temporal_address
+    finally:
+        service.stop()

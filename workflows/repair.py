@@ -34,12 +34,12 @@ SEARCH_ATTRIBUTES = (KERNEL_ATTRIBUTE, VERDICT_ATTRIBUTE, TOKENS_ATTRIBUTE)
 
 CHECK_OPTIONS = dict(
     start_to_close_timeout=timedelta(minutes=30),
-    heartbeat_timeout=timedelta(seconds=30),
+    heartbeat_timeout=timedelta(seconds=15),
     retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["UsageError"]),
 )
 FIX_OPTIONS = dict(
     start_to_close_timeout=timedelta(minutes=10),
-    heartbeat_timeout=timedelta(seconds=30),
+    heartbeat_timeout=timedelta(seconds=15),
     retry_policy=RetryPolicy(
         initial_interval=timedelta(seconds=1),
         maximum_interval=timedelta(seconds=30),

@@ -1,0 +1,234 @@
+"""The ``openai`` fixer: any OpenAI-compatible chat endpoint (OpenAI, vLLM, Ollama, llama.cpp).
+
+One call per round, no retries of its own (``max_retries=0``: Temporal owns retries). HTTP
+failures map to ``FixerError`` in one place, ``to_fixer_error``:
+
+| failure                                              | retryable | retry_after_s          |
+|------------------------------------------------------|-----------|------------------------|
+| 408, 409, 429, any 5xx                               | yes       | Retry-After(-ms), if any |
+| timeout, connection error                            | yes       | -                      |
+| a 200 whose body is not JSON                         | yes       | -                      |
+| 400 context length exceeded (code or message)        | no        | -                      |
+| 400, 401, 403, 404, 422 and any other status         | no        | -                      |
+
+A body that is JSON but has no choices or no content, and an answer whose edit does not apply,
+are failed rounds: a ``FixResult`` without a source, with the reason and the tokens spent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from email.utils import parsedate_to_datetime
+
+import openai
+
+from activities import prompts
+from activities.fixers.base import FixerError
+from activities.fixers.edits import EditError, apply_answer, summary_line
+from workflows.models import Evidence, FixRequest, FixResult, TokenUsage
+
+# A keyless local endpoint (vLLM, Ollama) still needs some key for the SDK to start.
+_PLACEHOLDER_KEY = "no-key"
+_RETRYABLE_STATUS = {408, 409, 429}
+_CONTEXT_LENGTH = re.compile(
+    r"context[_ ]length|maximum context|context window|too many tokens|prompt is too long", re.I
+)
+
+
+def number_lines(source: str) -> str:
+    """``source`` as the prompt shows it: ``  12 | code`` per line."""
+    lines = source.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    width = max(3, len(str(len(lines))))
+    return "\n".join(f"{i:>{width}} | {line}".rstrip() for i, line in enumerate(lines, 1))
+
+
+def _suite_state(passed: bool | None) -> str:
+    return "not run" if passed is None else ("passed" if passed else "FAILED")
+
+
+def render_evidence(ev: Evidence) -> str:
+    """The evidence as the prompt's bullet list."""
+    cases = f"{ev.cases_passed}/{ev.cases_total} cases pass" if ev.cases_total else "no case ran"
+    lines = [
+        f"- Operator: {ev.op or '?'} (category {ev.category or '?'}), "
+        f"platform {ev.platform or '?'}",
+        f"- Checked on suite `{ev.suite}`: {cases}; "
+        f"{'certified' if ev.certified else 'not certified'}",
+        f"- Compact suite: {_suite_state(ev.compact_passed)}; "
+        f"extended suite: {_suite_state(ev.extended_passed)}",
+        f"- Failure class: {ev.failure_class or 'none'}"
+        + (f" (all seen: {', '.join(ev.failure_classes)})" if ev.failure_classes else ""),
+    ]
+    if ev.structure_problem:
+        lines.append(f"- Output structure: {ev.structure_problem}")
+    if ev.integrity_ok and not ev.violations:
+        lines.append("- Integrity: ok")
+    else:
+        lines.append("- Integrity violations (these block certification whatever the numbers):")
+        lines += [f"  - {v.rule}: {v.detail}" for v in ev.violations] or ["  - (unspecified)"]
+    lines.append("- Diagnosis:")
+    diagnosis = ev.diagnosis.strip() or "(none)"
+    lines += [f"  {line}" for line in diagnosis.split("\n")]
+    return "\n".join(lines)
+
+
+def _bullets(items: list[str], empty: str) -> str:
+    return "\n".join(f"- {item}" for item in items) if items else empty
+
+
+def build_messages(request: FixRequest) -> list[dict[str, str]]:
+    """The chat messages for one round, from the templates in ``activities/prompts``."""
+    user = prompts.render(
+        "fix.md",
+        spec_path=request.spec_path,
+        spec_source=request.spec_source.rstrip("\n"),
+        candidate_name=request.candidate_name,
+        round=request.round,
+        numbered_source=number_lines(request.source),
+        evidence=render_evidence(request.evidence),
+        knowledge=_bullets(request.knowledge, "(no matching entries)"),
+        tried=_bullets(request.tried, "(nothing yet)"),
+    )
+    return [
+        {"role": "system", "content": prompts.render("system.md").strip()},
+        {"role": "user", "content": user.strip()},
+    ]
+
+
+def prompt_text(messages: list[dict[str, str]]) -> str:
+    """The messages as one string, for the round's record."""
+    return "\n\n".join(f"### {m['role']}\n{m['content']}" for m in messages)
+
+
+def retry_after_s(headers) -> float | None:
+    """Seconds to wait from ``retry-after-ms``, or ``Retry-After`` (seconds or an HTTP date)."""
+    try:
+        ms = headers.get("retry-after-ms")
+        if ms is not None:
+            return max(0.0, float(ms) / 1000)
+    except (TypeError, ValueError):
+        pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+def _is_context_length(exc: openai.APIStatusError) -> bool:
+    error = exc.body.get("error", exc.body) if isinstance(exc.body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else getattr(exc, "code", None)
+    return code == "context_length_exceeded" or bool(_CONTEXT_LENGTH.search(str(exc.message)))
+
+
+def to_fixer_error(exc: Exception) -> FixerError:
+    """The one place where endpoint failures become retryable or not."""
+    if isinstance(exc, openai.APITimeoutError):
+        return FixerError(f"model call timed out: {exc}", retryable=True)
+    if isinstance(exc, openai.APIConnectionError):
+        return FixerError(f"cannot reach the model endpoint: {exc}", retryable=True)
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        if status == 400 and _is_context_length(exc):
+            return FixerError(f"context length exceeded: {exc.message}", retryable=False)
+        if status in _RETRYABLE_STATUS or status >= 500:
+            return FixerError(
+                f"model endpoint answered {status}: {exc.message}",
+                retryable=True,
+                retry_after_s=retry_after_s(exc.response.headers),
+            )
+        return FixerError(f"model endpoint answered {status}: {exc.message}", retryable=False)
+    if isinstance(exc, json.JSONDecodeError):
+        return FixerError(f"model endpoint sent a body that is not JSON: {exc}", retryable=True)
+    return FixerError(f"model call failed: {type(exc).__name__}: {exc}", retryable=False)
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def usage_of(completion: object) -> TokenUsage:
+    """Exact token counts from ``usage``; zeros for whatever the endpoint left out."""
+    usage = getattr(completion, "usage", None)
+    details = getattr(usage, "prompt_tokens_details", None)
+    return TokenUsage(
+        input=_count(getattr(usage, "prompt_tokens", 0)),
+        cached_input=_count(getattr(details, "cached_tokens", 0)),
+        output=_count(getattr(usage, "completion_tokens", 0)),
+    )
+
+
+def _answer_of(completion: object) -> tuple[str | None, str]:
+    """(content, why there is none) of the first choice."""
+    choices = getattr(completion, "choices", None)
+    if not isinstance(choices, list) or not choices:
+        return None, "the endpoint returned no choices"
+    choice = choices[0]
+    content = getattr(getattr(choice, "message", None), "content", None)
+    if not isinstance(content, str) or not content.strip():
+        finish = getattr(choice, "finish_reason", None)
+        return None, f"the model returned no content (finish_reason={finish})"
+    return content, ""
+
+
+class OpenAIFixer:
+    """Asks a chat model for a minimal SEARCH/REPLACE edit and applies it."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 120,
+    ):
+        self.model = model
+        if api_key is None and not os.environ.get("OPENAI_API_KEY"):
+            api_key = _PLACEHOLDER_KEY
+        # base_url/api_key None: the SDK reads OPENAI_BASE_URL / OPENAI_API_KEY itself.
+        self.client = openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections."""
+        await self.client.close()
+
+    async def propose(self, request: FixRequest) -> FixResult:
+        """One model call; the edited source, or a failed round with its reason and tokens."""
+        messages = build_messages(request)
+        prompt = prompt_text(messages)
+        try:
+            completion = await self.client.chat.completions.create(
+                model=self.model, messages=messages, temperature=0
+            )
+        except (openai.APIError, json.JSONDecodeError) as exc:
+            raise to_fixer_error(exc) from exc
+        if isinstance(completion, str):  # a 200 with a non-JSON content type: the SDK's text
+            raise FixerError("model endpoint sent a body that is not JSON", retryable=True)
+        tokens = usage_of(completion)
+        common = dict(model=f"openai:{self.model}", tokens=tokens, prompt=prompt)
+        answer, why = _answer_of(completion)
+        if answer is None:
+            return FixResult(reason=why, response="", **common)
+        try:
+            source = apply_answer(request.source, answer)
+        except EditError as exc:
+            finish = getattr(completion.choices[0], "finish_reason", None)
+            truncated = (
+                " (the answer was cut off: finish_reason=length)" if finish == "length" else ""
+            )
+            return FixResult(reason=exc.reason + truncated, response=answer, **common)
+        return FixResult(source=source, summary=summary_line(answer), response=answer, **common)

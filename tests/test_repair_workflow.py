@@ -1,0 +1,156 @@
+"""RepairWorkflow end to end: real Temporal, real PostgreSQL, the real openai client talking to
+the fake OpenAI-compatible server; real checks of real kernels."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from fake_openai import FakeOpenAI, answer, rate_limited, unauthorized
+
+from activities.fixers.openai_fixer import OpenAIFixer
+from conftest import OPS
+from kb.events import EventStore
+from nearmiss.service import build_worker, connect
+from nearmiss.settings import Settings
+from workflows.loop import Guards
+from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
+
+SOFTMAX = OPS / "softmax_rows"
+GOLDEN = (SOFTMAX / "golden.py").read_text()
+FLOOR_GRID = SOFTMAX / "variants" / "floor_grid.py"
+UNSTABLE = (SOFTMAX / "variants" / "no_max_subtraction.py").read_text()
+
+
+def full_file(source: str) -> str:
+    return f"Rewrote the kernel.\n\n```python\n{source}```\n"
+
+
+@pytest.fixture
+async def store(postgres_dsn):
+    store = await EventStore.connect(postgres_dsn)
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def client(temporal_address, postgres_dsn):
+    settings = Settings(temporal_address, postgres_dsn, False, None)
+    return await connect(settings)
+
+
+async def repair(client, store, fake, guards=None, candidate=FLOOR_GRID):
+    def fixer_factory(model):
+        return OpenAIFixer(model="fake-model", base_url=fake.base_url, api_key="test-key")
+
+    request = RepairRequest(
+        spec_hash=await store.put_blob((SOFTMAX / "spec.py").read_bytes()),
+        candidate_hash=await store.put_blob(candidate.read_bytes()),
+        candidate_name=candidate.name,
+        kernel="softmax_rows",
+        model="openai:fake-model",
+        guards=guards or Guards(),
+    )
+    async with build_worker(client, store, fixer_factory, fail_workflows_on_error=True):
+        handle = await client.start_workflow(
+            RepairWorkflow.run,
+            request,
+            id=f"test-{uuid.uuid4().hex[:10]}",
+            task_queue=TASK_QUEUE,
+        )
+        result = await handle.result()
+    return result, await store.read_stream(handle.id)
+
+
+def types(events) -> list[str]:
+    return [e.type for e in events]
+
+
+async def test_a_two_round_repair_certifies_with_exact_tokens_and_one_event_per_step(client, store):
+    with FakeOpenAI() as fake:
+        fake.script(
+            answer(
+                full_file(UNSTABLE), prompt_tokens=1000, completion_tokens=300, cached_tokens=600
+            ),
+            answer(full_file(GOLDEN), prompt_tokens=1200, completion_tokens=250, cached_tokens=900),
+        )
+        result, events = await repair(client, store, fake)
+        prompts = [r["messages"][-1]["content"] for r in fake.requests]
+    assert result.certified and result.rounds == 2 and result.stop_reason == "certified"
+    assert result.tokens.model_dump() == {"input": 2200, "cached_input": 1500, "output": 550}
+    assert (await store.get_blob(result.final_hash)).decode() == GOLDEN
+    assert types(events)[0] == "RepairStarted" and types(events)[-1] == "RepairFinished"
+    assert types(events).count("FixProposed") == 2
+    assert [e.version for e in events] == list(range(1, len(events) + 1))
+    fixes = [e.payload for e in events if e.type == "FixProposed"]
+    assert sum(f["tokens"]["input"] for f in fixes) == 2200
+    # The model saw the evidence: round 1 the ragged-tail failure, round 2 the unstable one.
+    assert "boundary" in prompts[0] and "unstable" in prompts[1]
+    # Prompts and answers are kept by content hash.
+    assert (await store.get_blob(fixes[0]["response_hash"])).decode() == full_file(UNSTABLE)
+
+
+async def test_a_rate_limit_is_retried_by_temporal_and_the_repair_goes_on(client, store):
+    with FakeOpenAI() as fake:
+        fake.script(rate_limited(retry_after="1"), answer(full_file(GOLDEN), prompt_tokens=10))
+        result, _ = await repair(client, store, fake)
+        assert len(fake.requests) == 2
+    assert result.certified and result.tokens.input == 10  # the refused call cost nothing
+
+
+async def test_a_non_retryable_model_error_stops_cleanly(client, store):
+    with FakeOpenAI() as fake:
+        fake.script(unauthorized())
+        result, events = await repair(client, store, fake)
+        assert len(fake.requests) == 1  # not retried
+    assert not result.certified and result.stop_reason == "fixer_error"
+    assert "401" in result.stop_detail or "API key" in result.stop_detail
+    assert types(events)[-1] == "RepairFinished"
+
+
+@pytest.mark.parametrize(
+    ("guards", "script", "reason"),
+    [
+        (Guards(max_rounds=1), [answer(full_file(UNSTABLE))], "max_rounds"),
+        (
+            Guards(token_budget=500),
+            [answer(full_file(UNSTABLE), prompt_tokens=600)],
+            "token_budget",
+        ),
+        (
+            Guards(token_budget=None, uncached_token_budget=300),
+            [answer(full_file(UNSTABLE), prompt_tokens=1000, cached_tokens=600)],
+            "uncached_token_budget",
+        ),
+        (
+            Guards(no_progress_rounds=2),
+            [answer("<<<<<<< SEARCH\nnot in the file\n=======\nx = 1\n>>>>>>> REPLACE\n")] * 2,
+            "no_progress",
+        ),
+        (Guards(deadline_s=0.5), [], "deadline"),
+    ],
+    ids=["max_rounds", "token_budget", "uncached", "no_progress", "deadline"],
+)
+async def test_each_guard_stops_a_repair_with_its_reason(client, store, guards, script, reason):
+    with FakeOpenAI() as fake:
+        fake.script(*script)
+        result, events = await repair(client, store, fake, guards)
+    assert not result.certified and result.stop_reason == reason, result.stop_detail
+    tripped = [e.payload for e in events if e.type == "GuardTripped"]
+    assert [t["guard"] for t in tripped] == [reason]
+    assert types(events)[-1] == "RepairFinished"
+
+
+async def test_a_candidate_seen_before_stops_the_repair_as_a_cycle(client, store, tmp_path):
+    # A kernel that does not compile → floor_grid (better: only the ragged tail fails) → the
+    # broken kernel again.
+    broken = tmp_path / "softmax_arity.py"
+    broken.write_text(GOLDEN.replace("lambda i: (i, 0)", "lambda i, j: (i, 0)"))
+    with FakeOpenAI() as fake:
+        floor = answer(full_file(FLOOR_GRID.read_text()))
+        fake.script(floor, answer(full_file(broken.read_text())))
+        result, events = await repair(client, store, fake, candidate=broken)
+    assert result.stop_reason == "cycle" and result.rounds == 2
+    assert [e.payload["guard"] for e in events if e.type == "GuardTripped"] == ["cycle"]
+    # The best candidate so far is kept: the floor-grid one, not the original.
+    assert (await store.get_blob(result.final_hash)).decode() == FLOOR_GRID.read_text()
