@@ -1,0 +1,112 @@
+"""A worker killed with SIGKILL mid-repair: a new worker finishes the repair, nothing recorded
+twice, tokens exact. Real Temporal, real PostgreSQL, `nearmiss worker` processes, the openai
+client against the fake endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+from fake_openai import FakeOpenAI, answer
+
+from conftest import OPS, ROOT
+from kb.events import EventStore
+from nearmiss.service import connect
+from nearmiss.settings import Settings
+from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
+
+SOFTMAX = OPS / "softmax_rows"
+
+
+def full_file(path) -> str:
+    return f"Rewrote it.\n\n```python\n{path.read_text()}```\n"
+
+
+def start_worker(env: dict, log) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "nearmiss.cli", "worker"],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+async def wait_for_event(store: EventStore, stream: str, kind: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(e.type == kind for e in await store.read_stream(stream)):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no {kind} event within {timeout_s} s")
+
+
+async def test_a_killed_worker_is_replaced_and_the_repair_finishes_exactly_once(
+    temporal_address, postgres_dsn, tmp_path
+):
+    store = await EventStore.connect(postgres_dsn)
+    client = await connect(Settings(temporal_address, postgres_dsn, False, None))
+    with FakeOpenAI() as fake, open(tmp_path / "workers.log", "wb") as log:
+        fake.script(
+            answer(
+                full_file(SOFTMAX / "variants" / "no_max_subtraction.py"),
+                prompt_tokens=900,
+                cached_tokens=400,
+                completion_tokens=120,
+            ),
+            answer(full_file(SOFTMAX / "golden.py"), prompt_tokens=1100, completion_tokens=90),
+        )
+        env = dict(
+            os.environ,
+            TEMPORAL_ADDRESS=temporal_address,
+            NEARMISS_DATABASE_URL=postgres_dsn,
+            NEARMISS_OPENAI_BASE_URL=fake.base_url,
+            NEARMISS_OPENAI_API_KEY="test-key",
+        )
+        first = start_worker(env, log)
+        second = None
+        try:
+            request = RepairRequest(
+                spec_hash=await store.put_blob((SOFTMAX / "spec.py").read_bytes()),
+                candidate_hash=await store.put_blob(
+                    (SOFTMAX / "variants" / "floor_grid.py").read_bytes()
+                ),
+                candidate_name="floor_grid.py",
+                kernel="softmax_rows",
+                model="openai:fake-model",
+            )
+            sid = f"crash-{uuid.uuid4().hex[:10]}"
+            handle = await client.start_workflow(
+                RepairWorkflow.run, request, id=sid, task_queue=TASK_QUEUE
+            )
+            # Kill it once the first fix is recorded: its validation check is then in flight.
+            await wait_for_event(store, sid, "FixProposed", timeout_s=120)
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+            second = start_worker(env, log)
+            result = await asyncio.wait_for(handle.result(), timeout=240)
+        finally:
+            for worker in (first, second):
+                if worker is not None and worker.poll() is None:
+                    os.killpg(worker.pid, signal.SIGTERM)
+                    worker.wait(timeout=30)
+        served = len(fake.requests)
+    events = await store.read_stream(sid)
+    await store.close()
+
+    assert result.certified and result.rounds == 2, (result, (tmp_path / "workers.log").read_text())
+    assert served == 2  # no model call was repeated
+    assert result.tokens.model_dump() == {"input": 2000, "cached_input": 400, "output": 210}
+    recorded = [e.payload["tokens"] for e in events if e.type == "FixProposed"]
+    assert sum(t["input"] for t in recorded) == 2000 and len(recorded) == 2
+    keys = [json.dumps([e.type, e.payload], sort_keys=True) for e in events]
+    assert len(keys) == len(set(keys)), "an event was recorded twice"
+    assert [e.version for e in events] == list(range(1, len(events) + 1))
+    assert [e.type for e in events][-1] == "RepairFinished"
