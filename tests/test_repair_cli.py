@@ -1,0 +1,81 @@
+"""`nearmiss repair` as a user runs it: configured services, or the embedded stack it starts."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from fake_openai import FakeOpenAI, answer
+
+from conftest import OPS, free_port, run_cli
+from infra.devstack import PostgresService, StackConfig, pid_alive
+
+SOFTMAX = OPS / "softmax_rows"
+
+
+def test_repair_with_a_model_certifies_writes_the_fix_and_prints_json(
+    temporal_address, postgres_dsn, tmp_path
+):
+    candidate = tmp_path / "floor_grid.py"
+    candidate.write_text((SOFTMAX / "variants" / "floor_grid.py").read_text())
+    fix = (
+        "Round the grid up.\n"
+        "<<<<<<< SEARCH\n        grid=(rows // BLOCK_R,),\n=======\n"
+        "        grid=(pl.cdiv(rows, BLOCK_R),),\n>>>>>>> REPLACE\n"
+    )
+    with FakeOpenAI() as fake:
+        fake.script(answer(fix, prompt_tokens=700, cached_tokens=100, completion_tokens=40))
+        env = dict(
+            os.environ,
+            TEMPORAL_ADDRESS=temporal_address,
+            NEARMISS_DATABASE_URL=postgres_dsn,
+            OPENAI_BASE_URL=fake.base_url,  # the SDK's own variables are honoured
+            OPENAI_API_KEY="test-key",
+        )
+        result = run_cli(
+            "repair", SOFTMAX / "spec.py", candidate, "--model", "openai:fake", "--json", env=env
+        )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["certified"] is True and report["rounds"] == 1
+    assert report["stop_reason"] == "certified" and report["session_id"].startswith("repair-")
+    assert report["tokens"] == {"input": 700, "cached_input": 100, "output": 40}
+    fixed = tmp_path / "floor_grid.fixed.py"
+    assert report["fixed_path"] == str(fixed)
+    assert "pl.cdiv(rows, BLOCK_R)" in fixed.read_text()
+    assert "+        grid=(pl.cdiv(rows, BLOCK_R),)," in report["diff"]
+
+
+def test_without_configured_services_the_embedded_stack_runs_for_the_command(tmp_path):
+    config = StackConfig(
+        home=tmp_path / "state", temporal_port=free_port(), postgres_port=free_port()
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TEMPORAL_ADDRESS", "NEARMISS_DATABASE_URL")
+    }
+    env.update(
+        NEARMISS_HOME=str(config.home),
+        NEARMISS_TEMPORAL_PORT=str(config.temporal_port),
+        NEARMISS_POSTGRES_PORT=str(config.postgres_port),
+    )
+    candidate = SOFTMAX / "golden.py"  # already right: certified without a round
+    try:
+        result = run_cli("repair", SOFTMAX / "spec.py", candidate, env=env)
+    finally:
+        PostgresService(config).remove_data()
+    assert result.returncode == 0, result.stderr
+    assert "starting the embedded dev stack" in result.stderr
+    assert "CERTIFIED after 0 round(s)" in result.stdout
+    # It stopped what it started: no pidfile left pointing at a live process.
+    pidfile = config.home / "run" / "temporal.pid"
+    assert not pidfile.exists() or not pid_alive(int(pidfile.read_text()))
+
+
+def test_bad_input_is_a_usage_error(tmp_path):
+    spec = SOFTMAX / "spec.py"
+    missing = run_cli("repair", spec, tmp_path / "nope.py")
+    assert missing.returncode == 2 and "candidate file not found" in missing.stderr
+    model = run_cli("repair", spec, SOFTMAX / "golden.py", "--model", "gpt")
+    assert model.returncode == 2 and "unknown model" in model.stderr
