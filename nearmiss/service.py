@@ -106,6 +106,49 @@ async def _follow(handle: WorkflowHandle, quiet: bool) -> RepairResult:
     return result_task.result()
 
 
+@contextlib.asynccontextmanager
+async def services(settings: Settings, quiet: bool = False):
+    """(client, store) with a worker running; the embedded stack when nothing is configured."""
+    stack = DevStack(settings.stack) if settings.embedded else contextlib.nullcontext()
+    if settings.embedded and not quiet:
+        _say(f"starting the embedded dev stack (Temporal + PostgreSQL) under {settings.stack.home}")
+    with stack:
+        store = await EventStore.connect(settings.database_url)
+        try:
+            client = await connect(settings)
+            async with build_worker(client, store):
+                yield client, store
+        finally:
+            await store.close()
+            gc.collect()  # the SDK's client crashes at interpreter exit now and then otherwise
+
+
+async def start_session(
+    client: Client,
+    store: EventStore,
+    spec: Path,
+    candidate: Path,
+    model: str,
+    guards: Guards,
+    seed: int = 0,
+) -> WorkflowHandle:
+    """Store the spec and candidate by hash and start a RepairWorkflow on them."""
+    from nearmiss.spec import load_spec
+
+    op = load_spec(spec).name
+    request = RepairRequest(
+        spec_hash=await store.put_blob(spec.read_bytes()),
+        candidate_hash=await store.put_blob(candidate.read_bytes()),
+        candidate_name=candidate.name,
+        kernel=op,
+        model=model,
+        guards=guards,
+        seed=seed,
+    )
+    sid = session_id(op, request.candidate_hash)
+    return await client.start_workflow(RepairWorkflow.run, request, id=sid, task_queue=TASK_QUEUE)
+
+
 async def repair(
     spec: Path,
     candidate: Path,
@@ -121,42 +164,17 @@ async def repair(
         if not path.is_file():
             raise UsageError(f"{role} file not found: {path}")
     make_fixer(model)  # a bad --model is a usage error before anything starts
-    stack = DevStack(settings.stack) if settings.embedded else contextlib.nullcontext()
-    if settings.embedded:
-        _say(f"starting the embedded dev stack (Temporal + PostgreSQL) under {settings.stack.home}")
-    with stack:
-        store = await EventStore.connect(settings.database_url)
-        try:
-            client = await connect(settings)
-            async with build_worker(client, store):
-                return await _run_session(
-                    client, store, spec, candidate, model, guards, out, as_json, seed
-                )
-        finally:
-            await store.close()
-            gc.collect()  # the SDK's client crashes at interpreter exit now and then otherwise
+    async with services(settings) as (client, store):
+        handle = await start_session(client, store, spec, candidate, model, guards, seed)
+        if not as_json:
+            _say(f"repair session {handle.id} ({model}) on {candidate}")
+        result = await _follow(handle, quiet=as_json)
+        final = (await store.get_blob(result.final_hash)).decode()
+    return _report(result, candidate, final, out, as_json)
 
 
-async def _run_session(client, store, spec, candidate, model, guards, out, as_json, seed) -> int:
-    from nearmiss.spec import load_spec
-
-    op = load_spec(spec).name
+def _report(result: RepairResult, candidate: Path, final: str, out, as_json: bool) -> int:
     original = candidate.read_text()
-    request = RepairRequest(
-        spec_hash=await store.put_blob(spec.read_bytes()),
-        candidate_hash=await store.put_blob(original.encode()),
-        candidate_name=candidate.name,
-        kernel=op,
-        model=model,
-        guards=guards,
-        seed=seed,
-    )
-    sid = session_id(op, request.candidate_hash)
-    if not as_json:
-        _say(f"repair session {sid} ({model}) on {candidate}")
-    handle = await client.start_workflow(RepairWorkflow.run, request, id=sid, task_queue=TASK_QUEUE)
-    result = await _follow(handle, quiet=as_json)
-    final = (await store.get_blob(result.final_hash)).decode()
     diff = "".join(
         difflib.unified_diff(
             original.splitlines(keepends=True),

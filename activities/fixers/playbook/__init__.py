@@ -1,0 +1,75 @@
+"""The ``playbook`` fixer: zero-token repair recipes keyed by failure class.
+
+A recipe is a general pattern of a near-miss bug with its textbook fix. It reads the candidate's
+syntax tree (and, where the bug is a compile error or a wrong output structure, the evidence's
+own words), and edits only the spans its pattern names: never a rewrite of the kernel, never a
+look at golden kernels or corpus labels. The engine validates every edit like any other.
+
+``PlaybookFixer.propose`` tries the recipes that address the evidence's failure classes (the
+primary class first), in the fixed order of ``RECIPES``, skipping those already tried in the
+session, and returns the first that changes the source — zero tokens, always.
+"""
+
+from __future__ import annotations
+
+# Importing the recipe modules registers their recipes, in this order.
+from activities.fixers.playbook import recipes_compile, recipes_state, recipes_values  # noqa: F401
+from activities.fixers.playbook.registry import RECIPES, Recipe
+from workflows.models import Evidence, FixRequest, FixResult, TokenUsage
+
+# ----------------------------------------------------------------------------------------------
+# The fixer.
+
+
+class PlaybookFixer:
+    """Tries the recipes that address the evidence's failure classes; zero tokens."""
+
+    name = "playbook"
+
+    async def propose(self, request: FixRequest) -> FixResult:
+        return propose(request)
+
+
+def _classes(evidence: Evidence) -> list[str]:
+    ordered = [evidence.failure_class, *evidence.failure_classes]
+    return [c for i, c in enumerate(ordered) if c and c not in ordered[:i]]
+
+
+def propose(request: FixRequest) -> FixResult:
+    """The first applicable recipe's edit, or no source and a plain reason."""
+    classes = _classes(request.evidence)
+    if not classes:
+        return FixResult(model="playbook", reason="no failure class to address: nothing to fix")
+    tried, not_found, failed = [], [], []
+    seen: set[str] = set()
+    for failure_class in classes:
+        for recipe in RECIPES.values():
+            if failure_class not in recipe.classes or recipe.name in seen:
+                continue
+            seen.add(recipe.name)
+            if recipe.name in request.tried:
+                tried.append(recipe.name)
+                continue
+            try:
+                edited = recipe.apply(request.source, request.evidence)
+            except Exception as exc:  # a recipe's bug is a failed round, never a crashed fixer
+                failed.append(f"{recipe.name} ({type(exc).__name__}: {exc})")
+                continue
+            if edited is not None and edited != request.source:
+                return FixResult(
+                    source=edited, summary=recipe.name, model="playbook", tokens=TokenUsage()
+                )
+            not_found.append(recipe.name)
+    target = ", ".join(classes)
+    if not seen:
+        reason = f"no playbook recipe addresses {target}"
+    else:
+        parts = [f"already tried: {', '.join(tried) or 'none'}"]
+        parts.append(f"patterns not found: {', '.join(not_found) or 'none'}")
+        if failed:
+            parts.append(f"recipes that failed: {', '.join(failed)}")
+        reason = f"no playbook recipe applies to {target}: " + "; ".join(parts)
+    return FixResult(model="playbook", reason=reason, tokens=TokenUsage())
+
+
+__all__ = ["RECIPES", "PlaybookFixer", "Recipe", "propose"]

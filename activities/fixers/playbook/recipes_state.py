@@ -1,0 +1,266 @@
+"""Recipes for accumulators, carries and grid axes: init, reset, order, index maps."""
+
+from __future__ import annotations
+
+import ast
+
+from activities.fixers.playbook.registry import (
+    _recipe,
+)
+from activities.fixers.playbook.source import (
+    _accesses,
+    _accumulators,
+    _axes_cond,
+    _bodies,
+    _call_of,
+    _combined_by,
+    _dotted,
+    _Edit,
+    _first_line,
+    _identity,
+    _ignored_axes,
+    _indent,
+    _index_map,
+    _inits,
+    _is_call,
+    _kwarg,
+    _Module,
+    _pallas_calls,
+    _program_ids,
+    _reads,
+    _reduction_axes,
+    _refs,
+    _replace,
+    _stores,
+    _text,
+    _when_cond,
+)
+from workflows.models import Evidence
+
+
+@_recipe(
+    "accumulator_init",
+    ("nan_inf", "wrong_values"),
+    "a ref carried across grid steps with no first-step init gets a @pl.when(... == 0) init",
+)
+def accumulator_init(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: a body reads a ref before writing it (``o_ref[...] += ...``, a scratch carry)
+    and no ``@pl.when(<program id> == 0)`` block initialises it. Fix: insert one at the top of the
+    body, on the first step of the axes the ref accumulates over (those its output index_map
+    ignores, else the innermost axis); the init is the identity of how the ref is combined
+    (-inf for a running max, +inf for a min, else zeros)."""
+    edits = []
+    for body in _bodies(mod):
+        call, inits = _call_of(mod, body), _inits(mod, body)
+        initialised = {r for i in inits for r in i.refs}
+        missing = [r for r in _accumulators(mod, body, inits) if r not in initialised]
+        axes = {_reduction_axes(call, body, r) for r in missing}
+        if not missing or None in axes or len(axes) != 1:
+            continue
+        refs = set(_refs(body))
+        first = next(s for s in body.body if _reads(s, refs) or any(_stores(s, refs)))
+        indent = _indent(mod.source, first)
+        cond = _axes_cond(mod, axes.pop(), _program_ids(mod, body), first.lineno)
+        lines = [f"@{mod.pl}.when({cond})", "def _init_accumulators():"]
+        for ref in missing:
+            lines.append(f"    {ref}[...] = {_identity(mod, ref, _combined_by(mod, body, ref))}")
+        block = "".join(f"{indent}{line}\n" for line in lines) + "\n"
+        edits.append(_Edit((_first_line(first), 0), (_first_line(first), 0), block))
+    return edits
+
+
+@_recipe(
+    "reset_axis",
+    ("wrong_values", "nan_inf"),
+    "an accumulator's first-step init on the wrong grid axes → the axes it accumulates over",
+)
+def reset_axis(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: ``@pl.when(<program ids> == 0)`` initialises a carried ref, but its axes are not
+    the ones the ref accumulates over (those its output index_map ignores, else the innermost
+    axis), so it resets too often or too rarely. Fix: the condition names those axes."""
+    edits = []
+    for body in _bodies(mod):
+        call, inits = _call_of(mod, body), _inits(mod, body)
+        carried = set(_accumulators(mod, body, inits))
+        for init in inits:
+            wanted = {_reduction_axes(call, body, r) for r in init.refs if r in carried}
+            if len(wanted) != 1 or None in wanted:
+                continue
+            axes = frozenset(wanted.pop())
+            if axes != init.axes:
+                pids = _program_ids(mod, body)
+                edits.append(_replace(init.cond, _axes_cond(mod, axes, pids, init.fn.lineno)))
+    return edits
+
+
+@_recipe(
+    "identity_init",
+    ("wrong_values",),
+    "a running max/min carry initialised to zeros → initialised to -inf/+inf",
+)
+def identity_init(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: an init block sets a ref to zeros, but the ref is combined with ``jnp.maximum``
+    (``jnp.minimum``), so 0 clips the running extreme. Fix: initialise it to -inf (+inf)."""
+    edits = []
+    for body in _bodies(mod):
+        for init in _inits(mod, body):
+            for ref, stmt in _stores(init.fn, set(init.refs)):
+                zeros = _is_call(stmt.value, mod.np_names, "zeros", "zeros_like")
+                combine = _combined_by(mod, body, ref)
+                if zeros and combine:
+                    edits.append(_replace(stmt.value, _identity(mod, ref, combine)))
+    return edits
+
+
+@_recipe(
+    "accumulate",
+    ("wrong_values",),
+    "an output zeroed on the first reduction step but overwritten every step → +=",
+)
+def accumulate(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: an output block revisited along a reduction axis (its index_map ignores that
+    axis) is zeroed by a first-step init, yet every step stores ``o_ref[...] = partial`` without
+    reading it. Fix: ``o_ref[...] += partial``."""
+    edits = []
+    for body in _bodies(mod):
+        call, inits = _call_of(mod, body), _inits(mod, body)
+        if call is None:
+            continue
+        carried = set(_accumulators(mod, body, inits))
+        n_in = len(call.in_specs)
+        for init in inits:
+            for ref in init.refs:
+                position = _refs(body).index(ref) - n_in
+                if ref in carried or not 0 <= position < len(call.out_specs):
+                    continue
+                index_map = _index_map(call.out_specs[position])
+                if index_map is None or not _ignored_axes(index_map):
+                    continue
+                for stmt in body.body:  # top level: runs on every step
+                    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                        target = stmt.targets[0]
+                        if isinstance(target, ast.Subscript) and _dotted(target.value) == ref:
+                            value = _text(mod.source, stmt.value)
+                            edits.append(_replace(stmt, f"{_text(mod.source, target)} += {value}"))
+    return edits
+
+
+@_recipe(
+    "out_index_map_axis",
+    ("nan_inf", "wrong_values"),
+    "an output stored at every step of a grid axis its index_map ignores → the map uses the axis",
+)
+def out_index_map_axis(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: an output ref that is only ever stored (never read, never initialised), outside
+    any ``pl.when``, while its index_map ignores one grid axis and returns a constant 0 in one
+    position: every step of that axis overwrites the same block and the rest of the output is
+    never written. Fix: the index_map returns that axis in the constant's place."""
+    edits = []
+    for call in _pallas_calls(mod):
+        body = call.body
+        if body is None:
+            continue
+        inits, refs, n_in = _inits(mod, body), _refs(body), len(call.in_specs)
+        initialised = {r for i in inits for r in i.refs}
+        whens = {f for f in ast.walk(body) if isinstance(f, ast.FunctionDef) and _when_cond(mod, f)}
+        for position, spec in enumerate(call.out_specs):
+            index_map = _index_map(spec)
+            if index_map is None or n_in + position >= len(refs):
+                continue
+            ref = refs[n_in + position]
+            accesses = list(_accesses(body.body, {ref}, whens))
+            if ref in initialised or not accesses or any(k == "read" for _, k in accesses):
+                continue
+            ignored = _ignored_axes(index_map)
+            returned = index_map.body.elts if isinstance(index_map.body, ast.Tuple) else []
+            zeros = [e for e in returned if isinstance(e, ast.Constant) and e.value == 0]
+            if len(ignored) == 1 and len(zeros) == 1:
+                edits.append(_replace(zeros[0], index_map.args.args[ignored[0]].arg))
+    return edits
+
+
+@_recipe(
+    "reduction_axis_last",
+    ("wrong_values", "nan_inf"),
+    "a reduction grid axis placed before parallel axes → moved innermost (grid, index maps, ids)",
+)
+def reduction_axis_last(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: the output's index_map ignores a grid axis (a reduction) that comes before axes
+    it uses, so output blocks — and scratch carried along the reduction — are revisited after
+    other blocks clobbered them. Fix: permute the grid so reduction axes are innermost: the grid
+    entries, every index_map's parameters, and the body's ``pl.program_id(k)`` /
+    ``pl.num_programs(k)`` axis numbers."""
+    edits = []
+    for call in _pallas_calls(mod):
+        grid, body = call.grid, call.body
+        index_map = _index_map(call.out_specs[0]) if call.out_specs else None
+        if index_map is None or body is None or not isinstance(grid, ast.Tuple | ast.List):
+            continue
+        rank, reduction = len(grid.elts), _ignored_axes(index_map)
+        if not reduction or reduction == tuple(range(rank - len(reduction), rank)):
+            continue
+        order = [a for a in range(rank) if a not in reduction] + list(reduction)
+        for new, old in enumerate(order):
+            if new != old:
+                edits.append(_replace(grid.elts[new], _text(mod.source, grid.elts[old])))
+        for spec in call.in_specs + call.out_specs:
+            params = index_map.args.args if (index_map := _index_map(spec)) else []
+            if len(params) == rank:
+                edits += [_replace(params[n], params[o].arg) for n, o in enumerate(order) if n != o]
+        for node in ast.walk(body):
+            if _is_call(node, mod.pl_names, "program_id", "num_programs") and node.args:
+                axis = node.args[0]
+                known = isinstance(axis, ast.Constant) and axis.value in order
+                if known and (moved := order.index(axis.value)) != axis.value:
+                    edits.append(_replace(axis, str(moved)))
+    return edits
+
+
+_REDUCTIONS = ("sum", "max", "min", "mean", "var", "std", "prod", "argmax", "argmin")
+
+
+@_recipe(
+    "untiled_reduction_axis",
+    ("wrong_values", "nan_inf"),
+    "a reduction over a grid-tiled axis with no carry across steps → the block's untiled axis",
+)
+def untiled_reduction_axis(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: a body with no state carried across grid steps reduces (sum, max, mean, ...) over
+    an axis its input block tiles along the grid: the result sees one tile, never the whole
+    extent. Fix: reduce over the block's single untiled axis (the one its index_map pins to 0)."""
+    edits = []
+    for call in _pallas_calls(mod):
+        body = call.body
+        spec = call.in_specs[0] if call.in_specs else None
+        index_map = _index_map(spec)
+        if body is None or index_map is None or _accumulators(mod, body, _inits(mod, body)):
+            continue
+        block = spec.args[0] if spec.args else None
+        returned = index_map.body.elts if isinstance(index_map.body, ast.Tuple) else []
+        if not isinstance(block, ast.Tuple) or len(returned) != len(block.elts):
+            continue
+        params = {a.arg for a in index_map.args.args}
+        kept = [
+            e
+            for e, b in zip(returned, block.elts, strict=True)
+            if not (isinstance(b, ast.Constant) and b.value is None)
+        ]
+        tiled = {d for d, e in enumerate(kept) if isinstance(e, ast.Name) and e.id in params}
+        untiled = [d for d, e in enumerate(kept) if isinstance(e, ast.Constant) and e.value == 0]
+        if len(untiled) != 1 or not tiled:
+            continue
+        rank, target = len(kept), untiled[0]
+        text = "-1" if target == rank - 1 else str(target)
+        for node in ast.walk(body):
+            if not _is_call(node, mod.np_names, *_REDUCTIONS):
+                continue
+            axis = _kwarg(node, "axis", 1)
+            if isinstance(axis, ast.UnaryOp) and isinstance(axis.operand, ast.Constant):
+                value = -axis.operand.value
+            elif isinstance(axis, ast.Constant):
+                value = axis.value
+            else:
+                continue
+            if isinstance(value, int) and value % rank in tiled:
+                edits.append(_replace(axis, text))
+    return edits
