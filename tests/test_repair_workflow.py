@@ -14,7 +14,14 @@ from kb.events import EventStore
 from nearmiss.service import build_worker, connect
 from nearmiss.settings import Settings
 from workflows.loop import Guards
-from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
+from workflows.repair import (
+    KERNEL_ATTRIBUTE,
+    TASK_QUEUE,
+    TOKENS_ATTRIBUTE,
+    VERDICT_ATTRIBUTE,
+    RepairRequest,
+    RepairWorkflow,
+)
 
 SOFTMAX = OPS / "softmax_rows"
 GOLDEN = (SOFTMAX / "golden.py").read_text()
@@ -59,7 +66,9 @@ async def repair(client, store, fake, guards=None, candidate=FLOOR_GRID):
             task_queue=TASK_QUEUE,
         )
         result = await handle.result()
-    return result, await store.read_stream(handle.id)
+        progress = await handle.query(RepairWorkflow.progress)
+        attributes = (await handle.describe()).typed_search_attributes
+    return result, await store.read_stream(handle.id), progress, attributes
 
 
 def types(events) -> list[str]:
@@ -74,7 +83,7 @@ async def test_a_two_round_repair_certifies_with_exact_tokens_and_one_event_per_
             ),
             answer(full_file(GOLDEN), prompt_tokens=1200, completion_tokens=250, cached_tokens=900),
         )
-        result, events = await repair(client, store, fake)
+        result, events, progress, attributes = await repair(client, store, fake)
         prompts = [r["messages"][-1]["content"] for r in fake.requests]
     assert result.certified and result.rounds == 2 and result.stop_reason == "certified"
     assert result.tokens.model_dump() == {"input": 2200, "cached_input": 1500, "output": 550}
@@ -88,12 +97,17 @@ async def test_a_two_round_repair_certifies_with_exact_tokens_and_one_event_per_
     assert "boundary" in prompts[0] and "unstable" in prompts[1]
     # Prompts and answers are kept by content hash.
     assert (await store.get_blob(fixes[0]["response_hash"])).decode() == full_file(UNSTABLE)
+    # Live progress is queryable, and the session can be found by kernel, verdict and tokens.
+    assert progress.phase == "stop" and progress.round == 2 and progress.tokens.total == 2750
+    assert attributes.get(KERNEL_ATTRIBUTE) == "softmax_rows"
+    assert attributes.get(VERDICT_ATTRIBUTE) == "certified"
+    assert attributes.get(TOKENS_ATTRIBUTE) == 2750
 
 
 async def test_a_rate_limit_is_retried_by_temporal_and_the_repair_goes_on(client, store):
     with FakeOpenAI() as fake:
         fake.script(rate_limited(retry_after="1"), answer(full_file(GOLDEN), prompt_tokens=10))
-        result, _ = await repair(client, store, fake)
+        result, *_ = await repair(client, store, fake)
         assert len(fake.requests) == 2
     assert result.certified and result.tokens.input == 10  # the refused call cost nothing
 
@@ -101,7 +115,7 @@ async def test_a_rate_limit_is_retried_by_temporal_and_the_repair_goes_on(client
 async def test_a_non_retryable_model_error_stops_cleanly(client, store):
     with FakeOpenAI() as fake:
         fake.script(unauthorized())
-        result, events = await repair(client, store, fake)
+        result, events, *_ = await repair(client, store, fake)
         assert len(fake.requests) == 1  # not retried
     assert not result.certified and result.stop_reason == "fixer_error"
     assert "401" in result.stop_detail or "API key" in result.stop_detail
@@ -134,7 +148,7 @@ async def test_a_non_retryable_model_error_stops_cleanly(client, store):
 async def test_each_guard_stops_a_repair_with_its_reason(client, store, guards, script, reason):
     with FakeOpenAI() as fake:
         fake.script(*script)
-        result, events = await repair(client, store, fake, guards)
+        result, events, *_ = await repair(client, store, fake, guards)
     assert not result.certified and result.stop_reason == reason, result.stop_detail
     tripped = [e.payload for e in events if e.type == "GuardTripped"]
     assert [t["guard"] for t in tripped] == [reason]
@@ -149,7 +163,7 @@ async def test_a_candidate_seen_before_stops_the_repair_as_a_cycle(client, store
     with FakeOpenAI() as fake:
         floor = answer(full_file(FLOOR_GRID.read_text()))
         fake.script(floor, answer(full_file(broken.read_text())))
-        result, events = await repair(client, store, fake, candidate=broken)
+        result, events, *_ = await repair(client, store, fake, candidate=broken)
     assert result.stop_reason == "cycle" and result.rounds == 2
     assert [e.payload["guard"] for e in events if e.type == "GuardTripped"] == ["cycle"]
     # The best candidate so far is kept: the floor-grid one, not the original.
