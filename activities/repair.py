@@ -19,6 +19,9 @@ from temporalio.exceptions import ApplicationError
 from activities.evidence import evidence_from_report
 from activities.fixers.base import Fixer, FixerError
 from kb.events import EventStore, NewEvent
+from kb.knowledge import retrieve
+from kb.learning import learn_from_session
+from kb.patches import apply_patch
 from nearmiss.check import check
 from nearmiss.runner.session import UsageError
 from workflows.models import (
@@ -28,6 +31,8 @@ from workflows.models import (
     FixOutcome,
     FixRequest,
     RecordInput,
+    RetrieveInput,
+    RetrieveResult,
 )
 
 HEARTBEAT_S = 5.0
@@ -98,6 +103,9 @@ class RepairActivities:
     async def propose_fix(self, request: FixInput) -> FixOutcome:
         spec = (await self.store.get_blob(request.spec_hash)).decode()
         source = (await self.store.get_blob(request.candidate_hash)).decode()
+        patched = await self._learned_patch(request, source)
+        if patched is not None:
+            return patched
         fixer = self.fixer_factory(request.model)
         fix_request = FixRequest(
             spec_path="spec.py",
@@ -107,6 +115,7 @@ class RepairActivities:
             evidence=request.evidence,
             round=request.round,
             tried=request.tried,
+            knowledge=request.knowledge,
         )
         try:
             result = await _with_heartbeats(fixer.propose(fix_request))
@@ -129,10 +138,44 @@ class RepairActivities:
             outcome.candidate_hash = await self.store.put_blob(result.source.encode())
         return outcome
 
+    @activity.defn(name="retrieve_knowledge")
+    async def retrieve_knowledge(self, request: RetrieveInput) -> RetrieveResult:
+        entries, patches = await retrieve(self.store, request.evidence, request.budget_chars)
+        return RetrieveResult(
+            entry_ids=[e.id for e in entries],
+            lines=[e.line() for e in entries],
+            patches=[{"entry_id": p.id, "diff": p.body["diff"]} for p in patches],
+        )
+
+    @activity.defn(name="learn_from_session")
+    async def learn_from_session(self, session_id: str) -> str:
+        return await learn_from_session(self.store, session_id)
+
+    async def _learned_patch(self, request: FixInput, source: str) -> FixOutcome | None:
+        """Zero tokens first: a diff learned from an earlier certified repair, if one applies."""
+        for patch in request.patches:
+            name = f"patch:{patch['entry_id']}"
+            if name in request.tried:
+                continue
+            edited = apply_patch(patch["diff"], source)
+            if edited is not None:
+                return FixOutcome(
+                    candidate_hash=await self.store.put_blob(edited.encode()),
+                    summary=name,
+                    model="learned-patch",
+                )
+        return None
+
     @activity.defn(name="record_events")
     async def record_events(self, request: RecordInput) -> list[int]:
         events = [NewEvent(e["type"], e["payload"]) for e in request.events]
         return await self.store.append(request.stream_id, request.expected_version, events)
 
     def all(self) -> list:
-        return [self.check_candidate, self.propose_fix, self.record_events]
+        return [
+            self.check_candidate,
+            self.retrieve_knowledge,
+            self.propose_fix,
+            self.record_events,
+            self.learn_from_session,
+        ]

@@ -40,6 +40,34 @@ MIGRATIONS: list[str] = [
         created_at TIMESTAMPTZ NOT NULL DEFAULT now()
     );
     """,
+    # Projections of the log (kb/knowledge.py): where each one has read up to, and the
+    # knowledge entries with the evidence of their use.
+    """
+    CREATE TABLE projection_checkpoints (
+        name     TEXT PRIMARY KEY,
+        position BIGINT NOT NULL
+    );
+    CREATE TABLE kb_entries (
+        id            TEXT PRIMARY KEY,
+        status        TEXT NOT NULL,
+        source        TEXT NOT NULL,
+        title         TEXT NOT NULL,
+        failure_class TEXT NOT NULL,
+        category      TEXT NOT NULL,
+        platform      TEXT NOT NULL,
+        body          JSONB NOT NULL,
+        uses          INTEGER NOT NULL DEFAULT 0,
+        successes     INTEGER NOT NULL DEFAULT 0,
+        failures      INTEGER NOT NULL DEFAULT 0,
+        updated_at    BIGINT NOT NULL
+    );
+    CREATE INDEX kb_entries_signature ON kb_entries (failure_class, category, platform);
+    CREATE TABLE kb_session_uses (
+        session_id TEXT NOT NULL,
+        entry_id   TEXT NOT NULL,
+        PRIMARY KEY (session_id, entry_id)
+    );
+    """,
 ]
 EVENT_TYPES = (
     "RepairStarted",
@@ -50,6 +78,10 @@ EVENT_TYPES = (
     "IntegrityViolated",
     "GuardTripped",
     "RepairFinished",
+    "KnowledgeAdded",
+    "KnowledgeRevised",
+    "KnowledgeConfirmed",
+    "KnowledgePromoted",
 )
 # Any constant would do; it only has to be the same for every writer of this database.
 _APPEND_LOCK = 0x6E6D6973

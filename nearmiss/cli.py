@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from nearmiss import kb_cli
 from nearmiss.check import SUITES, check
 from nearmiss.integrity.gate import MODES
 from nearmiss.render import render_report, table
@@ -91,8 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds (default %(default)s)",
     )
     repair_cmd.add_argument("--out", type=Path, help="where to write the fixed kernel")
+    repair_cmd.add_argument(
+        "--no-kb", action="store_true", help="retrieve no knowledge (the ablation)"
+    )
     repair_cmd.add_argument("--json", action="store_true", help="print one JSON object")
     commands.add_parser("worker", help="run a repair worker against the configured services")
+    kb_cli.add_parser(commands)
     dev_cmd = commands.add_parser(
         "dev",
         help="the embedded dev stack: Temporal dev server + PostgreSQL on loopback",
@@ -188,6 +193,7 @@ def run_repair(args: argparse.Namespace) -> int:
                 out=args.out,
                 as_json=args.json,
                 settings=Settings.from_env(),
+                use_kb=not args.no_kb,
             )
         )
     except (UsageError, ValueError) as exc:
@@ -216,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_repair(args)
     if args.command == "worker":
         return run_worker_command()
+    if args.command == "kb":
+        import asyncio
+
+        return asyncio.run(kb_cli.run(args))
     from nearmiss.demo import run_demo
 
     return run_demo(seed=args.seed, everything=args.all)

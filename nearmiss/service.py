@@ -28,6 +28,7 @@ from temporalio.worker import Worker
 from activities.repair import RepairActivities, make_fixer
 from infra.devstack import SEARCH_ATTRIBUTES, DevStack
 from kb.events import EventStore
+from kb.knowledge import load_seed
 from nearmiss.runner.session import UsageError
 from nearmiss.settings import Settings
 from workflows.loop import Guards
@@ -115,6 +116,7 @@ async def services(settings: Settings, quiet: bool = False):
     with stack:
         store = await EventStore.connect(settings.database_url)
         try:
+            await load_seed(store)
             client = await connect(settings)
             async with build_worker(client, store):
                 yield client, store
@@ -131,6 +133,7 @@ async def start_session(
     model: str,
     guards: Guards,
     seed: int = 0,
+    use_kb: bool = True,
 ) -> WorkflowHandle:
     """Store the spec and candidate by hash and start a RepairWorkflow on them."""
     from nearmiss.spec import load_spec
@@ -144,6 +147,7 @@ async def start_session(
         model=model,
         guards=guards,
         seed=seed,
+        use_kb=use_kb,
     )
     sid = session_id(op, request.candidate_hash)
     return await client.start_workflow(RepairWorkflow.run, request, id=sid, task_queue=TASK_QUEUE)
@@ -159,13 +163,14 @@ async def repair(
     as_json: bool,
     settings: Settings,
     seed: int = 0,
+    use_kb: bool = True,
 ) -> int:
     for role, path in (("spec", spec), ("candidate", candidate)):
         if not path.is_file():
             raise UsageError(f"{role} file not found: {path}")
     make_fixer(model)  # a bad --model is a usage error before anything starts
     async with services(settings) as (client, store):
-        handle = await start_session(client, store, spec, candidate, model, guards, seed)
+        handle = await start_session(client, store, spec, candidate, model, guards, seed, use_kb)
         if not as_json:
             _say(f"repair session {handle.id} ({model}) on {candidate}")
         result = await _follow(handle, quiet=as_json)
@@ -216,6 +221,7 @@ async def run_worker(settings: Settings) -> int:
     """Serve repairs until interrupted (SIGINT/SIGTERM end it cleanly)."""
     store = await EventStore.connect(settings.database_url)
     try:
+        await load_seed(store)
         client = await connect(settings)
         worker = build_worker(client, store)
         loop = asyncio.get_running_loop()

@@ -21,6 +21,10 @@ class Settings:
     stack: StackConfig
     namespace: str = "default"
 
+    @property
+    def embedded_database(self) -> bool:
+        return self.stack is not None and self.database_url == self.stack.dsn
+
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env

@@ -5,7 +5,8 @@
 Runs three short repairs on a private dev stack with a scripted fixer (the replay only needs the
 activities' recorded results) and writes their histories as JSON to tests/histories/. Re-run it
 after an intended change to the workflow's command sequence, and keep old histories that must
-still replay (a change that breaks them needs workflow.patched).
+still replay (a change that breaks them needs workflow.patched): the *_before_kb.json ones
+predate knowledge retrieval and learning and replay through their patches.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from infra.devstack import DevStack, PostgresService, StackConfig
 from kb.events import EventStore
+from kb.knowledge import load_seed
 from nearmiss.service import build_worker, connect
 from nearmiss.settings import Settings
 from workflows.loop import Guards
@@ -51,7 +53,12 @@ SESSIONS = {
         ["matmul/variants/no_accumulate.py", "matmul/golden.py"],
         Guards(),
     ),
-    "cycle": ("matmul/variants/missing_init.py", ["matmul/variants/missing_init.py"], Guards()),
+    # Without knowledge: the first session's learned patch would otherwise fix it at once.
+    "cycle": (
+        "matmul/variants/missing_init.py",
+        ["matmul/variants/missing_init.py"],
+        Guards(),
+    ),
     "max_rounds": ("softmax_rows/variants/floor_grid.py", [None], Guards(max_rounds=1)),
 }
 
@@ -62,6 +69,7 @@ async def main() -> None:
         settings = Settings(config.temporal_address, config.dsn, True, config)
         with DevStack(config):
             store = await EventStore.connect(config.dsn)
+            await load_seed(store)
             client = await connect(settings)
             for name, (candidate, script, guards) in SESSIONS.items():
                 fixer = ScriptedFixer([(OPS / s).read_text() if s else None for s in script])
@@ -75,6 +83,7 @@ async def main() -> None:
                         kernel=candidate.split("/")[0],
                         model="scripted",
                         guards=guards,
+                        use_kb=name != "cycle",
                     )
                     handle = await client.start_workflow(
                         RepairWorkflow.run, request, id=f"history-{name}", task_queue=TASK_QUEUE

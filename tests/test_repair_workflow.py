@@ -11,6 +11,7 @@ from fake_openai import FakeOpenAI, answer, rate_limited, unauthorized
 from activities.fixers.openai_fixer import OpenAIFixer
 from conftest import OPS
 from kb.events import EventStore
+from kb.knowledge import load_seed
 from nearmiss.service import build_worker, connect
 from nearmiss.settings import Settings
 from workflows.loop import Guards
@@ -36,6 +37,7 @@ def full_file(source: str) -> str:
 @pytest.fixture
 async def store(postgres_dsn):
     store = await EventStore.connect(postgres_dsn)
+    await load_seed(store)
     yield store
     await store.close()
 
@@ -46,7 +48,7 @@ async def client(temporal_address, postgres_dsn):
     return await connect(settings)
 
 
-async def repair(client, store, fake, guards=None, candidate=FLOOR_GRID):
+async def repair(client, store, fake, guards=None, candidate=FLOOR_GRID, use_kb=True):
     def fixer_factory(model):
         return OpenAIFixer(model="fake-model", base_url=fake.base_url, api_key="test-key")
 
@@ -57,6 +59,7 @@ async def repair(client, store, fake, guards=None, candidate=FLOOR_GRID):
         kernel="softmax_rows",
         model="openai:fake-model",
         guards=guards or Guards(),
+        use_kb=use_kb,
     )
     async with build_worker(client, store, fixer_factory, fail_workflows_on_error=True):
         handle = await client.start_workflow(
@@ -93,8 +96,13 @@ async def test_a_two_round_repair_certifies_with_exact_tokens_and_one_event_per_
     assert [e.version for e in events] == list(range(1, len(events) + 1))
     fixes = [e.payload for e in events if e.type == "FixProposed"]
     assert sum(f["tokens"]["input"] for f in fixes) == 2200
-    # The model saw the evidence: round 1 the ragged-tail failure, round 2 the unstable one.
+    # The model saw the evidence: round 1 the ragged-tail failure, round 2 the unstable one,
+    # each with the knowledge entries retrieved for it (recorded before each fix).
     assert "boundary" in prompts[0] and "unstable" in prompts[1]
+    retrieved = [e.payload for e in events if e.type == "KnowledgeRetrieved"]
+    assert [r["round"] for r in retrieved] == [1, 2] and all(r["entry_ids"] for r in retrieved)
+    for prompt, record in zip(prompts, retrieved, strict=True):
+        assert all(f"[{entry_id}]" in prompt for entry_id in record["entry_ids"])
     # Prompts and answers are kept by content hash.
     assert (await store.get_blob(fixes[0]["response_hash"])).decode() == full_file(UNSTABLE)
     # Live progress is queryable, and the session can be found by kernel, verdict and tokens.
@@ -107,9 +115,12 @@ async def test_a_two_round_repair_certifies_with_exact_tokens_and_one_event_per_
 async def test_a_rate_limit_is_retried_by_temporal_and_the_repair_goes_on(client, store):
     with FakeOpenAI() as fake:
         fake.script(rate_limited(retry_after="1"), answer(full_file(GOLDEN), prompt_tokens=10))
-        result, *_ = await repair(client, store, fake)
+        result, events, *_ = await repair(client, store, fake, use_kb=False)
         assert len(fake.requests) == 2
+        prompt = fake.requests[-1]["messages"][-1]["content"]
     assert result.certified and result.tokens.input == 10  # the refused call cost nothing
+    # The no-knowledge ablation: nothing retrieved, nothing in the prompt.
+    assert "KnowledgeRetrieved" not in [e.type for e in events] and "[seed-" not in prompt
 
 
 async def test_a_non_retryable_model_error_stops_cleanly(client, store):

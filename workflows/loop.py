@@ -106,6 +106,9 @@ def _evidence_payload(evidence: Evidence, phase: str) -> dict:
         "score": evidence.score,
         "signature": evidence.signature,
         "report_hash": evidence.report_hash,
+        "op": evidence.op,
+        "category": evidence.category,
+        "platform": evidence.platform,
     }
 
 

@@ -124,6 +124,20 @@ class FixInput(BaseModel):
     round: int
     model: str
     tried: list[str] = Field(default_factory=list)
+    knowledge: list[str] = Field(default_factory=list)  # prompt lines of retrieved entries
+    # Learned diffs for this signature, tried first at zero tokens: {"entry_id", "diff"}.
+    patches: list[dict] = Field(default_factory=list)
+
+
+class RetrieveInput(BaseModel):
+    evidence: Evidence
+    budget_chars: int
+
+
+class RetrieveResult(BaseModel):
+    entry_ids: list[str] = Field(default_factory=list)
+    lines: list[str] = Field(default_factory=list)
+    patches: list[dict] = Field(default_factory=list)
 
 
 class RecordInput(BaseModel):

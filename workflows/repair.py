@@ -23,6 +23,8 @@ with workflow.unsafe.imports_passed_through():
         FixInput,
         FixOutcome,
         RecordInput,
+        RetrieveInput,
+        RetrieveResult,
         TokenUsage,
     )
 
@@ -46,6 +48,10 @@ FIX_OPTIONS = dict(
         maximum_attempts=6,
     ),
 )
+RETRIEVE_OPTIONS = dict(
+    start_to_close_timeout=timedelta(seconds=60),
+    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10), maximum_attempts=10),
+)
 RECORD_OPTIONS = dict(
     start_to_close_timeout=timedelta(seconds=30),
     retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10), maximum_attempts=30),
@@ -60,6 +66,8 @@ class RepairRequest(BaseModel):
     model: str = "playbook"
     guards: Guards = Field(default_factory=Guards)
     seed: int = 0
+    use_kb: bool = True  # False: the no-knowledge ablation
+    knowledge_budget_chars: int = 4000
 
 
 class RepairResult(BaseModel):
@@ -156,6 +164,11 @@ class RepairWorkflow:
         )
         finished = result.model_dump(mode="json")
         await self._record([PlannedEvent(type="RepairFinished", payload=finished)])
+        # The knowledge base learns from the log of this session (quality-gated there).
+        if workflow.patched("learn-from-session"):
+            await workflow.execute_activity(
+                "learn_from_session", result.session_id, result_type=str, **RETRIEVE_OPTIONS
+            )
         return result
 
     async def _fix(self, request: RepairRequest) -> FixOutcome:
@@ -169,6 +182,23 @@ class RepairWorkflow:
             model=request.model,
             tried=list(state.tried),
         )
+        # Sessions started before retrieval existed replay without it.
+        if request.use_kb and workflow.patched("retrieve-knowledge"):
+            retrieved = await workflow.execute_activity(
+                "retrieve_knowledge",
+                RetrieveInput(
+                    evidence=state.current_evidence, budget_chars=request.knowledge_budget_chars
+                ),
+                result_type=RetrieveResult,
+                **RETRIEVE_OPTIONS,
+            )
+            fix.knowledge, fix.patches = retrieved.lines, retrieved.patches
+            payload = {
+                "round": fix.round,
+                "entry_ids": retrieved.entry_ids,
+                "patches": [p["entry_id"] for p in retrieved.patches],
+            }
+            await self._record([PlannedEvent(type="KnowledgeRetrieved", payload=payload)])
         try:
             return await workflow.execute_activity(
                 "propose_fix", fix, result_type=FixOutcome, **FIX_OPTIONS

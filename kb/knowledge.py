@@ -1,0 +1,354 @@
+"""The knowledge base: entries are events, the table is a projection, retrieval ranks it.
+
+- **Seed** entries ship as data (``kb/seed/*.json``) and enter the log as ``KnowledgeAdded``
+  events, one stream per entry; loading is idempotent, and a changed seed is a
+  ``KnowledgeRevised`` event, so the log says when guidance changed.
+- **Projection**: ``KnowledgeProjection.catch_up`` applies events after its checkpoint, in global
+  order, each batch in one transaction with the checkpoint, so a restart resumes where it
+  stopped. Gaps in the position (rolled-back appends) are simply absent rows: it keeps the last
+  position it saw, never a count. ``KnowledgeRetrieved`` counts a use for a session,
+  ``RepairFinished`` turns that session's uses into successes or failures.
+- **Retrieval** ranks promoted entries by signature match (failure class, category, platform),
+  overlap of their words with the evidence's, and success rate, then fits a character budget.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kb.events import EventStore, NewEvent
+from workflows.models import Evidence
+
+SEED_DIR = Path(__file__).resolve().parent / "seed"
+PROJECTION = "knowledge"
+BATCH = 500
+DEMOTE_AFTER_FAILURES = 3
+_WORD = re.compile(r"[a-z_][a-z0-9_]{2,}")
+_STOP = frozenset(
+    ["the", "and", "for", "are", "was", "with", "that", "this", "not", "but", "its", "from"]
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    status: str  # promoted (enters prompts) | candidate (awaiting confirmation) | demoted
+    source: str  # seed | learned
+    title: str
+    failure_class: str
+    category: str
+    platform: str
+    body: dict[str, Any]
+    uses: int = 0
+    successes: int = 0
+    failures: int = 0
+
+    @property
+    def success_rate(self) -> float:
+        """Laplace-smoothed: an unused entry sits at 0.5."""
+        return (self.successes + 1) / (self.uses + 2)
+
+    def line(self) -> str:
+        """How the entry reads in a fix prompt."""
+        text = f"[{self.id}] {self.title}. Seen as: {self.body.get('diagnosis', '')} "
+        text += f"Fix: {self.body.get('guidance', '')}"
+        example = self.body.get("example")
+        return f"{text}\n{example}" if example else text
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "status": self.status,
+            "source": self.source,
+            "title": self.title,
+            "signature": {
+                "failure_class": self.failure_class,
+                "category": self.category,
+                "platform": self.platform,
+            },
+            "bug_family": self.body.get("bug_family"),
+            "uses": self.uses,
+            "successes": self.successes,
+            "failures": self.failures,
+        }
+
+
+# --- seed ------------------------------------------------------------------------------------
+
+
+def seed_entries(seed_dir: Path = SEED_DIR) -> list[dict[str, Any]]:
+    entries = []
+    for path in sorted(seed_dir.glob("*.json")):
+        entries += json.loads(path.read_text())
+    return entries
+
+
+async def load_seed(store: EventStore, seed_dir: Path = SEED_DIR) -> int:
+    """Record every seed entry not yet in the log, or changed since; returns how many."""
+    recorded = 0
+    for entry in seed_entries(seed_dir):
+        stream = f"kb-{entry['id']}"
+        payload = {"entry": entry, "source": "seed", "status": "promoted"}
+        history = await store.read_stream(stream)
+        if not history:
+            await store.append(stream, 0, [NewEvent("KnowledgeAdded", payload)])
+        elif history[-1].payload["entry"] != entry:
+            await store.append(stream, len(history), [NewEvent("KnowledgeRevised", payload)])
+        else:
+            continue
+        recorded += 1
+    return recorded
+
+
+# --- projection ------------------------------------------------------------------------------
+
+
+class KnowledgeProjection:
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+
+    async def checkpoint(self) -> int:
+        async with self.store.pool.acquire() as conn:
+            value = await conn.fetchval(
+                "SELECT position FROM projection_checkpoints WHERE name = $1", PROJECTION
+            )
+        return value or 0
+
+    async def catch_up(self) -> int:
+        """Apply every event after the checkpoint; returns how many were read."""
+        read = 0
+        while True:
+            after = await self.checkpoint()
+            events = await self.store.read_all(after_position=after, limit=BATCH)
+            if not events:
+                return read
+            async with self.store.pool.acquire() as conn, conn.transaction():
+                # Concurrent catch-ups: the second waits, then finds the batch already applied.
+                current = await conn.fetchval(
+                    "SELECT position FROM projection_checkpoints WHERE name = $1 FOR UPDATE",
+                    PROJECTION,
+                )
+                if (current or 0) != after:
+                    continue
+                for event in events:
+                    await self._apply(conn, event)
+                await conn.execute(
+                    "INSERT INTO projection_checkpoints (name, position) VALUES ($1, $2) "
+                    "ON CONFLICT (name) DO UPDATE SET position = excluded.position",
+                    PROJECTION,
+                    events[-1].position,
+                )
+            read += len(events)
+
+    @staticmethod
+    async def _apply(conn, event) -> None:
+        payload = event.payload
+        if event.type in ("KnowledgeAdded", "KnowledgeRevised"):
+            entry = payload["entry"]
+            signature = entry["signature"]
+            await conn.execute(
+                "INSERT INTO kb_entries (id, status, source, title, failure_class, category, "
+                "platform, body, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) "
+                "ON CONFLICT (id) DO UPDATE SET status = excluded.status, title = excluded.title,"
+                " failure_class = excluded.failure_class, category = excluded.category,"
+                " platform = excluded.platform, body = excluded.body,"
+                " updated_at = excluded.updated_at",
+                entry["id"],
+                payload["status"],
+                payload["source"],
+                entry["title"],
+                signature["failure_class"],
+                signature["category"],
+                signature["platform"],
+                entry,
+                event.position,
+            )
+        elif event.type == "KnowledgePromoted":
+            await conn.execute(
+                "UPDATE kb_entries SET status = 'promoted' WHERE id = $1",
+                event.stream_id.removeprefix("kb-"),
+            )
+        elif event.type == "KnowledgeRetrieved":
+            for entry_id in payload.get("entry_ids", []):
+                inserted = await conn.fetchval(
+                    "INSERT INTO kb_session_uses (session_id, entry_id) VALUES ($1, $2) "
+                    "ON CONFLICT DO NOTHING RETURNING entry_id",
+                    event.stream_id,
+                    entry_id,
+                )
+                if inserted:
+                    await conn.execute(
+                        "UPDATE kb_entries SET uses = uses + 1 WHERE id = $1", entry_id
+                    )
+        elif event.type == "RepairFinished":
+            column = "successes" if payload.get("certified") else "failures"
+            await conn.execute(
+                f"UPDATE kb_entries SET {column} = {column} + 1 WHERE id IN "
+                "(SELECT entry_id FROM kb_session_uses WHERE session_id = $1)",
+                event.stream_id,
+            )
+            # Entries whose use goes with failures leave the prompts.
+            await conn.execute(
+                "UPDATE kb_entries SET status = 'demoted' WHERE status = 'promoted' "
+                "AND failures >= $1 AND failures > 2 * successes AND id IN "
+                "(SELECT entry_id FROM kb_session_uses WHERE session_id = $2)",
+                DEMOTE_AFTER_FAILURES,
+                event.stream_id,
+            )
+
+    async def entries(self, status: str | None = None) -> list[Entry]:
+        query = "SELECT * FROM kb_entries"
+        args: list[Any] = []
+        if status:
+            query, args = query + " WHERE status = $1", [status]
+        async with self.store.pool.acquire() as conn:
+            rows = await conn.fetch(query + " ORDER BY id", *args)
+        return [_entry(row) for row in rows]
+
+    async def entry(self, entry_id: str) -> Entry | None:
+        async with self.store.pool.acquire() as conn:
+            row = await conn.fetchrow("SELECT * FROM kb_entries WHERE id = $1", entry_id)
+        return _entry(row) if row else None
+
+
+def _entry(row) -> Entry:
+    fields = dict(row)
+    fields.pop("updated_at", None)
+    return Entry(**fields)
+
+
+# --- retrieval -------------------------------------------------------------------------------
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+
+
+def evidence_text(evidence: Evidence) -> str:
+    parts = [evidence.diagnosis, evidence.structure_problem or ""]
+    parts += [f"{v.rule} {v.detail}" for v in evidence.violations]
+    return " ".join(parts)
+
+
+def score(entry: Entry, evidence: Evidence, words: set[str]) -> float:
+    """Signature match first, then shared words, then the record of past use."""
+    if entry.failure_class == evidence.failure_class:
+        signature = 3.0
+    elif entry.failure_class in evidence.failure_classes:
+        signature = 1.5
+    else:
+        return 0.0
+    signature += {evidence.category: 2.0, "any": 0.5}.get(entry.category, -10.0)
+    signature += {evidence.platform: 1.0, "any": 0.5}.get(entry.platform, -10.0)
+    body = entry.body
+    entry_words = _words(
+        " ".join([entry.title, body.get("diagnosis", ""), " ".join(body.get("keywords", []))])
+    )
+    overlap = len(words & entry_words) / (len(entry_words) or 1)
+    return signature + 3.0 * overlap + entry.success_rate
+
+
+def rank(entries: list[Entry], evidence: Evidence, budget_chars: int) -> list[Entry]:
+    """The best-matching entries whose prompt lines fit ``budget_chars`` together."""
+    words = _words(evidence_text(evidence))
+    scored = sorted(
+        ((score(e, evidence, words), e) for e in entries), key=lambda se: (-se[0], se[1].id)
+    )
+    chosen, used = [], 0
+    for value, entry in scored:
+        if value <= 0:
+            break
+        size = len(entry.line())
+        if used + size <= budget_chars:
+            chosen.append(entry)
+            used += size
+    return chosen
+
+
+async def retrieve(
+    store: EventStore, evidence: Evidence, budget_chars: int
+) -> tuple[list[Entry], list[Entry]]:
+    """(promoted entries for the prompt, learned patches to try first at zero tokens).
+
+    Patches include candidates still awaiting promotion: trying one costs no tokens, and the
+    engine validates whatever it produces.
+    """
+    projection = KnowledgeProjection(store)
+    await projection.catch_up()
+    entries = await projection.entries()
+    promoted = [e for e in entries if e.status == "promoted"]
+    learned = [e for e in entries if e.source == "learned" and e.status != "demoted"]
+    patches = [
+        e
+        for e in learned
+        if e.failure_class in [evidence.failure_class, *evidence.failure_classes]
+        and e.category in (evidence.category, "any")
+        and e.platform in (evidence.platform, "any")
+    ]
+    return rank(promoted, evidence, budget_chars), patches
+
+
+def search(
+    entries: list[Entry],
+    text: str,
+    failure_class: str | None = None,
+    category: str | None = None,
+    limit: int = 10,
+) -> list[Entry]:
+    """Entries sharing the most words with ``text``, optionally of one class and category."""
+    words = _words(text)
+    hits = []
+    for entry in entries:
+        if failure_class and entry.failure_class != failure_class:
+            continue
+        if category and entry.category not in (category, "any"):
+            continue
+        body = entry.body
+        entry_words = _words(
+            " ".join(
+                [entry.title, body.get("diagnosis", ""), body.get("guidance", "")]
+                + body.get("keywords", [])
+            )
+        )
+        share = len(words & entry_words) / len(words) if words else 1.0
+        if share > 0:
+            hits.append((share, entry))
+    hits.sort(key=lambda hit: (-hit[0], hit[1].id))
+    return [entry for _, entry in hits[:limit]]
+
+
+async def stats(store: EventStore) -> dict[str, Any]:
+    """What the knowledge base holds and how it has been used, by which sessions."""
+    projection = KnowledgeProjection(store)
+    await projection.catch_up()
+    entries = await projection.entries()
+    async with store.pool.acquire() as conn:
+        rows = await conn.fetch("SELECT entry_id, session_id FROM kb_session_uses ORDER BY 1, 2")
+    sessions: dict[str, list[str]] = {}
+    for row in rows:
+        sessions.setdefault(row["entry_id"], []).append(row["session_id"])
+
+    def count(attribute: str) -> dict[str, int]:
+        tally: dict[str, int] = {}
+        for entry in entries:
+            key = getattr(entry, attribute)
+            tally[key] = tally.get(key, 0) + 1
+        return dict(sorted(tally.items()))
+
+    return {
+        "entries": len(entries),
+        "by_status": count("status"),
+        "by_source": count("source"),
+        "by_failure_class": count("failure_class"),
+        "uses": sum(e.uses for e in entries),
+        "successes": sum(e.successes for e in entries),
+        "failures": sum(e.failures for e in entries),
+        "used_entries": [
+            {**e.summary(), "sessions": sessions.get(e.id, [])} for e in entries if e.uses
+        ],
+        "checkpoint": await projection.checkpoint(),
+    }

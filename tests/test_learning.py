@@ -1,0 +1,194 @@
+"""Learning from the log: the quality gate, promotion, learned patches — and, end to end, a bug
+the model fixed once is fixed in another kernel with zero model calls."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from fake_openai import FakeOpenAI, answer
+
+from activities.fixers.openai_fixer import OpenAIFixer
+from conftest import OPS
+from kb.events import EventStore, NewEvent
+from kb.knowledge import KnowledgeProjection, load_seed
+from kb.learning import learn_from_session
+from kb.patches import apply_patch, make_diff
+from nearmiss.service import build_worker, connect
+from nearmiss.settings import Settings
+from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
+
+BUGGY = "def body(x_ref, o_ref):\n    scale = 1.0 / d\n    o_ref[...] = x_ref[...] * scale\n"
+FIXED = BUGGY.replace("1.0 / d", "1.0 / math.sqrt(d)")
+
+
+def test_a_learned_patch_applies_across_indentation_and_changed_context():
+    diff = make_diff(BUGGY, FIXED)
+    other = "class K:\n    def other(a_ref, b_ref):\n        scale = 1.0 / d\n        return 1\n"
+    patched = apply_patch(diff, other)
+    assert patched == other.replace("scale = 1.0 / d", "scale = 1.0 / math.sqrt(d)")
+
+
+def test_a_patch_that_does_not_match_exactly_once_does_not_apply():
+    diff = make_diff(BUGGY, FIXED)
+    assert apply_patch(diff, "x = 1\n") is None
+    twice = "scale = 1.0 / d\ny = 2\nscale = 1.0 / d\n"
+    assert apply_patch(diff, twice) is None
+    assert apply_patch("not a diff", BUGGY) is None
+
+
+@pytest.fixture
+async def store(postgres_dsn):
+    store = await EventStore.connect(postgres_dsn)
+    await load_seed(store)
+    yield store
+    await store.close()
+
+
+async def session(store, original: str, final: str, **faults) -> str:
+    """The events a repair session leaves, written by hand so each gate condition can fail."""
+    sid = f"repair-hand-{uuid.uuid4().hex[:8]}"
+    before = await store.put_blob(original.encode())
+    after = await store.put_blob(final.encode())
+    report = await store.put_blob(json.dumps({"diagnosis": "wrong_values: scale 0.18"}).encode())
+    evidence = {"failure_class": "wrong_values", "category": "attention", "platform": "cpu"}
+    events = [
+        NewEvent("RepairStarted", {"candidate_hash": before}),
+        NewEvent(
+            "EvidenceCollected",
+            {
+                "phase": "forensics",
+                "candidate_hash": before,
+                "certified": False,
+                "suite": "compact",
+                "report_hash": report,
+                **evidence,
+            },
+        ),
+        NewEvent("FixProposed", {"summary": "scale by 1/sqrt(d)", "candidate_hash": after}),
+        NewEvent(
+            "EvidenceCollected",
+            {
+                "phase": "certify",
+                "candidate_hash": after,
+                "certified": not faults.get("uncertified_final"),
+                "suite": faults.get("suite", "all"),
+                **evidence,
+            },
+        ),
+    ]
+    if faults.get("integrity"):
+        violation = {"rule": "wrapper_compute", "detail": "80%"}
+        events.append(
+            NewEvent("IntegrityViolated", {"candidate_hash": after, "violations": [violation]})
+        )
+    events.append(
+        NewEvent(
+            "RepairFinished",
+            {"certified": not faults.get("uncertified"), "final_hash": after},
+        )
+    )
+    await store.append(sid, 0, events)
+    return sid
+
+
+@pytest.mark.parametrize(
+    ("faults", "why"),
+    [
+        ({"integrity": True}, "integrity violation"),
+        ({"uncertified": True}, "did not certify"),
+        ({"suite": "compact"}, "not certified on the full suite"),
+        ({"uncertified_final": True}, "not certified on the full suite"),
+    ],
+)
+async def test_the_gate_refuses_to_learn_from_a_doubtful_success(store, faults, why):
+    original = BUGGY + f"# {uuid.uuid4()}\n"
+    sid = await session(
+        store, original, original.replace("1.0 / d", "1.0 / math.sqrt(d)"), **faults
+    )
+    outcome = await learn_from_session(store, sid)
+    assert outcome.startswith("nothing learned") and why in outcome
+
+
+async def test_a_clean_success_is_learned_as_a_candidate_and_promoted_by_an_independent_one(store):
+    marker = uuid.uuid4().hex
+    original = BUGGY.replace("scale", f"scale_{marker}")
+    final = original.replace("1.0 / d", "1.0 / math.sqrt(d)")
+    first = await learn_from_session(store, await session(store, original, final))
+    assert first.startswith("learned learned-") and first.endswith("(candidate)")
+    entry_id = first.split()[1]
+    projection = KnowledgeProjection(store)
+    await projection.catch_up()
+    entry = await projection.entry(entry_id)
+    assert entry.status == "candidate" and entry.source == "learned"
+    assert entry.failure_class == "wrong_values" and entry.category == "attention"
+    # The same kernel again is not independent; another kernel with the same bug is.
+    again = await learn_from_session(store, await session(store, original, final))
+    assert again == f"confirmed {entry_id}"
+    other = "import math\n\n\n" + original
+    second = await learn_from_session(
+        store, await session(store, other, other.replace("1.0 / d", "1.0 / math.sqrt(d)"))
+    )
+    assert second == f"confirmed {entry_id} and promoted it"
+    await projection.catch_up()
+    assert (await projection.entry(entry_id)).status == "promoted"
+
+
+async def test_a_bug_fixed_once_by_the_model_is_fixed_again_elsewhere_with_zero_model_calls(
+    store, temporal_address, postgres_dsn, tmp_path
+):
+    client = await connect(Settings(temporal_address, postgres_dsn, False, None))
+    attention = OPS / "attention" / "variants" / "scale_one_over_d.py"
+    causal = tmp_path / "causal_scale.py"
+    causal.write_text(
+        (OPS / "causal_attention" / "golden.py")
+        .read_text()
+        .replace("scale = 1.0 / math.sqrt(q.shape[-1])", "scale = 1.0 / q.shape[-1]")
+    )
+    fix = (
+        "Scale the logits by 1/sqrt(D).\n<<<<<<< SEARCH\n    scale = 1.0 / q.shape[-1]\n"
+        "=======\n    scale = 1.0 / q.shape[-1] ** 0.5\n>>>>>>> REPLACE\n"
+    )
+
+    async def run(fake, candidate: str, kernel: str, path):
+        def factory(model):
+            return OpenAIFixer(model="fake", base_url=fake.base_url, api_key="test-key")
+
+        request = RepairRequest(
+            spec_hash=await store.put_blob((OPS / kernel / "spec.py").read_bytes()),
+            candidate_hash=await store.put_blob(path.read_bytes()),
+            candidate_name=candidate,
+            kernel=kernel,
+            model="openai:fake",
+        )
+        async with build_worker(client, store, factory, fail_workflows_on_error=True):
+            handle = await client.start_workflow(
+                RepairWorkflow.run,
+                request,
+                id=f"learn-{uuid.uuid4().hex[:8]}",
+                task_queue=TASK_QUEUE,
+            )
+            return await handle.result(), await store.read_stream(handle.id)
+
+    with FakeOpenAI() as fake:
+        fake.script(answer(fix, prompt_tokens=800, completion_tokens=60))
+        first, _ = await run(fake, attention.name, "attention", attention)
+        assert first.certified and len(fake.requests) == 1
+    projection = KnowledgeProjection(store)
+    await projection.catch_up()
+    learned = [
+        e
+        for e in await projection.entries()
+        if e.source == "learned" and "q.shape[-1] ** 0.5" in e.body["diff"]
+    ]
+    assert [(e.status, e.failure_class, e.category) for e in learned] == [
+        ("candidate", "wrong_values", "attention")
+    ]
+    with FakeOpenAI() as fake:  # nothing scripted: any model call would fail the repair
+        second, events = await run(fake, causal.name, "causal_attention", causal)
+        assert fake.requests == []
+    assert second.certified and second.tokens.total == 0
+    fixes = [e.payload for e in events if e.type == "FixProposed"]
+    assert fixes[0]["summary"].startswith("patch:learned-")
+    assert fixes[0]["model"] == "learned-patch"
