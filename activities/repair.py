@@ -19,7 +19,7 @@ from temporalio.exceptions import ApplicationError
 from activities.evidence import evidence_from_report
 from activities.fixers.base import Fixer, FixerError
 from kb.events import EventStore, NewEvent
-from kb.knowledge import retrieve
+from kb.knowledge import failed_attempts, retrieve
 from kb.learning import learn_from_session
 from kb.patches import apply_patch
 from nearmiss.check import check
@@ -141,9 +141,10 @@ class RepairActivities:
     @activity.defn(name="retrieve_knowledge")
     async def retrieve_knowledge(self, request: RetrieveInput) -> RetrieveResult:
         entries, patches = await retrieve(self.store, request.evidence, request.budget_chars)
+        negative = await failed_attempts(self.store, request.evidence)
         return RetrieveResult(
             entry_ids=[e.id for e in entries],
-            lines=[e.line() for e in entries],
+            lines=[e.line() for e in entries] + negative,
             patches=[{"entry_id": p.id, "diff": p.body["diff"]} for p in patches],
         )
 

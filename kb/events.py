@@ -68,6 +68,15 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (session_id, entry_id)
     );
     """,
+    # Negative knowledge: fixes that did not help a failure (class | category), with counts.
+    """
+    CREATE TABLE kb_failed_attempts (
+        aimed_at TEXT NOT NULL,  -- failure class | category
+        summary  TEXT NOT NULL,  -- what the fix said it did
+        times    INTEGER NOT NULL,
+        PRIMARY KEY (aimed_at, summary)
+    );
+    """,
 ]
 EVENT_TYPES = (
     "RepairStarted",

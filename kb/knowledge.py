@@ -27,6 +27,9 @@ SEED_DIR = Path(__file__).resolve().parent / "seed"
 PROJECTION = "knowledge"
 BATCH = 500
 DEMOTE_AFTER_FAILURES = 3
+# Validation outcomes that mean a fix did not help the failure it aimed at.
+FAILED_OUTCOMES = ("regression_reverted", "same")
+MAX_FAILED_ATTEMPTS = 5
 _WORD = re.compile(r"[a-z_][a-z0-9_]{2,}")
 _STOP = frozenset(
     ["the", "and", "for", "are", "was", "with", "that", "this", "not", "but", "its", "from"]
@@ -167,6 +170,15 @@ class KnowledgeProjection:
                 entry,
                 event.position,
             )
+        elif event.type == "CandidateValidated" and payload.get("outcome") in FAILED_OUTCOMES:
+            if payload.get("summary") and payload.get("aimed_at"):
+                await conn.execute(
+                    "INSERT INTO kb_failed_attempts (aimed_at, summary, times) "
+                    "VALUES ($1, $2, 1) ON CONFLICT (aimed_at, summary) "
+                    "DO UPDATE SET times = kb_failed_attempts.times + 1",
+                    payload["aimed_at"],
+                    payload["summary"][:300],
+                )
         elif event.type == "KnowledgePromoted":
             await conn.execute(
                 "UPDATE kb_entries SET status = 'promoted' WHERE id = $1",
@@ -269,6 +281,18 @@ def rank(entries: list[Entry], evidence: Evidence, budget_chars: int) -> list[En
     return chosen
 
 
+async def failed_attempts(store: EventStore, evidence: Evidence) -> list[str]:
+    """Negative knowledge: what was tried against this failure before and did not help."""
+    async with store.pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT summary, times FROM kb_failed_attempts WHERE aimed_at = $1 "
+            "ORDER BY times DESC, summary LIMIT $2",
+            f"{evidence.failure_class}|{evidence.category}",
+            MAX_FAILED_ATTEMPTS,
+        )
+    return [f"[tried before without success, {row['times']}x] {row['summary']}" for row in rows]
+
+
 async def retrieve(
     store: EventStore, evidence: Evidence, budget_chars: int
 ) -> tuple[list[Entry], list[Entry]]:
@@ -339,6 +363,13 @@ async def stats(store: EventStore) -> dict[str, Any]:
             tally[key] = tally.get(key, 0) + 1
         return dict(sorted(tally.items()))
 
+    learned = []
+    for entry in entries:
+        if entry.source != "learned":
+            continue
+        history = await store.read_stream(f"kb-{entry.id}")
+        origins = [e.payload["session_id"] for e in history if e.payload.get("session_id")]
+        learned.append({**entry.summary(), "learned_from": origins})
     return {
         "entries": len(entries),
         "by_status": count("status"),
@@ -347,6 +378,7 @@ async def stats(store: EventStore) -> dict[str, Any]:
         "uses": sum(e.uses for e in entries),
         "successes": sum(e.successes for e in entries),
         "failures": sum(e.failures for e in entries),
+        "learned": learned,
         "used_entries": [
             {**e.summary(), "sessions": sessions.get(e.id, [])} for e in entries if e.uses
         ],

@@ -112,6 +112,9 @@ async def run(args: argparse.Namespace) -> int:
                     f"failures {summary['failures']}) · log read to position "
                     f"{summary['checkpoint']}"
                 )
+                for entry in summary["learned"]:
+                    sessions = ", ".join(entry["learned_from"])
+                    print(f"  learned {entry['id']} ({entry['status']}) from {sessions}")
                 for used in summary["used_entries"]:
                     record = f"{used['successes']}/{used['uses']}"
                     print(f"  {used['id']}: {record} in {', '.join(used['sessions'])}")

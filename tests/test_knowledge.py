@@ -13,6 +13,7 @@ from kb.knowledge import (
     SEED_DIR,
     Entry,
     KnowledgeProjection,
+    failed_attempts,
     load_seed,
     rank,
     search,
@@ -169,3 +170,67 @@ def test_search_finds_entries_by_the_words_of_an_error():
     entries = [_entry("a", keywords=["swap", "dtype"]), _entry("b", keywords=["cdiv", "grid"])]
     assert [e.id for e in search(entries, "Invalid dtype for swap")] == ["test-a"]
     assert search(entries, "grid", failure_class="timeout") == []
+
+
+async def test_an_entry_whose_use_goes_with_failures_is_demoted(store, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    write_seed(tmp_path, [entry(tag)])
+    await load_seed(store, tmp_path)
+    for _ in range(3):
+        await store.append(
+            f"repair-test-{uuid.uuid4().hex[:8]}",
+            0,
+            [
+                NewEvent("KnowledgeRetrieved", {"entry_ids": [f"test-{tag}"]}),
+                NewEvent("RepairFinished", {"certified": False}),
+            ],
+        )
+    projection = KnowledgeProjection(store)
+    await projection.catch_up()
+    demoted = await projection.entry(f"test-{tag}")
+    assert (demoted.status, demoted.failures) == ("demoted", 3)
+    assert demoted.id not in [e.id for e in await projection.entries(status="promoted")]
+
+
+async def test_a_gap_in_the_global_position_is_passed_over(store, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    write_seed(tmp_path, [entry(tag)])
+    await load_seed(store, tmp_path)
+    projection = KnowledgeProjection(store)
+    await projection.catch_up()
+    # A rolled-back append consumes a position for good.
+    with pytest.raises(RuntimeError):
+        async with store.pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "INSERT INTO events (stream_id, version, type, payload) "
+                "VALUES ('rolled-back', 1, 'RepairStarted', '{}'::jsonb)"
+            )
+            raise RuntimeError("abort")
+    session = f"repair-test-{uuid.uuid4().hex[:8]}"
+    await store.append(session, 0, [NewEvent("KnowledgeRetrieved", {"entry_ids": [f"test-{tag}"]})])
+    assert await projection.catch_up() == 1
+    assert (await projection.entry(f"test-{tag}")).uses == 1
+
+
+async def test_fixes_that_did_not_help_become_negative_knowledge_for_their_failure(store):
+    aimed_at = f"wrong_values|test-{uuid.uuid4().hex[:8]}"
+    session = f"repair-test-{uuid.uuid4().hex[:8]}"
+    outcomes = ["same", "regression_reverted", "improved"]
+    await store.append(
+        session,
+        0,
+        [
+            NewEvent(
+                "CandidateValidated",
+                {"round": n, "outcome": outcome, "summary": f"fix {n % 2}", "aimed_at": aimed_at},
+            )
+            for n, outcome in enumerate(outcomes)
+        ],
+    )
+    await KnowledgeProjection(store).catch_up()
+    ev = evidence(failure_class="wrong_values", category=aimed_at.split("|")[1])
+    lines = await failed_attempts(store, ev)
+    assert lines == [
+        "[tried before without success, 1x] fix 0",
+        "[tried before without success, 1x] fix 1",
+    ]

@@ -12,7 +12,7 @@ from fake_openai import FakeOpenAI, answer
 from activities.fixers.openai_fixer import OpenAIFixer
 from conftest import OPS
 from kb.events import EventStore, NewEvent
-from kb.knowledge import KnowledgeProjection, load_seed
+from kb.knowledge import KnowledgeProjection, load_seed, stats
 from kb.learning import learn_from_session
 from kb.patches import apply_patch, make_diff
 from nearmiss.service import build_worker, connect
@@ -133,6 +133,9 @@ async def test_a_clean_success_is_learned_as_a_candidate_and_promoted_by_an_inde
     assert second == f"confirmed {entry_id} and promoted it"
     await projection.catch_up()
     assert (await projection.entry(entry_id)).status == "promoted"
+    # `kb stats` says what was learned from which sessions.
+    learned = {e["id"]: e for e in (await stats(store))["learned"]}
+    assert len(learned[entry_id]["learned_from"]) == 3
 
 
 async def test_a_bug_fixed_once_by_the_model_is_fixed_again_elsewhere_with_zero_model_calls(

@@ -68,6 +68,8 @@ class Step(BaseModel):
 class Round(BaseModel):
     number: int
     summary: str = ""
+    # The failure the fix was aimed at: failure class and category of the evidence it started from.
+    aimed_at: str = ""
     candidate_hash: str | None = None
     outcome: str = ""  # improved, same, regression_reverted, no_edit, cycle, certified, ...
     failure_class: str | None = None
@@ -179,7 +181,11 @@ class RepairLoop:
                 },
             )
         ]
-        round_ = Round(number=number, summary=outcome.summary, tokens=outcome.tokens)
+        base = s.current_evidence
+        aimed_at = f"{base.failure_class}|{base.category}" if base else ""
+        round_ = Round(
+            number=number, summary=outcome.summary, tokens=outcome.tokens, aimed_at=aimed_at
+        )
         s.rounds.append(round_)
         if outcome.fatal:
             return self._stop("fixer_error", outcome.reason, events)
@@ -223,6 +229,8 @@ class RepairLoop:
                 "outcome": round_.outcome,
                 "score": evidence.score,
                 "best_hash": s.best_hash,
+                "summary": round_.summary,
+                "aimed_at": round_.aimed_at,
             },
         )
 
