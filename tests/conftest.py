@@ -80,7 +80,7 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def postgres_dsn(tmp_path_factory) -> str:
+def postgres_cluster(tmp_path_factory) -> str:
     """A real PostgreSQL cluster of this test process, stopped (and waited for) at the end."""
     from infra.devstack import PostgresService, StackConfig
 
@@ -96,6 +96,29 @@ def postgres_dsn(tmp_path_factory) -> str:
     finally:
         service.stop()
         service.remove_data()
+
+
+@pytest.fixture
+def postgres_dsn(postgres_cluster) -> str:
+    """A fresh database per test: what one test's repairs teach the knowledge base (learned
+    patches, negative knowledge) must not change what another test's model is asked."""
+    import asyncio
+    import uuid
+
+    import asyncpg
+
+    name = f"test_{uuid.uuid4().hex[:12]}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(postgres_cluster)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f"CREATE DATABASE {name}"))
+    yield postgres_cluster.rsplit("/", 1)[0] + f"/{name}"
+    asyncio.run(admin(f"DROP DATABASE {name} WITH (FORCE)"))
 
 
 @pytest.fixture(scope="session")
