@@ -82,20 +82,23 @@ class RepairActivities:
     async def check_candidate(self, request: CheckInput) -> Evidence:
         spec = await self.store.get_blob(request.spec_hash)
         source = await self.store.get_blob(request.candidate_hash)
-        async with self.checks:
-            with tempfile.TemporaryDirectory(prefix="nearmiss-check-") as tmp:
-                spec_path = Path(tmp) / "spec.py"
-                candidate_path = Path(tmp) / request.candidate_name
-                spec_path.write_bytes(spec)
-                candidate_path.write_bytes(source)
-                try:
-                    report = await _with_heartbeats(
-                        asyncio.to_thread(
-                            check, spec_path, candidate_path, request.suite, request.seed
-                        )
+
+        async def run_check():
+            # Queued behind other checks or running one, the activity keeps heartbeating.
+            async with self.checks:
+                with tempfile.TemporaryDirectory(prefix="nearmiss-check-") as tmp:
+                    spec_path = Path(tmp) / "spec.py"
+                    candidate_path = Path(tmp) / request.candidate_name
+                    spec_path.write_bytes(spec)
+                    candidate_path.write_bytes(source)
+                    return await asyncio.to_thread(
+                        check, spec_path, candidate_path, request.suite, request.seed
                     )
-                except UsageError as exc:
-                    raise ApplicationError(str(exc), type="UsageError", non_retryable=True) from exc
+
+        try:
+            report = await _with_heartbeats(run_check())
+        except UsageError as exc:
+            raise ApplicationError(str(exc), type="UsageError", non_retryable=True) from exc
         report_hash = await self.store.put_blob(report.model_dump_json().encode())
         return evidence_from_report(report, request.candidate_hash, report_hash)
 
