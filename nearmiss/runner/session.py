@@ -307,13 +307,13 @@ def run_sandboxed(
         if execute:
             runner.start()  # overlaps the candidate's JAX import with the reference's work
         described = feed.next("spec")
+        if execute:
+            runner.wait_ready()
         cases = []
         for item in described["cases"] if execute else []:
             atol, rtol = item.pop("tolerance")
             info = CaseInfo(atol=atol, rtol=rtol, **item)
             ready = feed.next("case_ready")
-            if not cases:
-                runner.wait_ready()
             reference_arrays, extra = load_arrays(Path(ready["dir"]) / "reference.npz")
             raw = RawCase(info, reference_arrays, extra["treedef"], audited=audit)
             probe_dirs = {}
