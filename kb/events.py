@@ -218,6 +218,16 @@ class EventStore:
             )
         return [StoredEvent(**dict(row)) for row in rows]
 
+    async def heads(self, stream_ids: list[str]) -> dict[str, StoredEvent]:
+        """The last event of each of these streams that has any, in one query."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT DISTINCT ON (stream_id) * FROM events WHERE stream_id = ANY($1::text[]) "
+                "ORDER BY stream_id, version DESC",
+                stream_ids,
+            )
+        return {row["stream_id"]: StoredEvent(**dict(row)) for row in rows}
+
     async def stream_version(self, stream_id: str) -> int:
         async with self.pool.acquire() as conn:
             return await conn.fetchval(

@@ -92,15 +92,18 @@ def seed_entries(seed_dir: Path = SEED_DIR) -> list[dict[str, Any]]:
 
 async def load_seed(store: EventStore, seed_dir: Path = SEED_DIR) -> int:
     """Record every seed entry not yet in the log, or changed since; returns how many."""
+    entries = seed_entries(seed_dir)
+    # One query for what the log already holds: this runs at every command's start.
+    heads = await store.heads([f"kb-{entry['id']}" for entry in entries])
     recorded = 0
-    for entry in seed_entries(seed_dir):
+    for entry in entries:
         stream = f"kb-{entry['id']}"
         payload = {"entry": entry, "source": "seed", "status": "promoted"}
-        history = await store.read_stream(stream)
-        if not history:
+        head = heads.get(stream)
+        if head is None:
             await store.append(stream, 0, [NewEvent("KnowledgeAdded", payload)])
-        elif history[-1].payload["entry"] != entry:
-            await store.append(stream, len(history), [NewEvent("KnowledgeRevised", payload)])
+        elif head.payload["entry"] != entry:
+            await store.append(stream, head.version, [NewEvent("KnowledgeRevised", payload)])
         else:
             continue
         recorded += 1
