@@ -116,6 +116,43 @@ def _read_pid(path: Path) -> int | None:
         return None
 
 
+class _Service:
+    """What both services share: a pid read from a file, a loopback port, a status line."""
+
+    name = ""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+
+    @property
+    def port(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def pid_path(self) -> Path:
+        raise NotImplementedError
+
+    def pid(self) -> int | None:
+        """The service's process while it is alive, else None."""
+        pid = _read_pid(self.pid_path)
+        return pid if pid is not None and pid_alive(pid) else None
+
+    def status(self) -> dict:
+        pid = self.pid()
+        return {
+            "service": self.name,
+            "running": pid is not None,
+            "pid": pid,
+            "address": f"127.0.0.1:{self.port}",
+            "ready": pid is not None and port_open(self.port),
+            "log": str(self.log),
+        }
+
+    def _claim_port(self) -> None:
+        if port_open(self.port):
+            raise StackError(f"port {self.port} is taken by another process")
+
+
 # --- Temporal --------------------------------------------------------------------------------
 
 
@@ -128,36 +165,28 @@ def temporal_binary() -> Path:
     return Path(found)
 
 
-class TemporalService:
+class TemporalService(_Service):
     name = "temporal"
 
     def __init__(self, config: StackConfig) -> None:
-        self.config = config
+        super().__init__(config)
         self.pidfile = config.run / "temporal.pid"
         self.log = config.logs / "temporal.log"
         self.db = config.home / "temporal.sqlite"
 
-    def pid(self) -> int | None:
-        pid = _read_pid(self.pidfile)
-        return pid if pid is not None and pid_alive(pid) else None
+    @property
+    def port(self) -> int:
+        return self.config.temporal_port
 
-    def status(self) -> dict:
-        pid = self.pid()
-        return {
-            "service": self.name,
-            "running": pid is not None,
-            "pid": pid,
-            "address": self.config.temporal_address,
-            "ready": pid is not None and port_open(self.config.temporal_port),
-            "log": str(self.log),
-        }
+    @property
+    def pid_path(self) -> Path:
+        return self.pidfile
 
     def start(self) -> bool:
         """Start unless running; True when this call started it."""
         if self.pid() is not None:
             return False
-        if port_open(self.config.temporal_port):
-            raise StackError(f"port {self.config.temporal_port} is taken by another process")
+        self._claim_port()
         self.config.run.mkdir(parents=True, exist_ok=True)
         self.config.logs.mkdir(parents=True, exist_ok=True)
         command = [
@@ -189,7 +218,7 @@ class TemporalService:
             )
         self.pidfile.write_text(f"{process.pid}\n")
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not port_open(self.config.temporal_port):
+        while not port_open(self.port):
             if process.poll() is not None:
                 self.pidfile.unlink(missing_ok=True)
                 raise StackError(f"temporal exited with {process.returncode}; see {self.log}")
@@ -235,11 +264,11 @@ def _as_root() -> bool:
     return os.geteuid() == 0
 
 
-class PostgresService:
+class PostgresService(_Service):
     name = "postgres"
 
     def __init__(self, config: StackConfig) -> None:
-        self.config = config
+        super().__init__(config)
         self.base = self._base_dir()
         self.data = self.base / "pgdata"
         self.log = (config.logs if self.base == config.home else self.base) / "postgres.log"
@@ -284,21 +313,16 @@ class PostgresService:
     def _socket_dir(self) -> Path:
         return self.data / "socket"
 
-    def pid(self) -> int | None:
-        pid = _read_pid(self.data / "postmaster.pid")
-        return pid if pid is not None and pid_alive(pid) else None
+    @property
+    def port(self) -> int:
+        return self.config.postgres_port
+
+    @property
+    def pid_path(self) -> Path:
+        return self.data / "postmaster.pid"
 
     def status(self) -> dict:
-        pid = self.pid()
-        return {
-            "service": self.name,
-            "running": pid is not None,
-            "pid": pid,
-            "address": f"127.0.0.1:{self.config.postgres_port}",
-            "ready": pid is not None and port_open(self.config.postgres_port),
-            "data": str(self.data),
-            "log": str(self.log),
-        }
+        return {**super().status(), "data": str(self.data)}
 
     def _init_cluster(self) -> None:
         if (self.data / "PG_VERSION").is_file():
@@ -312,8 +336,7 @@ class PostgresService:
     def start(self) -> bool:
         if self.pid() is not None:
             return False
-        if port_open(self.config.postgres_port):
-            raise StackError(f"port {self.config.postgres_port} is taken by another process")
+        self._claim_port()
         self.config.logs.mkdir(parents=True, exist_ok=True)
         self.base.mkdir(parents=True, exist_ok=True)
         self._init_cluster()

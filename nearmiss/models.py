@@ -6,7 +6,7 @@ These are the `nearmiss check --json` contract (DESIGN.md): ``certified``, ``fai
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
@@ -24,6 +24,7 @@ FailureClass = Literal[
 
 # Order used to pick the primary class of a run: the most fundamental failure first, since an
 # agent must fix a kernel that does not compile before one that is merely imprecise.
+FAILURE_CLASSES = frozenset(get_args(FailureClass))
 FAILURE_PRIORITY: tuple[str, ...] = (
     "compile_error",
     "runtime_error",

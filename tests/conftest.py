@@ -79,16 +79,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def private_stack(home: Path):
+    """A dev-stack configuration of its own: state under ``home``, free loopback ports."""
+    from infra.devstack import StackConfig
+
+    return StackConfig(home=home, temporal_port=free_port(), postgres_port=free_port())
+
+
 @pytest.fixture(scope="session")
 def postgres_cluster(tmp_path_factory) -> str:
     """A real PostgreSQL cluster of this test process, stopped (and waited for) at the end."""
-    from infra.devstack import PostgresService, StackConfig
+    from infra.devstack import PostgresService
 
-    config = StackConfig(
-        home=tmp_path_factory.mktemp("pg-home"),
-        temporal_port=free_port(),
-        postgres_port=free_port(),
-    )
+    config = private_stack(tmp_path_factory.mktemp("pg-home"))
     service = PostgresService(config)
     service.start()
     try:
@@ -124,16 +127,40 @@ def postgres_dsn(postgres_cluster) -> str:
 @pytest.fixture(scope="session")
 def temporal_address(tmp_path_factory) -> str:
     """A real Temporal dev server of this test process, stopped (and waited for) at the end."""
-    from infra.devstack import StackConfig, TemporalService
+    from infra.devstack import TemporalService
 
-    config = StackConfig(
-        home=tmp_path_factory.mktemp("temporal-home"),
-        temporal_port=free_port(),
-        postgres_port=free_port(),
-    )
+    config = private_stack(tmp_path_factory.mktemp("temporal-home"))
     service = TemporalService(config)
     service.start()
     try:
         yield config.temporal_address
     finally:
         service.stop()
+
+
+@pytest.fixture
+async def store(postgres_dsn):
+    """The event store on this test's own database."""
+    from kb.events import EventStore
+
+    store = await EventStore.connect(postgres_dsn)
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def seeded_store(store):
+    """The event store with the shipped seed knowledge loaded, as a fresh install has it."""
+    from kb.knowledge import load_seed
+
+    await load_seed(store)
+    return store
+
+
+@pytest.fixture
+async def client(temporal_address, postgres_dsn):
+    """A Temporal client with the project's data converter and search attributes."""
+    from nearmiss.service import connect
+    from nearmiss.settings import Settings
+
+    return await connect(Settings(temporal_address, postgres_dsn, False, None))

@@ -12,21 +12,18 @@ predate knowledge retrieval and learning and replay through their patches.
 from __future__ import annotations
 
 import asyncio
-import socket
 import tempfile
 from pathlib import Path
 
-from infra.devstack import DevStack, PostgresService, StackConfig
+from conftest import OPS, ROOT, private_stack
+from infra.devstack import DevStack, PostgresService
 from kb.events import EventStore
 from kb.knowledge import load_seed
-from nearmiss.service import build_worker, connect
+from nearmiss.service import build_worker, connect, start_session
 from nearmiss.settings import Settings
 from workflows.loop import Guards
 from workflows.models import FixResult
-from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
 
-ROOT = Path(__file__).resolve().parent.parent
-OPS = ROOT / "pallas_ops"
 OUT = ROOT / "tests" / "histories"
 
 
@@ -39,12 +36,6 @@ class ScriptedFixer:
     async def propose(self, request) -> FixResult:
         source = self.sources.pop(0) if self.sources else None
         return FixResult(source=source, summary="scripted", model="scripted", reason="scripted")
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 SESSIONS = {
@@ -65,7 +56,7 @@ SESSIONS = {
 
 async def main() -> None:
     with tempfile.TemporaryDirectory() as home:
-        config = StackConfig(home=Path(home), temporal_port=_port(), postgres_port=_port())
+        config = private_stack(Path(home))
         settings = Settings(config.temporal_address, config.dsn, True, config)
         with DevStack(config):
             store = await EventStore.connect(config.dsn)
@@ -74,19 +65,14 @@ async def main() -> None:
             for name, (candidate, script, guards) in SESSIONS.items():
                 fixer = ScriptedFixer([(OPS / s).read_text() if s else None for s in script])
                 async with build_worker(client, store, lambda _, f=fixer: f):
-                    request = RepairRequest(
-                        spec_hash=await store.put_blob(
-                            (OPS / candidate.split("/")[0] / "spec.py").read_bytes()
-                        ),
-                        candidate_hash=await store.put_blob((OPS / candidate).read_bytes()),
-                        candidate_name=Path(candidate).name,
-                        kernel=candidate.split("/")[0],
-                        model="scripted",
-                        guards=guards,
+                    handle = await start_session(
+                        client,
+                        store,
+                        OPS / candidate.split("/")[0] / "spec.py",
+                        OPS / candidate,
+                        "scripted",
+                        guards,
                         use_kb=name != "cycle",
-                    )
-                    handle = await client.start_workflow(
-                        RepairWorkflow.run, request, id=f"history-{name}", task_queue=TASK_QUEUE
                     )
                     result = await handle.result()
                     print(name, result.stop_reason)

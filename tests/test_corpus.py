@@ -8,20 +8,10 @@ from collections import Counter
 from pathlib import Path
 
 from conftest import run_cli
+from nearmiss.models import FAILURE_CLASSES
 from nearmiss.spec import CATEGORIES
 from pallas_ops.catalog import BUG_FAMILIES, FAILS_ON, integrity_cases
 
-FAILURE_CLASSES = {
-    "compile_error",
-    "runtime_error",
-    "timeout",
-    "shape_mismatch",
-    "nan_inf",
-    "boundary",
-    "unstable",
-    "precision",
-    "wrong_values",
-}
 # The minimum per category; gather and convolution count together.
 MINIMUM = {
     "elementwise": 4,

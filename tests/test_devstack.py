@@ -9,14 +9,12 @@ import asyncpg
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
-from conftest import free_port, run_cli
+from conftest import private_stack, run_cli
 from infra.devstack import DevStack, PostgresService, StackConfig, TemporalService, pid_alive
 
 
 def _config(tmp_path) -> StackConfig:
-    return StackConfig(
-        home=tmp_path / "state", temporal_port=free_port(), postgres_port=free_port()
-    )
+    return private_stack(tmp_path / "state")
 
 
 def test_up_is_idempotent_both_services_answer_and_down_leaves_nothing(tmp_path):

@@ -7,14 +7,7 @@ import uuid
 
 import pytest
 
-from kb.events import EventConflict, EventStore, NewEvent, content_hash
-
-
-@pytest.fixture
-async def store(postgres_dsn):
-    store = await EventStore.connect(postgres_dsn)
-    yield store
-    await store.close()
+from kb.events import EventConflict, NewEvent, content_hash
 
 
 def stream() -> str:

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from kb.events import EventStore, NewEvent
+from kb.events import NewEvent
 from kb.knowledge import (
     SEED_DIR,
     Entry,
@@ -19,26 +19,8 @@ from kb.knowledge import (
     search,
     seed_entries,
 )
+from nearmiss.models import FAILURE_CLASSES
 from workflows.models import Evidence
-
-FAILURE_CLASSES = {
-    "compile_error",
-    "runtime_error",
-    "timeout",
-    "shape_mismatch",
-    "nan_inf",
-    "boundary",
-    "unstable",
-    "precision",
-    "wrong_values",
-}
-
-
-@pytest.fixture
-async def store(postgres_dsn):
-    store = await EventStore.connect(postgres_dsn)
-    yield store
-    await store.close()
 
 
 def entry(tag: str, failure_class="nan_inf", category="matmul", platform="any", **body):

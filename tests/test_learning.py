@@ -8,16 +8,13 @@ import uuid
 
 import pytest
 from fake_openai import FakeOpenAI, answer
+from sessions import run_session
 
-from activities.fixers.openai_fixer import OpenAIFixer
 from conftest import OPS
-from kb.events import EventStore, NewEvent
-from kb.knowledge import KnowledgeProjection, load_seed, stats
+from kb.events import NewEvent
+from kb.knowledge import KnowledgeProjection, stats
 from kb.learning import learn_from_session
 from kb.patches import apply_patch, make_diff
-from nearmiss.service import build_worker, connect
-from nearmiss.settings import Settings
-from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
 
 BUGGY = "def body(x_ref, o_ref):\n    scale = 1.0 / d\n    o_ref[...] = x_ref[...] * scale\n"
 FIXED = BUGGY.replace("1.0 / d", "1.0 / math.sqrt(d)")
@@ -36,14 +33,6 @@ def test_a_patch_that_does_not_match_exactly_once_does_not_apply():
     twice = "scale = 1.0 / d\ny = 2\nscale = 1.0 / d\n"
     assert apply_patch(diff, twice) is None
     assert apply_patch("not a diff", BUGGY) is None
-
-
-@pytest.fixture
-async def store(postgres_dsn):
-    store = await EventStore.connect(postgres_dsn)
-    await load_seed(store)
-    yield store
-    await store.close()
 
 
 async def session(store, original: str, final: str, **faults) -> str:
@@ -139,9 +128,9 @@ async def test_a_clean_success_is_learned_as_a_candidate_and_promoted_by_an_inde
 
 
 async def test_a_bug_fixed_once_by_the_model_is_fixed_again_elsewhere_with_zero_model_calls(
-    store, temporal_address, postgres_dsn, tmp_path
+    seeded_store, client, tmp_path
 ):
-    client = await connect(Settings(temporal_address, postgres_dsn, False, None))
+    store = seeded_store
     attention = OPS / "attention" / "variants" / "scale_one_over_d.py"
     causal = tmp_path / "causal_scale.py"
     causal.write_text(
@@ -154,29 +143,13 @@ async def test_a_bug_fixed_once_by_the_model_is_fixed_again_elsewhere_with_zero_
         "=======\n    scale = 1.0 / q.shape[-1] ** 0.5\n>>>>>>> REPLACE\n"
     )
 
-    async def run(fake, candidate: str, kernel: str, path):
-        def factory(model):
-            return OpenAIFixer(model="fake", base_url=fake.base_url, api_key="test-key")
-
-        request = RepairRequest(
-            spec_hash=await store.put_blob((OPS / kernel / "spec.py").read_bytes()),
-            candidate_hash=await store.put_blob(path.read_bytes()),
-            candidate_name=candidate,
-            kernel=kernel,
-            model="openai:fake",
-        )
-        async with build_worker(client, store, factory, fail_workflows_on_error=True):
-            handle = await client.start_workflow(
-                RepairWorkflow.run,
-                request,
-                id=f"learn-{uuid.uuid4().hex[:8]}",
-                task_queue=TASK_QUEUE,
-            )
-            return await handle.result(), await store.read_stream(handle.id)
+    async def run(fake, kernel: str, path):
+        result, events, *_ = await run_session(client, store, fake, OPS / kernel / "spec.py", path)
+        return result, events
 
     with FakeOpenAI() as fake:
         fake.script(answer(fix, prompt_tokens=800, completion_tokens=60))
-        first, _ = await run(fake, attention.name, "attention", attention)
+        first, _ = await run(fake, "attention", attention)
         assert first.certified and len(fake.requests) == 1
     projection = KnowledgeProjection(store)
     await projection.catch_up()
@@ -189,7 +162,7 @@ async def test_a_bug_fixed_once_by_the_model_is_fixed_again_elsewhere_with_zero_
         ("candidate", "wrong_values", "attention")
     ]
     with FakeOpenAI() as fake:  # nothing scripted: any model call would fail the repair
-        second, events = await run(fake, causal.name, "causal_attention", causal)
+        second, events = await run(fake, "causal_attention", causal)
         assert fake.requests == []
     assert second.certified and second.tokens.total == 0
     fixes = [e.payload for e in events if e.type == "FixProposed"]

@@ -13,6 +13,7 @@ import pytest
 from activities.evidence import evidence_from_report
 from activities.fixers.playbook import RECIPES, PlaybookFixer
 from nearmiss.check import check
+from nearmiss.models import FAILURE_CLASSES
 from pallas_ops.catalog import operators
 from workflows.models import Evidence, FixRequest
 
@@ -26,17 +27,6 @@ from jax.experimental import pallas as pl
 EPS = 1e-6
 BR, BC, BM, BN, BK = 8, 128, 64, 64, 128
 """
-CLASSES = {
-    "compile_error",
-    "runtime_error",
-    "timeout",
-    "shape_mismatch",
-    "nan_inf",
-    "boundary",
-    "unstable",
-    "precision",
-    "wrong_values",
-}
 
 
 def evidence(failure_class: str = "wrong_values", **fields) -> Evidence:
@@ -739,7 +729,7 @@ def test_every_recipe_is_covered_and_described():
     assert {case[0] for case in ABSENT} == set(RECIPES)
     for name, recipe in RECIPES.items():
         assert recipe.name == name
-        assert recipe.classes and set(recipe.classes) <= CLASSES, name
+        assert recipe.classes and set(recipe.classes) <= FAILURE_CLASSES, name
         assert recipe.description and "\n" not in recipe.description, name
         assert recipe.apply.__doc__, f"{name} says its pattern and fix"
 

@@ -7,8 +7,8 @@ import os
 
 from fake_openai import FakeOpenAI, answer
 
-from conftest import OPS, free_port, run_cli
-from infra.devstack import PostgresService, StackConfig, pid_alive
+from conftest import OPS, private_stack, run_cli
+from infra.devstack import PostgresService, pid_alive
 
 SOFTMAX = OPS / "softmax_rows"
 
@@ -47,9 +47,7 @@ def test_repair_with_a_model_certifies_writes_the_fix_and_prints_json(
 
 
 def test_without_configured_services_the_embedded_stack_runs_for_the_command(tmp_path):
-    config = StackConfig(
-        home=tmp_path / "state", temporal_port=free_port(), postgres_port=free_port()
-    )
+    config = private_stack(tmp_path / "state")
     env = {
         k: v
         for k, v in os.environ.items()

@@ -3,26 +3,13 @@ the fake OpenAI-compatible server; real checks of real kernels."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from fake_openai import FakeOpenAI, answer, rate_limited, unauthorized
+from sessions import full_file, run_session
 
-from activities.fixers.openai_fixer import OpenAIFixer
 from conftest import OPS
-from kb.events import EventStore
-from kb.knowledge import load_seed
-from nearmiss.service import build_worker, connect
-from nearmiss.settings import Settings
 from workflows.loop import Guards
-from workflows.repair import (
-    KERNEL_ATTRIBUTE,
-    TASK_QUEUE,
-    TOKENS_ATTRIBUTE,
-    VERDICT_ATTRIBUTE,
-    RepairRequest,
-    RepairWorkflow,
-)
+from workflows.repair import KERNEL_ATTRIBUTE, TOKENS_ATTRIBUTE, VERDICT_ATTRIBUTE
 
 SOFTMAX = OPS / "softmax_rows"
 GOLDEN = (SOFTMAX / "golden.py").read_text()
@@ -30,55 +17,18 @@ FLOOR_GRID = SOFTMAX / "variants" / "floor_grid.py"
 UNSTABLE = (SOFTMAX / "variants" / "no_max_subtraction.py").read_text()
 
 
-def full_file(source: str) -> str:
-    return f"Rewrote the kernel.\n\n```python\n{source}```\n"
-
-
-@pytest.fixture
-async def store(postgres_dsn):
-    store = await EventStore.connect(postgres_dsn)
-    await load_seed(store)
-    yield store
-    await store.close()
-
-
-@pytest.fixture
-async def client(temporal_address, postgres_dsn):
-    settings = Settings(temporal_address, postgres_dsn, False, None)
-    return await connect(settings)
-
-
 async def repair(client, store, fake, guards=None, candidate=FLOOR_GRID, use_kb=True):
-    def fixer_factory(model):
-        return OpenAIFixer(model="fake-model", base_url=fake.base_url, api_key="test-key")
-
-    request = RepairRequest(
-        spec_hash=await store.put_blob((SOFTMAX / "spec.py").read_bytes()),
-        candidate_hash=await store.put_blob(candidate.read_bytes()),
-        candidate_name=candidate.name,
-        kernel="softmax_rows",
-        model="openai:fake-model",
-        guards=guards or Guards(),
-        use_kb=use_kb,
-    )
-    async with build_worker(client, store, fixer_factory, fail_workflows_on_error=True):
-        handle = await client.start_workflow(
-            RepairWorkflow.run,
-            request,
-            id=f"test-{uuid.uuid4().hex[:10]}",
-            task_queue=TASK_QUEUE,
-        )
-        result = await handle.result()
-        progress = await handle.query(RepairWorkflow.progress)
-        attributes = (await handle.describe()).typed_search_attributes
-    return result, await store.read_stream(handle.id), progress, attributes
+    """A session on the softmax spec; the tests' store has the seed knowledge, as installed."""
+    return await run_session(client, store, fake, SOFTMAX / "spec.py", candidate, guards, use_kb)
 
 
 def types(events) -> list[str]:
     return [e.type for e in events]
 
 
-async def test_a_two_round_repair_certifies_with_exact_tokens_and_one_event_per_step(client, store):
+async def test_a_two_round_repair_certifies_with_exact_tokens_and_one_event_per_step(
+    client, seeded_store
+):
     with FakeOpenAI() as fake:
         fake.script(
             answer(
@@ -86,11 +36,11 @@ async def test_a_two_round_repair_certifies_with_exact_tokens_and_one_event_per_
             ),
             answer(full_file(GOLDEN), prompt_tokens=1200, completion_tokens=250, cached_tokens=900),
         )
-        result, events, progress, attributes = await repair(client, store, fake)
+        result, events, progress, attributes = await repair(client, seeded_store, fake)
         prompts = [r["messages"][-1]["content"] for r in fake.requests]
     assert result.certified and result.rounds == 2 and result.stop_reason == "certified"
     assert result.tokens.model_dump() == {"input": 2200, "cached_input": 1500, "output": 550}
-    assert (await store.get_blob(result.final_hash)).decode() == GOLDEN
+    assert (await seeded_store.get_blob(result.final_hash)).decode() == GOLDEN
     assert types(events)[0] == "RepairStarted" and types(events)[-1] == "RepairFinished"
     assert types(events).count("FixProposed") == 2
     assert [e.version for e in events] == list(range(1, len(events) + 1))
@@ -104,7 +54,7 @@ async def test_a_two_round_repair_certifies_with_exact_tokens_and_one_event_per_
     for prompt, record in zip(prompts, retrieved, strict=True):
         assert all(f"[{entry_id}]" in prompt for entry_id in record["entry_ids"])
     # Prompts and answers are kept by content hash.
-    assert (await store.get_blob(fixes[0]["response_hash"])).decode() == full_file(UNSTABLE)
+    assert (await seeded_store.get_blob(fixes[0]["response_hash"])).decode() == full_file(UNSTABLE)
     # Live progress is queryable, and the session can be found by kernel, verdict and tokens.
     assert progress.phase == "stop" and progress.round == 2 and progress.tokens.total == 2750
     assert attributes.get(KERNEL_ATTRIBUTE) == "softmax_rows"
@@ -112,10 +62,10 @@ async def test_a_two_round_repair_certifies_with_exact_tokens_and_one_event_per_
     assert attributes.get(TOKENS_ATTRIBUTE) == 2750
 
 
-async def test_a_rate_limit_is_retried_by_temporal_and_the_repair_goes_on(client, store):
+async def test_a_rate_limit_is_retried_by_temporal_and_the_repair_goes_on(client, seeded_store):
     with FakeOpenAI() as fake:
         fake.script(rate_limited(retry_after="1"), answer(full_file(GOLDEN), prompt_tokens=10))
-        result, events, *_ = await repair(client, store, fake, use_kb=False)
+        result, events, *_ = await repair(client, seeded_store, fake, use_kb=False)
         assert len(fake.requests) == 2
         prompt = fake.requests[-1]["messages"][-1]["content"]
     assert result.certified and result.tokens.input == 10  # the refused call cost nothing
@@ -123,10 +73,10 @@ async def test_a_rate_limit_is_retried_by_temporal_and_the_repair_goes_on(client
     assert "KnowledgeRetrieved" not in [e.type for e in events] and "[seed-" not in prompt
 
 
-async def test_a_non_retryable_model_error_stops_cleanly(client, store):
+async def test_a_non_retryable_model_error_stops_cleanly(client, seeded_store):
     with FakeOpenAI() as fake:
         fake.script(unauthorized())
-        result, events, *_ = await repair(client, store, fake)
+        result, events, *_ = await repair(client, seeded_store, fake)
         assert len(fake.requests) == 1  # not retried
     assert not result.certified and result.stop_reason == "fixer_error"
     assert "401" in result.stop_detail or "API key" in result.stop_detail
@@ -156,17 +106,19 @@ async def test_a_non_retryable_model_error_stops_cleanly(client, store):
     ],
     ids=["max_rounds", "token_budget", "uncached", "no_progress", "deadline"],
 )
-async def test_each_guard_stops_a_repair_with_its_reason(client, store, guards, script, reason):
+async def test_each_guard_stops_a_repair_with_its_reason(
+    client, seeded_store, guards, script, reason
+):
     with FakeOpenAI() as fake:
         fake.script(*script)
-        result, events, *_ = await repair(client, store, fake, guards)
+        result, events, *_ = await repair(client, seeded_store, fake, guards)
     assert not result.certified and result.stop_reason == reason, result.stop_detail
     tripped = [e.payload for e in events if e.type == "GuardTripped"]
     assert [t["guard"] for t in tripped] == [reason]
     assert types(events)[-1] == "RepairFinished"
 
 
-async def test_a_candidate_seen_before_stops_the_repair_as_a_cycle(client, store, tmp_path):
+async def test_a_candidate_seen_before_stops_the_repair_as_a_cycle(client, seeded_store, tmp_path):
     # A kernel that does not compile → floor_grid (better: only the ragged tail fails) → the
     # broken kernel again.
     broken = tmp_path / "softmax_arity.py"
@@ -174,8 +126,8 @@ async def test_a_candidate_seen_before_stops_the_repair_as_a_cycle(client, store
     with FakeOpenAI() as fake:
         floor = answer(full_file(FLOOR_GRID.read_text()))
         fake.script(floor, answer(full_file(broken.read_text())))
-        result, events, *_ = await repair(client, store, fake, candidate=broken)
+        result, events, *_ = await repair(client, seeded_store, fake, candidate=broken)
     assert result.stop_reason == "cycle" and result.rounds == 2
     assert [e.payload["guard"] for e in events if e.type == "GuardTripped"] == ["cycle"]
     # The best candidate so far is kept: the floor-grid one, not the original.
-    assert (await store.get_blob(result.final_hash)).decode() == FLOOR_GRID.read_text()
+    assert (await seeded_store.get_blob(result.final_hash)).decode() == FLOOR_GRID.read_text()

@@ -125,16 +125,10 @@ def test_the_child_environment_is_an_allowlist():
 MARKER = "planted-marker-7731"
 
 
-def test_a_secret_in_the_callers_environment_never_reaches_the_candidate():
-    if isolation_level() != "namespaces":
-        pytest.skip(
-            "without PID namespaces /proc/PPID/environ is readable; the static gate "
-            "(integrity) is then the line of defence"
-        )
-    env = dict(os.environ, OPENAI_API_KEY=MARKER, DATABASE_URL=f"postgres://u:{MARKER}@h/db")
+def run_secret_probe(env: dict) -> tuple[int, dict]:
     # With the gate enforced the probe never runs at all (its imports are forbidden); in
     # report mode it runs, and the sandbox alone must keep the secret from it.
-    code, report = check_json(
+    return check_json(
         SOFTMAX_SPEC,
         PLANTED / "secret_probe.py",
         "--suite",
@@ -143,6 +137,16 @@ def test_a_secret_in_the_callers_environment_never_reaches_the_candidate():
         "report",
         env=env,
     )
+
+
+def test_a_secret_in_the_callers_environment_never_reaches_the_candidate():
+    if isolation_level() != "namespaces":
+        pytest.skip(
+            "without PID namespaces /proc/PPID/environ is readable; the static gate "
+            "(integrity) is then the line of defence"
+        )
+    env = dict(os.environ, OPENAI_API_KEY=MARKER, DATABASE_URL=f"postgres://u:{MARKER}@h/db")
+    code, report = run_secret_probe(env)
     assert report["isolation"] == "namespaces"
     # The probe's output is not poisoned: it saw no secret.
     assert report["cases"][0]["passed"], report["diagnosis"]
@@ -166,15 +170,7 @@ def test_the_secret_probe_does_see_what_is_passed_through():
     # Control for the test above: an allowlisted variable does reach the candidate, and the
     # probe then poisons its output, so a leak would have been caught.
     env = dict(os.environ, TZ=MARKER)
-    code, report = check_json(
-        SOFTMAX_SPEC,
-        PLANTED / "secret_probe.py",
-        "--suite",
-        "compact",
-        "--integrity",
-        "report",
-        env=env,
-    )
+    code, report = run_secret_probe(env)
     assert code == 1 and report["failure_class"] == "nan_inf"
 
 

@@ -11,21 +11,16 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 from fake_openai import FakeOpenAI, answer
+from sessions import MODEL, full_file
 
 from conftest import OPS, ROOT
 from kb.events import EventStore
-from nearmiss.service import connect
-from nearmiss.settings import Settings
-from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
+from nearmiss.service import start_session
+from workflows.loop import Guards
 
 SOFTMAX = OPS / "softmax_rows"
-
-
-def full_file(path) -> str:
-    return f"Rewrote it.\n\n```python\n{path.read_text()}```\n"
 
 
 def start_worker(env: dict, log) -> subprocess.Popen:
@@ -49,19 +44,21 @@ async def wait_for_event(store: EventStore, stream: str, kind: str, timeout_s: f
 
 
 async def test_a_killed_worker_is_replaced_and_the_repair_finishes_exactly_once(
-    temporal_address, postgres_dsn, tmp_path
+    store, client, temporal_address, postgres_dsn, tmp_path
 ):
-    store = await EventStore.connect(postgres_dsn)
-    client = await connect(Settings(temporal_address, postgres_dsn, False, None))
     with FakeOpenAI() as fake, open(tmp_path / "workers.log", "wb") as log:
         fake.script(
             answer(
-                full_file(SOFTMAX / "variants" / "no_max_subtraction.py"),
+                full_file((SOFTMAX / "variants" / "no_max_subtraction.py").read_text()),
                 prompt_tokens=900,
                 cached_tokens=400,
                 completion_tokens=120,
             ),
-            answer(full_file(SOFTMAX / "golden.py"), prompt_tokens=1100, completion_tokens=90),
+            answer(
+                full_file((SOFTMAX / "golden.py").read_text()),
+                prompt_tokens=1100,
+                completion_tokens=90,
+            ),
         )
         env = dict(
             os.environ,
@@ -73,19 +70,15 @@ async def test_a_killed_worker_is_replaced_and_the_repair_finishes_exactly_once(
         first = start_worker(env, log)
         second = None
         try:
-            request = RepairRequest(
-                spec_hash=await store.put_blob((SOFTMAX / "spec.py").read_bytes()),
-                candidate_hash=await store.put_blob(
-                    (SOFTMAX / "variants" / "floor_grid.py").read_bytes()
-                ),
-                candidate_name="floor_grid.py",
-                kernel="softmax_rows",
-                model="openai:fake-model",
+            handle = await start_session(
+                client,
+                store,
+                SOFTMAX / "spec.py",
+                SOFTMAX / "variants" / "floor_grid.py",
+                MODEL,
+                Guards(),
             )
-            sid = f"crash-{uuid.uuid4().hex[:10]}"
-            handle = await client.start_workflow(
-                RepairWorkflow.run, request, id=sid, task_queue=TASK_QUEUE
-            )
+            sid = handle.id
             # Kill it once the first fix is recorded: its validation check is then in flight.
             await wait_for_event(store, sid, "FixProposed", timeout_s=120)
             os.killpg(first.pid, signal.SIGKILL)
@@ -99,7 +92,6 @@ async def test_a_killed_worker_is_replaced_and_the_repair_finishes_exactly_once(
                     worker.wait(timeout=30)
         served = len(fake.requests)
     events = await store.read_stream(sid)
-    await store.close()
 
     assert result.certified and result.rounds == 2, (result, (tmp_path / "workers.log").read_text())
     assert served == 2  # no model call was repeated
