@@ -91,6 +91,19 @@ EVENT_TYPES = (
     "KnowledgeRevised",
     "KnowledgeConfirmed",
     "KnowledgePromoted",
+    # A regenerate-baseline session: the model writes the kernel from the spec, k trials.
+    "RegenerateStarted",
+    "KernelGenerated",
+    "RegenerateFinished",
+    # A fleet: many repair sessions under one id (members finish in any order).
+    "FleetStarted",
+    "FleetMemberFinished",
+    "FleetFinished",
+    # An experiment: which sessions make up each arm's numbers.
+    "ExperimentStarted",
+    "ExperimentFinished",
+    # A tool the fix agent called during a round (run_case, probe, error_map, ...).
+    "ToolCalled",
 )
 # Any constant would do; it only has to be the same for every writer of this database.
 _APPEND_LOCK = 0x6E6D6973
