@@ -241,6 +241,16 @@ class EventStore:
             )
         return {row["stream_id"]: StoredEvent(**dict(row)) for row in rows}
 
+    async def recent_of_type(self, event_type: str, limit: int = 50) -> list[StoredEvent]:
+        """The newest events of one type across all streams, e.g. every fleet's FleetStarted."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT * FROM events WHERE type = $1 ORDER BY position DESC LIMIT $2",
+                event_type,
+                limit,
+            )
+        return [StoredEvent(**dict(row)) for row in rows]
+
     async def stream_version(self, stream_id: str) -> int:
         async with self.pool.acquire() as conn:
             return await conn.fetchval(
