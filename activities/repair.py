@@ -92,7 +92,12 @@ class RepairActivities:
                     spec_path.write_bytes(spec)
                     candidate_path.write_bytes(source)
                     return await asyncio.to_thread(
-                        check, spec_path, candidate_path, request.suite, request.seed
+                        check,
+                        spec_path,
+                        candidate_path,
+                        request.suite,
+                        request.seed,
+                        integrity=request.integrity,
                     )
 
         try:
@@ -100,6 +105,12 @@ class RepairActivities:
         except UsageError as exc:
             raise ApplicationError(str(exc), type="UsageError", non_retryable=True) from exc
         report_hash = await self.store.put_blob(report.model_dump_json().encode())
+        if request.integrity != "enforce":
+            # The no-anti-cheat ablation: the loop must not act on the gate either (a violation
+            # would zero the score and hold back certification). The violations stay listed, so
+            # they are recorded and learning still refuses a candidate that has any.
+            advisory = report.integrity.model_copy(update={"ok": True})
+            report = report.model_copy(update={"integrity": advisory})
         return evidence_from_report(report, request.candidate_hash, report_hash)
 
     @activity.defn(name="propose_fix")

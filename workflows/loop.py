@@ -80,6 +80,9 @@ class Round(BaseModel):
 class LoopState(BaseModel):
     guards: Guards
     deterministic_fixer: bool = False  # asking it again gives the same answer (the playbook)
+    # Where certification runs: "all" (compact + extended), or "compact" for the ablation
+    # without full-coverage evaluation.
+    certify_suite: Literal["all", "compact"] = "all"
     started_at: float = 0.0
     original_hash: str = ""
     current_hash: str = ""
@@ -97,7 +100,8 @@ class LoopState(BaseModel):
     certified: bool = False
 
 
-def _evidence_payload(evidence: Evidence, phase: str) -> dict:
+def evidence_payload(evidence: Evidence, phase: str) -> dict:
+    """The EvidenceCollected payload of a check (repair and regenerate sessions alike)."""
     return {
         "phase": phase,
         "candidate_hash": evidence.candidate_hash,
@@ -132,7 +136,7 @@ class RepairLoop:
     def on_evidence(self, action: Action, evidence: Evidence, now: float) -> Step:
         """The result of a forensics, validate or certify action."""
         s = self.state
-        collected = _evidence_payload(evidence, action.kind)
+        collected = evidence_payload(evidence, action.kind)
         events = [PlannedEvent(type="EvidenceCollected", payload=collected)]
         if evidence.violations:
             events.append(
@@ -154,7 +158,9 @@ class RepairLoop:
         if evidence.compact_passed and evidence.integrity_ok:
             s.pending_rank = evidence.score
             return Step(
-                action=Action(kind="certify", candidate_hash=evidence.candidate_hash, suite="all"),
+                action=Action(
+                    kind="certify", candidate_hash=evidence.candidate_hash, suite=s.certify_suite
+                ),
                 events=events,
             )
         return self._next_fix(now, events)

@@ -114,6 +114,9 @@ class CheckInput(BaseModel):
     candidate_name: str
     suite: str
     seed: int
+    # The integrity gate's mode (nearmiss.integrity.gate.MODES); "report" is the no-anti-cheat
+    # ablation: violations are listed but neither block certification nor the loop.
+    integrity: str = "enforce"
 
 
 class FixInput(BaseModel):

@@ -9,6 +9,7 @@ Activities are referenced by name: this module imports nothing with I/O.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
@@ -68,6 +69,13 @@ class RepairRequest(BaseModel):
     seed: int = 0
     use_kb: bool = True  # False: the no-knowledge ablation
     knowledge_budget_chars: int = 4000
+    # "report": the no-anti-cheat ablation (violations listed, never blocking); "off": no gate.
+    integrity: Literal["enforce", "report", "off"] = "enforce"
+    # "compact": the ablation without full-coverage evaluation (certify on the compact suite).
+    certify_suite: Literal["all", "compact"] = "all"
+    # False: the knowledge base does not learn from this session, e.g. so that the trials of an
+    # experiment stay independent (a learned patch would hand trial 2 the answer of trial 1).
+    learn: bool = True
 
 
 class RepairResult(BaseModel):
@@ -117,7 +125,11 @@ class RepairWorkflow:
 
     @workflow.run
     async def run(self, request: RepairRequest) -> RepairResult:
-        state = LoopState(guards=request.guards, deterministic_fixer=request.model == "playbook")
+        state = LoopState(
+            guards=request.guards,
+            deterministic_fixer=request.model == "playbook",
+            certify_suite=request.certify_suite,
+        )
         self.loop = loop = RepairLoop(state)
         workflow.upsert_search_attributes(
             [KERNEL_ATTRIBUTE.value_set(request.kernel), VERDICT_ATTRIBUTE.value_set("running")]
@@ -141,6 +153,7 @@ class RepairWorkflow:
                     suite=action.suite,
                     # Each check draws its own seed: certification runs on fresh inputs.
                     seed=workflow.random().randint(0, 2**31 - 1),
+                    integrity=request.integrity,
                 )
                 evidence = await workflow.execute_activity(
                     "check_candidate", check, result_type=Evidence, **CHECK_OPTIONS
@@ -165,7 +178,7 @@ class RepairWorkflow:
         finished = result.model_dump(mode="json")
         await self._record([PlannedEvent(type="RepairFinished", payload=finished)])
         # The knowledge base learns from the log of this session (quality-gated there).
-        if workflow.patched("learn-from-session"):
+        if request.learn and workflow.patched("learn-from-session"):
             await workflow.execute_activity(
                 "learn_from_session", result.session_id, result_type=str, **RETRIEVE_OPTIONS
             )
