@@ -182,6 +182,36 @@ def _answer_of(completion: object) -> tuple[str | None, str]:
     return content, ""
 
 
+def make_client(
+    base_url: str | None = None, api_key: str | None = None, timeout_s: float = 120
+) -> openai.AsyncOpenAI:
+    """An ``AsyncOpenAI`` without retries of its own (Temporal owns retries).
+
+    ``base_url``/``api_key`` None: the SDK reads OPENAI_BASE_URL / OPENAI_API_KEY itself.
+    """
+    if api_key is None and not os.environ.get("OPENAI_API_KEY"):
+        api_key = _PLACEHOLDER_KEY
+    return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
+
+
+async def complete(
+    client: openai.AsyncOpenAI, model: str, messages: list[dict[str, str]], **params
+) -> tuple[object, TokenUsage, str | None, str]:
+    """One chat call: (completion, tokens, answer or None, why there is none).
+
+    Endpoint failures raise ``FixerError`` (retryable or not, see ``to_fixer_error``); an empty
+    answer is not an error but ``None`` with its reason, so its tokens are still counted.
+    """
+    try:
+        completion = await client.chat.completions.create(model=model, messages=messages, **params)
+    except (openai.APIError, json.JSONDecodeError) as exc:
+        raise to_fixer_error(exc) from exc
+    if isinstance(completion, str):  # a 200 with a non-JSON content type: the SDK's text
+        raise FixerError("model endpoint sent a body that is not JSON", retryable=True)
+    answer, why = _answer_of(completion)
+    return completion, usage_of(completion), answer, why
+
+
 class OpenAIFixer:
     """Asks a chat model for a minimal SEARCH/REPLACE edit and applies it."""
 
@@ -195,12 +225,7 @@ class OpenAIFixer:
         timeout_s: float = 120,
     ):
         self.model = model
-        if api_key is None and not os.environ.get("OPENAI_API_KEY"):
-            api_key = _PLACEHOLDER_KEY
-        # base_url/api_key None: the SDK reads OPENAI_BASE_URL / OPENAI_API_KEY itself.
-        self.client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s
-        )
+        self.client = make_client(base_url, api_key, timeout_s)
 
     async def aclose(self) -> None:
         """Close the HTTP connections."""
@@ -210,17 +235,10 @@ class OpenAIFixer:
         """One model call; the edited source, or a failed round with its reason and tokens."""
         messages = build_messages(request)
         prompt = prompt_text(messages)
-        try:
-            completion = await self.client.chat.completions.create(
-                model=self.model, messages=messages, temperature=0
-            )
-        except (openai.APIError, json.JSONDecodeError) as exc:
-            raise to_fixer_error(exc) from exc
-        if isinstance(completion, str):  # a 200 with a non-JSON content type: the SDK's text
-            raise FixerError("model endpoint sent a body that is not JSON", retryable=True)
-        tokens = usage_of(completion)
+        completion, tokens, answer, why = await complete(
+            self.client, self.model, messages, temperature=0
+        )
         common = dict(model=f"openai:{self.model}", tokens=tokens, prompt=prompt)
-        answer, why = _answer_of(completion)
         if answer is None:
             return FixResult(reason=why, response="", **common)
         try:
