@@ -25,6 +25,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
+from activities.regenerate import RegenerateActivities
 from activities.repair import RepairActivities, make_fixer
 from infra.devstack import SEARCH_ATTRIBUTES, DevStack
 from kb.events import EventStore
@@ -32,6 +33,7 @@ from kb.knowledge import load_seed
 from nearmiss.runner.session import UsageError
 from nearmiss.settings import Settings
 from workflows.loop import Guards
+from workflows.regenerate import RegenerateWorkflow
 from workflows.repair import TASK_QUEUE, Progress, RepairRequest, RepairResult, RepairWorkflow
 
 PROGRESS_POLL_S = 0.5
@@ -72,8 +74,8 @@ def build_worker(
     return Worker(
         client,
         task_queue=TASK_QUEUE,
-        workflows=[RepairWorkflow],
-        activities=activities.all(),
+        workflows=[RepairWorkflow, RegenerateWorkflow],
+        activities=activities.all() + RegenerateActivities(store).all(),
         # In tests a workflow bug should fail the run, not retry its task forever.
         workflow_failure_exception_types=[Exception] if fail_workflows_on_error else [],
     )

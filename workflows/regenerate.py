@@ -1,0 +1,198 @@
+"""RegenerateWorkflow: the baseline the repair loop is measured against.
+
+Instead of debugging a near-miss, the model writes the whole kernel from the spec, ``trials``
+times independently; each kernel is certified like any repair (all suites, integrity enforced).
+Pass@1 is the mean over trials, Pass@k whether any trial certified. Like ``RepairWorkflow`` it
+references activities by name, imports nothing with I/O, and records every step through the
+``record_events`` activity at versions it tracks itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.loop import PlannedEvent, evidence_payload
+    from workflows.models import CheckInput, Evidence, RecordInput, TokenUsage
+    from workflows.repair import (
+        CHECK_OPTIONS,
+        FIX_OPTIONS,
+        KERNEL_ATTRIBUTE,
+        RECORD_OPTIONS,
+        TOKENS_ATTRIBUTE,
+    )
+
+
+class RegenerateRequest(BaseModel):
+    spec_hash: str
+    kernel: str  # the operator's name, for search
+    candidate_name: str  # the file name the kernel is written to (and errors point at)
+    model: str  # openai:MODEL; the playbook edits kernels, it cannot write one
+    trials: int = Field(default=3, ge=1)
+    seed: int = 0  # trial t asks the endpoint for seed + t, where it supports seeds
+    # Independent samples need sampling: at temperature 0 every trial would give one answer.
+    temperature: float = Field(default=0.7, ge=0)
+
+
+class GenerateInput(BaseModel):
+    spec_hash: str
+    kernel: str
+    candidate_name: str
+    model: str
+    trial: int
+    seed: int
+    temperature: float
+
+
+class GeneratedKernel(BaseModel):
+    """One trial's answer: texts by blob hash; no candidate when the answer held no kernel."""
+
+    candidate_hash: str | None = None
+    reason: str = ""  # why there is no candidate
+    model: str = ""
+    tokens: TokenUsage = Field(default_factory=TokenUsage)
+    prompt_hash: str = ""
+    response_hash: str = ""
+
+
+class TrialResult(BaseModel):
+    trial: int
+    certified: bool
+    tokens: TokenUsage = Field(default_factory=TokenUsage)
+    candidate_hash: str | None = None
+    failure_class: str | None = None
+    report_hash: str = ""
+    reason: str = ""  # why there was nothing to certify
+
+
+class RegenerateResult(BaseModel):
+    session_id: str
+    kernel: str
+    trials: list[TrialResult]
+    pass_at_1: float  # mean over trials
+    pass_at_k: bool  # any trial certified
+    tokens: TokenUsage
+
+
+class RegenerateProgress(BaseModel):
+    trials_done: int = 0
+    certified: int = 0
+    tokens: TokenUsage = Field(default_factory=TokenUsage)
+
+
+def is_generative(model: str) -> bool:
+    """Whether ``model`` can write a kernel: only a real endpoint can."""
+    return model.startswith("openai:") and len(model) > len("openai:")
+
+
+@workflow.defn(name="RegenerateWorkflow")
+class RegenerateWorkflow:
+    def __init__(self) -> None:
+        self.version = 0  # of this session's event stream
+        self.done: list[TrialResult] = []
+        # Trials run concurrently; their events must still take consecutive versions.
+        self.recording = asyncio.Lock()
+
+    @workflow.query
+    def progress(self) -> RegenerateProgress:
+        return RegenerateProgress(
+            trials_done=len(self.done),
+            certified=sum(t.certified for t in self.done),
+            tokens=sum((t.tokens for t in self.done), TokenUsage()),
+        )
+
+    @workflow.run
+    async def run(self, request: RegenerateRequest) -> RegenerateResult:
+        if not is_generative(request.model):
+            raise ApplicationError(
+                f"model {request.model!r} cannot write a kernel: regenerate needs openai:MODEL",
+                type="UsageError",
+                non_retryable=True,
+            )
+        workflow.upsert_search_attributes([KERNEL_ATTRIBUTE.value_set(request.kernel)])
+        started = request.model_dump(mode="json")
+        await self._record([PlannedEvent(type="RegenerateStarted", payload=started)])
+        trials = await asyncio.gather(
+            *(self._trial(request, t) for t in range(1, request.trials + 1))
+        )
+        tokens = sum((t.tokens for t in trials), TokenUsage())
+        result = RegenerateResult(
+            session_id=workflow.info().workflow_id,
+            kernel=request.kernel,
+            trials=list(trials),
+            pass_at_1=sum(t.certified for t in trials) / len(trials),
+            pass_at_k=any(t.certified for t in trials),
+            tokens=tokens,
+        )
+        workflow.upsert_search_attributes([TOKENS_ATTRIBUTE.value_set(tokens.total)])
+        finished = result.model_dump(mode="json")
+        await self._record([PlannedEvent(type="RegenerateFinished", payload=finished)])
+        return result
+
+    async def _trial(self, request: RegenerateRequest, trial: int) -> TrialResult:
+        generate = GenerateInput(
+            spec_hash=request.spec_hash,
+            kernel=request.kernel,
+            candidate_name=request.candidate_name,
+            model=request.model,
+            trial=trial,
+            seed=request.seed + trial,
+            temperature=request.temperature,
+        )
+        try:
+            generated = await workflow.execute_activity(
+                "generate_kernel", generate, result_type=GeneratedKernel, **FIX_OPTIONS
+            )
+        except ActivityError as err:  # retries exhausted, or a non-retryable model error
+            reason = f"the model failed: {err.cause or err}"
+            generated = GeneratedKernel(reason=reason, model=request.model)
+        payload = {"trial": trial, **generated.model_dump(mode="json")}
+        await self._record([PlannedEvent(type="KernelGenerated", payload=payload)])
+        result = TrialResult(
+            trial=trial,
+            certified=False,
+            tokens=generated.tokens,
+            candidate_hash=generated.candidate_hash,
+            reason=generated.reason,
+        )
+        if generated.candidate_hash is not None:
+            await self._certify(request, result)
+        self.done.append(result)
+        return result
+
+    async def _certify(self, request: RegenerateRequest, result: TrialResult) -> None:
+        """The engine's verdict on a generated kernel: the full suite, integrity enforced."""
+        check = CheckInput(
+            spec_hash=request.spec_hash,
+            candidate_hash=result.candidate_hash,
+            candidate_name=request.candidate_name,
+            suite="all",
+            seed=workflow.random().randint(0, 2**31 - 1),
+            integrity="enforce",
+        )
+        try:
+            evidence = await workflow.execute_activity(
+                "check_candidate", check, result_type=Evidence, **CHECK_OPTIONS
+            )
+        except ActivityError as err:  # e.g. a file that binds no `kernel`: unusable, not certified
+            result.reason = f"the check refused the kernel: {err.cause or err}"
+            return
+        payload = {"trial": result.trial, **evidence_payload(evidence, "regenerate")}
+        await self._record([PlannedEvent(type="EvidenceCollected", payload=payload)])
+        result.certified = evidence.certified
+        result.failure_class = evidence.failure_class
+        result.report_hash = evidence.report_hash
+
+    async def _record(self, events: list[PlannedEvent]) -> None:
+        async with self.recording:
+            record = RecordInput(
+                stream_id=workflow.info().workflow_id,
+                expected_version=self.version,
+                events=[e.model_dump(mode="json") for e in events],
+            )
+            await workflow.execute_activity("record_events", record, **RECORD_OPTIONS)
+            self.version += len(events)
