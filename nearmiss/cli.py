@@ -8,24 +8,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from nearmiss import kb_cli
+from nearmiss import fleet_cli, kb_cli
 from nearmiss.check import SUITES, check
+from nearmiss.cli_options import add_session_options, guards_from, positive
 from nearmiss.integrity.gate import MODES
 from nearmiss.render import render_report, table
 from nearmiss.runner.session import Limits, UsageError
-from workflows.loop import Guards
 
 EXIT_CERTIFIED, EXIT_NOT_CERTIFIED, EXIT_USAGE = 0, 1, 2
-
-
-def _positive(kind):
-    def parse(text: str):
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        return value
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,13 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     check_cmd.add_argument("--seed", type=int, help="reproduce a run (default: a fresh seed)")
     check_cmd.add_argument(
         "--timeout",
-        type=_positive(float),
+        type=positive(float),
         default=Limits.case_timeout_s,
         help="seconds per case (default %(default)s)",
     )
     check_cmd.add_argument(
         "--memory-mb",
-        type=_positive(int),
+        type=positive(int),
         default=Limits.memory_mb,
         help="memory limit of candidate code (default %(default)s)",
     )
@@ -75,27 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     repair_cmd.add_argument("spec", type=Path, help="spec file defining SPEC")
     repair_cmd.add_argument("candidate", type=Path, help="candidate file defining kernel()")
-    repair_cmd.add_argument(
-        "--model", default="playbook", help="playbook (zero tokens, default) or openai:MODEL"
-    )
-    repair_cmd.add_argument("--max-rounds", type=_positive(int), default=Guards().max_rounds)
-    repair_cmd.add_argument(
-        "--token-budget",
-        type=_positive(int),
-        default=Guards().token_budget,
-        help="input + output tokens for the session (default %(default)s)",
-    )
-    repair_cmd.add_argument(
-        "--deadline",
-        type=_positive(float),
-        default=Guards().deadline_s,
-        help="seconds (default %(default)s)",
-    )
+    add_session_options(repair_cmd)
     repair_cmd.add_argument("--out", type=Path, help="where to write the fixed kernel")
-    repair_cmd.add_argument(
-        "--no-kb", action="store_true", help="retrieve no knowledge (the ablation)"
-    )
     repair_cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    fleet_cli.add_parsers(commands)
     commands.add_parser("worker", help="run a repair worker against the configured services")
     kb_cli.add_parser(commands)
     dev_cmd = commands.add_parser(
@@ -180,9 +153,7 @@ def run_repair(args: argparse.Namespace) -> int:
     from nearmiss.service import repair
     from nearmiss.settings import Settings
 
-    guards = Guards(
-        max_rounds=args.max_rounds, token_budget=args.token_budget, deadline_s=args.deadline
-    )
+    guards = guards_from(args)
     try:
         return asyncio.run(
             repair(
@@ -210,6 +181,17 @@ def run_worker_command() -> int:
     return asyncio.run(run_worker(Settings.from_env()))
 
 
+def _run_async(command, args: argparse.Namespace) -> int:
+    """Run an async command; bad input (UsageError, ValueError) is exit 2 with the reason."""
+    import asyncio
+
+    try:
+        return asyncio.run(command(args))
+    except (UsageError, ValueError) as exc:
+        print(f"nearmiss: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "check":
@@ -220,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_dev(args)
     if args.command == "repair":
         return run_repair(args)
+    if args.command in ("fleet", "fleets"):
+        return _run_async(
+            fleet_cli.run_fleet if args.command == "fleet" else fleet_cli.run_fleets, args
+        )
     if args.command == "worker":
         return run_worker_command()
     if args.command == "kb":

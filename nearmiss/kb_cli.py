@@ -37,7 +37,8 @@ def add_parser(commands) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _store(settings: Settings):
+async def open_store(settings: Settings):
+    """The event store alone, for commands that only read it (no Temporal, no worker)."""
     postgres = PostgresService(settings.stack) if settings.embedded_database else None
     started = postgres.start() if postgres else False
     store = await EventStore.connect(settings.database_url)
@@ -71,7 +72,7 @@ HEADERS = ["id", "status", "class", "category", "platform", "ok/uses", "title"]
 
 async def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    async with _store(settings) as store:
+    async with open_store(settings) as store:
         projection = KnowledgeProjection(store)
         if args.kb_action == "list":
             entries = await projection.entries(status=args.status)

@@ -32,6 +32,7 @@ from kb.events import EventStore
 from kb.knowledge import load_seed
 from nearmiss.runner.session import UsageError
 from nearmiss.settings import Settings
+from workflows.fleet import FleetWorkflow
 from workflows.loop import Guards
 from workflows.regenerate import RegenerateWorkflow
 from workflows.repair import TASK_QUEUE, Progress, RepairRequest, RepairResult, RepairWorkflow
@@ -74,7 +75,7 @@ def build_worker(
     return Worker(
         client,
         task_queue=TASK_QUEUE,
-        workflows=[RepairWorkflow, RegenerateWorkflow],
+        workflows=[RepairWorkflow, FleetWorkflow, RegenerateWorkflow],
         activities=activities.all() + RegenerateActivities(store).all(),
         # In tests a workflow bug should fail the run, not retry its task forever.
         workflow_failure_exception_types=[Exception] if fail_workflows_on_error else [],

@@ -1,0 +1,275 @@
+"""`nearmiss fleet DIR|MANIFEST` and `nearmiss fleets [FLEET]`: many repairs as one durable job.
+
+A directory is searched for ``spec.py`` files; every other ``.py`` file below a spec's folder
+(its ``variants/``, say — not ``golden.py``, not a folder with a spec of its own) is a member. A
+manifest is JSON: a list of ``{"spec": PATH, "candidate": PATH, "name": optional}`` (or
+``{"members": [...]}``), paths relative to the manifest.
+
+The fleet runs as a FleetWorkflow; this module starts it, draws a live table of the sessions in
+flight, and ends with a summary and the HTML report. Ctrl-C cancels the fleet (what finished is
+kept). A fleet whose command died resumes as soon as any worker runs: `nearmiss fleets FLEET
+--follow` serves it from here and follows it to the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
+
+from kb.events import EventStore
+from nearmiss.render import table
+from nearmiss.runner.session import UsageError
+from nearmiss.spec import load_spec
+from workflows.fleet import FleetMember, FleetProgress, FleetRequest, FleetResult, FleetWorkflow
+from workflows.loop import Guards
+from workflows.repair import TASK_QUEUE, Progress, RepairWorkflow
+
+POLL_S = 1.0
+NOT_MEMBERS = {"spec.py", "golden.py", "__init__.py"}
+
+
+@dataclass(frozen=True)
+class MemberFile:
+    name: str
+    spec: Path
+    candidate: Path
+
+
+def discover(target: Path) -> list[MemberFile]:
+    """The members a directory or manifest names; UsageError with the reason otherwise."""
+    if target.is_dir():
+        members = _from_directory(target)
+        if not members:
+            raise UsageError(f"no spec.py with candidate kernels below {target}")
+        return members
+    if target.is_file():
+        return _from_manifest(target)
+    raise UsageError(f"fleet target not found: {target}")
+
+
+def _from_directory(root: Path) -> list[MemberFile]:
+    specs = sorted(root.rglob("spec.py"))
+    spec_dirs = {s.parent for s in specs}
+    members = []
+    for spec in specs:
+        for candidate in sorted(spec.parent.rglob("*.py")):
+            owner = next(p for p in candidate.parents if p in spec_dirs)
+            if owner != spec.parent or candidate.name in NOT_MEMBERS:
+                continue
+            if candidate.stem.endswith(".fixed"):  # a repair's output, not a near-miss
+                continue
+            label = spec.parent.relative_to(root).as_posix()
+            label = label if label != "." else spec.parent.name
+            members.append(MemberFile(f"{label}/{candidate.stem}", spec, candidate))
+    return members
+
+
+def _from_manifest(path: Path) -> list[MemberFile]:
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is not a JSON manifest: {exc}") from exc
+    entries = data.get("members") if isinstance(data, dict) else data
+    if not isinstance(entries, list) or not entries:
+        raise UsageError(f'{path}: expected a non-empty list of {{"spec", "candidate"}} entries')
+    members = []
+    for number, entry in enumerate(entries, start=1):
+        if not isinstance(entry, dict) or not {"spec", "candidate"} <= entry.keys():
+            raise UsageError(f'{path}: entry {number} needs "spec" and "candidate"')
+        spec, candidate = (path.parent / entry["spec"], path.parent / entry["candidate"])
+        for role, file in (("spec", spec), ("candidate", candidate)):
+            if not file.is_file():
+                raise UsageError(f"{path}: entry {number}: {role} file not found: {file}")
+        name = entry.get("name") or f"{spec.parent.name}/{candidate.stem}"
+        members.append(MemberFile(str(name), spec, candidate))
+    return members
+
+
+async def start_fleet(
+    client: Client,
+    store: EventStore,
+    files: list[MemberFile],
+    *,
+    model: str,
+    guards: Guards,
+    concurrency: int,
+    use_kb: bool = True,
+    members_per_run: int = 200,
+    fleet_id: str | None = None,
+) -> WorkflowHandle:
+    """Store every spec and candidate by hash and start the FleetWorkflow."""
+    kernels: dict[Path, str] = {}
+    members = []
+    for f in files:
+        if f.spec not in kernels:
+            kernels[f.spec] = load_spec(f.spec).name
+        members.append(
+            FleetMember(
+                name=f.name,
+                kernel=kernels[f.spec],
+                spec_hash=await store.put_blob(f.spec.read_bytes()),
+                candidate_hash=await store.put_blob(f.candidate.read_bytes()),
+                candidate_name=f.candidate.name,
+            )
+        )
+    request = FleetRequest(
+        members=members,
+        model=model,
+        guards=guards,
+        use_kb=use_kb,
+        concurrency=concurrency,
+        members_per_run=members_per_run,
+    )
+    fleet_id = fleet_id or f"fleet-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    return await client.start_workflow(
+        FleetWorkflow.run, request, id=fleet_id, task_queue=TASK_QUEUE
+    )
+
+
+# --- following a fleet ------------------------------------------------------------------------
+
+
+class LiveView:
+    """A table of the sessions in flight, redrawn in place on a terminal; plain lines otherwise."""
+
+    def __init__(self, client: Client, stream=sys.stderr) -> None:
+        self.client = client
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.drawn_lines = 0
+        self.reported: set[int] = set()
+
+    async def update(self, progress: FleetProgress) -> None:
+        if self.tty:
+            await self._redraw(progress)
+            return
+        for r in progress.results:
+            if r.index not in self.reported:
+                self.reported.add(r.index)
+                self._print(
+                    f"  [{len(self.reported)}/{progress.total}] {r.name}: {r.verdict}"
+                    f" · {r.rounds} round(s) · {r.tokens.total} tokens"
+                )
+
+    async def _redraw(self, progress: FleetProgress) -> None:
+        rows = []
+        for member in progress.running:
+            line = ["-", "starting", "-", "-", "-"]
+            with contextlib.suppress(RPCError):
+                handle = self.client.get_workflow_handle(member.session_id)
+                p: Progress = await handle.query(RepairWorkflow.progress)
+                score = f"{p.score:.2f}" if p.score is not None else "-"
+                line = [str(p.round), p.phase, p.failure_class or "-", score, str(p.tokens.total)]
+            rows.append([member.name, *line])
+        text = table(["in flight", "round", "phase", "class", "score", "tokens"], rows)
+        text += f"\n{counts_line(progress)}"
+        if self.drawn_lines:
+            self.stream.write(f"\x1b[{self.drawn_lines}F\x1b[J")
+        self._print(text)
+        self.drawn_lines = text.count("\n") + 1
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+
+def counts_line(progress: FleetProgress) -> str:
+    return (
+        f"{progress.finished}/{progress.total} finished · {progress.certified} certified · "
+        f"{len(progress.running)} running · {progress.tokens.total} tokens"
+    )
+
+
+async def follow(client: Client, handle: WorkflowHandle, quiet: bool = False) -> FleetResult:
+    """Show progress until the fleet ends; the first Ctrl-C cancels it (the rest wait)."""
+    view = LiveView(client)
+    result_task = asyncio.ensure_future(handle.result())
+    loop = asyncio.get_running_loop()
+    cancelling = False
+
+    def cancel() -> None:
+        nonlocal cancelling
+        if not cancelling:
+            cancelling = True
+            print("\ncancelling the fleet (finished sessions are kept)...", file=sys.stderr)
+            asyncio.ensure_future(handle.cancel())
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, cancel)
+    try:
+        while not result_task.done():
+            if not quiet:
+                with contextlib.suppress(RPCError):
+                    await view.update(await handle.query(FleetWorkflow.progress))
+            await asyncio.wait({result_task}, timeout=POLL_S)
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+    with contextlib.suppress(Exception):
+        return result_task.result()
+    # Cancelled: the fleet's events hold what finished.
+    return None
+
+
+# --- reading fleets back from the event store ---------------------------------------------------
+
+
+async def fleet_summary(store: EventStore, fleet_id: str) -> dict | None:
+    """A fleet as its events tell it: config, member results, and whether it finished."""
+    events = await store.read_stream(fleet_id)
+    if not events or events[0].type != "FleetStarted":
+        return None
+    started = events[0]
+    results = [e.payload for e in events if e.type == "FleetMemberFinished"]
+    finished = next((e for e in events if e.type == "FleetFinished"), None)
+    if finished is None:
+        state = "running"
+    else:
+        state = "cancelled" if finished.payload["cancelled"] else "finished"
+    return {
+        "fleet_id": fleet_id,
+        "started_at": started.recorded_at.isoformat(timespec="seconds"),
+        "model": started.payload["model"],
+        "total": started.payload["members"],
+        "finished": len(results),
+        "certified": sum(r["certified"] for r in results),
+        "tokens": sum(r["tokens"]["input"] + r["tokens"]["output"] for r in results),
+        "state": state,
+        "results": sorted(results, key=lambda r: r["index"]),
+    }
+
+
+async def list_fleets(store: EventStore, limit: int = 50) -> list[dict]:
+    started = await store.recent_of_type("FleetStarted", limit)
+    summaries = [await fleet_summary(store, e.stream_id) for e in started]
+    return [s for s in summaries if s is not None]
+
+
+def results_table(results: list[dict]) -> str:
+    rows = [
+        [
+            r["name"],
+            r["verdict"],
+            str(r["rounds"]),
+            str(r["tokens"]["input"] + r["tokens"]["output"]),
+            r["session_id"],
+        ]
+        for r in results
+    ]
+    return table(["member", "verdict", "rounds", "tokens", "session"], rows)
+
+
+def verdict_counts(results: list[dict]) -> str:
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+    return ", ".join(f"{v} {n}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))

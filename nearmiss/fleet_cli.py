@@ -1,0 +1,163 @@
+"""`nearmiss fleet DIR|MANIFEST` (run one) and `nearmiss fleets [FLEET]` (list, show, follow,
+cancel, report). The logic lives in ``nearmiss.fleet``; this module parses and prints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from nearmiss.cli_options import add_session_options, guards_from, positive
+from nearmiss.fleet import (
+    discover,
+    fleet_summary,
+    follow,
+    list_fleets,
+    results_table,
+    start_fleet,
+    verdict_counts,
+)
+from nearmiss.render import table
+from nearmiss.runner.session import UsageError
+from nearmiss.settings import Settings
+
+EXIT_DONE, EXIT_NOT_DONE, EXIT_USAGE = 0, 1, 2
+
+
+def add_parsers(commands) -> None:
+    fleet = commands.add_parser(
+        "fleet",
+        help="repair many kernels (a directory or a JSON manifest) as one durable fleet",
+        description="A directory: every .py below a folder with a spec.py (not golden.py) is a "
+        'member. A manifest: [{"spec": PATH, "candidate": PATH, "name": optional}, ...]. '
+        "Ctrl-C cancels the fleet and keeps what finished. Exit 0 when the fleet ran to its end.",
+    )
+    fleet.add_argument("target", type=Path, help="a directory or a manifest (JSON)")
+    add_session_options(fleet)
+    fleet.add_argument(
+        "--concurrency", type=positive(int), default=4, help="sessions at once (default 4)"
+    )
+    fleet.add_argument("--report", type=Path, help="report folder (default NEARMISS_HOME/reports)")
+    fleet.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    fleets = commands.add_parser(
+        "fleets", help="list fleets, or show / follow / cancel / report one"
+    )
+    fleets.add_argument("fleet_id", nargs="?", help="one fleet (default: list them all)")
+    action = fleets.add_mutually_exclusive_group()
+    action.add_argument(
+        "--follow", action="store_true", help="serve the fleet from here until it ends"
+    )
+    action.add_argument("--cancel", action="store_true", help="cancel a running fleet")
+    fleets.add_argument("--report", type=Path, help="write the fleet's report to this folder")
+    fleets.add_argument("--json", action="store_true")
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _report_dir(settings: Settings, fleet_id: str, chosen: Path | None) -> Path:
+    return chosen or settings.stack.home / "reports" / fleet_id
+
+
+async def _write_report(store, summary: dict, out_dir: Path) -> Path:
+    from nearmiss.report import write_fleet_report
+
+    sessions = [r["session_id"] for r in summary["results"]]
+    return await write_fleet_report(store, f"fleet {summary['fleet_id']}", sessions, out_dir)
+
+
+def _print_summary(summary: dict, report: Path | None, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({**summary, "report": str(report) if report else None}, indent=2))
+        return
+    print(results_table(summary["results"]))
+    print(
+        f"\n{summary['fleet_id']}: {summary['state']} · {summary['finished']}/{summary['total']}"
+        f" finished · {summary['certified']} certified · {summary['tokens']} tokens"
+    )
+    if summary["results"]:
+        print(f"verdicts: {verdict_counts(summary['results'])}")
+    if report:
+        print(f"report: {report}")
+
+
+async def run_fleet(args: argparse.Namespace) -> int:
+    from activities.repair import make_fixer
+    from nearmiss.service import services
+
+    files = discover(args.target)
+    make_fixer(args.model)  # a bad --model is a usage error before anything starts
+    settings = Settings.from_env()
+    async with services(settings, quiet=args.json) as (client, store):
+        handle = await start_fleet(
+            client,
+            store,
+            files,
+            model=args.model,
+            guards=guards_from(args),
+            concurrency=args.concurrency,
+            use_kb=not args.no_kb,
+        )
+        _say(f"fleet {handle.id}: {len(files)} kernels, {args.model}, {args.concurrency} at a time")
+        await follow(client, handle, quiet=args.json)
+        summary = await fleet_summary(store, handle.id)
+        report = await _write_report(store, summary, _report_dir(settings, handle.id, args.report))
+    _print_summary(summary, report, args.json)
+    return EXIT_DONE if summary["state"] == "finished" else EXIT_NOT_DONE
+
+
+async def run_fleets(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    if args.fleet_id is None:
+        return await _list(settings, args.json)
+    if args.follow or args.cancel:
+        from nearmiss.service import services
+
+        async with services(settings, quiet=args.json) as (client, store):
+            if await fleet_summary(store, args.fleet_id) is None:
+                raise UsageError(f"no fleet {args.fleet_id}")
+            handle = client.get_workflow_handle(args.fleet_id)
+            if args.cancel:
+                await handle.cancel()
+            await follow(client, handle, quiet=args.json or args.cancel)
+            summary = await fleet_summary(store, args.fleet_id)
+            out = _report_dir(settings, args.fleet_id, args.report)
+            report = await _write_report(store, summary, out)
+        _print_summary(summary, report, args.json)
+        return EXIT_DONE if summary["state"] == "finished" else EXIT_NOT_DONE
+    from nearmiss.kb_cli import open_store
+
+    async with open_store(settings) as store:
+        summary = await fleet_summary(store, args.fleet_id)
+        if summary is None:
+            raise UsageError(f"no fleet {args.fleet_id}")
+        report = await _write_report(store, summary, args.report) if args.report else None
+    _print_summary(summary, report, args.json)
+    return EXIT_DONE
+
+
+async def _list(settings: Settings, as_json: bool) -> int:
+    from nearmiss.kb_cli import open_store
+
+    async with open_store(settings) as store:
+        fleets = await list_fleets(store)
+    if as_json:
+        print(json.dumps([{k: v for k, v in f.items() if k != "results"} for f in fleets]))
+        return EXIT_DONE
+    rows = [
+        [
+            f["fleet_id"],
+            f["started_at"],
+            f["model"],
+            f["state"],
+            f"{f['finished']}/{f['total']}",
+            str(f["certified"]),
+            str(f["tokens"]),
+        ]
+        for f in fleets
+    ]
+    headers = ["fleet", "started", "model", "state", "finished", "certified", "tokens"]
+    print(table(headers, rows) if rows else "no fleets yet")
+    return EXIT_DONE

@@ -1,0 +1,184 @@
+"""Fleets: many playbook repairs as child workflows of one FleetWorkflow — real Temporal, real
+PostgreSQL, real checks. Continue-as-new, cancellation, a worker killed mid-fleet, the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+import pytest
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import CancelledError
+from test_worker_crash import start_worker, wait_for_event
+
+from conftest import OPS, run_cli
+from nearmiss.fleet import MemberFile, discover, fleet_summary, list_fleets, start_fleet
+from nearmiss.runner.session import UsageError
+from nearmiss.service import build_worker
+from workflows.fleet import FleetWorkflow
+from workflows.loop import Guards
+
+# Quick playbook sessions: one certifies in one round, the other stops with no recipe.
+MATMUL = MemberFile(
+    "matmul/missing_init", OPS / "matmul" / "spec.py", OPS / "matmul/variants/missing_init.py"
+)
+ATTENTION = MemberFile(
+    "attention/scale_one_over_d",
+    OPS / "attention" / "spec.py",
+    OPS / "attention/variants/scale_one_over_d.py",
+)
+LAYER_NORM = MemberFile(
+    "layer_norm/f32_output",
+    OPS / "layer_norm" / "spec.py",
+    OPS / "layer_norm/variants/f32_output.py",
+)
+
+
+def test_a_directory_yields_every_near_miss_below_each_spec():
+    members = discover(OPS / "matmul")
+    names = {m.name for m in members}
+    variants = {f"matmul/{p.stem}" for p in (OPS / "matmul" / "variants").glob("*.py")}
+    assert names == variants and all(m.spec == OPS / "matmul" / "spec.py" for m in members)
+    everything = discover(OPS)
+    assert len(everything) > len(members) and "softmax_rows/floor_grid" in {
+        m.name for m in everything
+    }
+    assert not any(m.candidate.name == "golden.py" for m in everything)
+
+
+def test_a_manifest_resolves_paths_relative_to_itself_and_bad_ones_are_named(tmp_path):
+    manifest = tmp_path / "fleet.json"
+    entry = {"spec": str(MATMUL.spec), "candidate": str(MATMUL.candidate), "name": "mm"}
+    manifest.write_text(json.dumps([entry]))
+    assert discover(manifest) == [MemberFile("mm", MATMUL.spec, MATMUL.candidate)]
+    manifest.write_text(json.dumps({"members": [{"spec": "nowhere.py", "candidate": "x.py"}]}))
+    with pytest.raises(UsageError, match="entry 1: spec file not found"):
+        discover(manifest)
+    manifest.write_text("[{]")
+    with pytest.raises(UsageError, match="not a JSON manifest"):
+        discover(manifest)
+    with pytest.raises(UsageError, match="not found"):
+        discover(tmp_path / "missing")
+
+
+async def test_a_fleet_runs_every_member_under_its_limit_and_continues_as_new(client, seeded_store):
+    store = seeded_store
+    async with build_worker(client, store, fail_workflows_on_error=True):
+        handle = await start_fleet(
+            client,
+            store,
+            [MATMUL, ATTENTION, LAYER_NORM],
+            model="playbook",
+            guards=Guards(),
+            concurrency=2,
+            members_per_run=2,  # three members: the third starts in a second run
+        )
+        most_running = 0
+        task = asyncio.ensure_future(handle.result())
+        while not task.done():
+            progress = await handle.query(FleetWorkflow.progress)
+            most_running = max(most_running, len(progress.running))
+            await asyncio.wait({task}, timeout=0.3)
+        result = task.result()
+        final = await handle.query(FleetWorkflow.progress)
+    assert most_running == 2
+    assert final.runs == 2 and final.finished == 3
+    verdicts = {r.name: r.verdict for r in result.results}
+    assert verdicts == {
+        "matmul/missing_init": "certified",
+        "attention/scale_one_over_d": "no_fix",
+        "layer_norm/f32_output": "certified",
+    }
+    assert result.certified == 2 and result.tokens.total == 0
+    events = await store.read_stream(handle.id)
+    types = [e.type for e in events]
+    assert types == ["FleetStarted"] + ["FleetMemberFinished"] * 3 + ["FleetFinished"]
+    assert [e.version for e in events] == [1, 2, 3, 4, 5]  # one stream across both runs
+    for member in result.results:  # every member's session is a full repair stream
+        session = await store.read_stream(member.session_id)
+        assert session[-1].type == "RepairFinished"
+        assert session[-1].payload["certified"] == member.certified
+    summary = await fleet_summary(store, handle.id)
+    assert summary["state"] == "finished" and summary["certified"] == 2
+    assert [f["fleet_id"] for f in await list_fleets(store)] == [handle.id]
+
+
+async def test_cancelling_a_fleet_cancels_its_sessions_and_records_it(client, seeded_store):
+    store = seeded_store
+    async with build_worker(client, store, fail_workflows_on_error=True):
+        handle = await start_fleet(
+            client, store, [LAYER_NORM, MATMUL], model="playbook", guards=Guards(), concurrency=1
+        )
+        first = f"{handle.id}.00000-layer_norm"
+        await wait_for_event(store, first, "EvidenceCollected", timeout_s=120)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+        assert isinstance(failure.value.cause, CancelledError), failure.value.cause
+        await wait_for_event(store, handle.id, "FleetFinished", timeout_s=30)
+    summary = await fleet_summary(store, handle.id)
+    assert summary["state"] == "cancelled"
+    assert [r["verdict"] for r in summary["results"]] == ["cancelled"]  # the second never ran
+    child = await client.get_workflow_handle(first).describe()
+    assert child.status.name == "CANCELED"
+
+
+async def test_a_worker_killed_mid_fleet_is_replaced_and_every_member_ends_once(
+    client, seeded_store, temporal_address, postgres_dsn, tmp_path
+):
+    store = seeded_store
+    env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
+    with open(tmp_path / "workers.log", "wb") as log:
+        first, second = start_worker(env, log), None
+        try:
+            handle = await start_fleet(
+                client,
+                store,
+                [MATMUL, ATTENTION, LAYER_NORM],
+                model="playbook",
+                guards=Guards(),
+                concurrency=2,
+            )
+            await wait_for_event(store, handle.id, "FleetMemberFinished", timeout_s=180)
+            os.killpg(first.pid, signal.SIGKILL)  # the other sessions are mid-check
+            first.wait()
+            second = start_worker(env, log)
+            result = await asyncio.wait_for(handle.result(), timeout=300)
+        finally:
+            for worker in (first, second):
+                if worker is not None and worker.poll() is None:
+                    os.killpg(worker.pid, signal.SIGTERM)
+                    worker.wait(timeout=30)
+    assert sorted(r.index for r in result.results) == [0, 1, 2], tmp_path / "workers.log"
+    assert result.certified == 2
+    events = await store.read_stream(handle.id)
+    finished = [e.payload["index"] for e in events if e.type == "FleetMemberFinished"]
+    assert sorted(finished) == [0, 1, 2]  # each member recorded exactly once
+    assert [e.version for e in events] == list(range(1, len(events) + 1))
+
+
+def test_the_fleet_command_runs_a_manifest_and_lists_it_later(
+    temporal_address, postgres_dsn, tmp_path
+):
+    manifest = tmp_path / "fleet.json"
+    manifest.write_text(
+        json.dumps([{"spec": str(MATMUL.spec), "candidate": str(MATMUL.candidate)}])
+    )
+    env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
+    ran = run_cli("fleet", manifest, "--json", "--report", tmp_path / "report", env=env)
+    assert ran.returncode == 0, ran.stderr
+    summary = json.loads(ran.stdout)
+    assert summary["state"] == "finished" and summary["certified"] == 1
+    assert summary["results"][0]["name"] == "matmul/missing_init"
+    report = tmp_path / "report" / "index.html"
+    assert summary["report"] == str(report) and "missing_init" in report.read_text()
+    listed = run_cli("fleets", "--json", env=env)
+    assert [f["fleet_id"] for f in json.loads(listed.stdout)] == [summary["fleet_id"]]
+    shown = run_cli("fleets", summary["fleet_id"], env=env)
+    assert shown.returncode == 0 and "certified" in shown.stdout
+    missing = run_cli("fleets", "fleet-nope", env=env)
+    assert missing.returncode == 2 and "no fleet fleet-nope" in missing.stderr
+    bad = run_cli("fleet", tmp_path / "nothing-here", env=env)
+    assert bad.returncode == 2 and "not found" in bad.stderr
