@@ -92,6 +92,30 @@ class TileProfile(BaseModel):
     only_partial_tiles: bool
 
 
+class MismatchMap(BaseModel):
+    """A picture of where an output mismatches, small enough to keep in every report.
+
+    The output is seen as 2-D: its leading axes are collapsed into rows (rows = prod(shape[:-1]),
+    cols = shape[-1]; a 1-D output is one row). Each cell covers ``cell_rows`` × ``cell_cols``
+    elements (at most 64 × 64 cells; edge cells may hold fewer) and holds the mismatched share of
+    them scaled to 0..255: 0 exactly when none mismatches, at least 1 when any does.
+    """
+
+    rows: int
+    cols: int
+    cell_rows: int
+    cell_cols: int
+    cells: list[list[int]]
+    # The output block of the kernel in this view (from its BlockSpec), when known: tile_cols =
+    # block[-1], tile_rows = block[-2] (1 for a 1-D output). With leading axes collapsed, tiles
+    # restart every ``slab_rows`` rows (= shape[-2]), so tile edges in rows lie at
+    # k·tile_rows within each slab plus every slab boundary.
+    tile_rows: int | None = None
+    tile_cols: int | None = None
+    slab_rows: int = 1
+    collapsed_axes: int = 0  # leading axes folded into rows (ndim - 2, or 0)
+
+
 class Localisation(BaseModel):
     """Where on an output the errors sit."""
 
@@ -102,6 +126,7 @@ class Localisation(BaseModel):
     tail_axes: list[int] = Field(default_factory=list)
     suspected_axis: int | None = None
     spread: bool = False  # mismatches scattered like noise rather than structured
+    heatmap: MismatchMap | None = None  # None for a 0-D output
 
 
 class CaseResult(BaseModel):

@@ -11,11 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from nearmiss.models import AxisProfile, Localisation, TileProfile
+from nearmiss.models import AxisProfile, Localisation, MismatchMap, TileProfile
 
 FALLBACK_BLOCKS = (8, 16, 32, 64, 128, 256, 512)
 MAX_RANGES = 6
 MAX_TILES_LISTED = 8
+MAP_CELLS = 64  # per side of a mismatch map: 64 × 64 small ints stay cheap in JSON
 
 
 def index_ranges(indices: np.ndarray) -> str:
@@ -112,6 +113,43 @@ def _spread(bad: np.ndarray) -> bool:
     )
 
 
+def _cell_sums(values: np.ndarray, cell_rows: int, cell_cols: int) -> np.ndarray:
+    """Sums over cell_rows × cell_cols blocks of a 2-D array, zero-padding the ragged edge."""
+    rows, cols = values.shape
+    n_rows, n_cols = -(-rows // cell_rows), -(-cols // cell_cols)
+    padded = np.zeros((n_rows * cell_rows, n_cols * cell_cols), dtype=values.dtype)
+    padded[:rows, :cols] = values
+    blocks = padded.reshape(n_rows, cell_rows, n_cols, cell_cols)
+    return blocks.sum(axis=(1, 3), dtype=np.int64)
+
+
+def mismatch_map(bad: np.ndarray, blocks: list[int] | None) -> MismatchMap | None:
+    """The mask as at most MAP_CELLS × MAP_CELLS cells of mismatched share (0..255)."""
+    if bad.ndim == 0 or bad.size == 0:
+        return None
+    view = bad.reshape(-1, bad.shape[-1])
+    rows, cols = view.shape
+    cell_rows, cell_cols = -(-rows // MAP_CELLS), -(-cols // MAP_CELLS)
+    mismatched = _cell_sums(view, cell_rows, cell_cols)
+    # Elements per cell, smaller along the ragged edge, so an edge cell's share is its own.
+    row_counts = np.minimum(cell_rows, rows - np.arange(mismatched.shape[0]) * cell_rows)
+    col_counts = np.minimum(cell_cols, cols - np.arange(mismatched.shape[1]) * cell_cols)
+    counts = np.outer(row_counts, col_counts)
+    # Integer ceiling: one bad element in a huge cell still reads 1, never rounds to 0.
+    cells = (mismatched * 255 + counts - 1) // counts
+    return MismatchMap(
+        rows=rows,
+        cols=cols,
+        cell_rows=cell_rows,
+        cell_cols=cell_cols,
+        cells=cells.astype(int).tolist(),
+        tile_rows=(blocks[-2] if bad.ndim >= 2 else 1) if blocks else None,
+        tile_cols=blocks[-1] if blocks else None,
+        slab_rows=bad.shape[-2] if bad.ndim >= 2 else 1,
+        collapsed_axes=max(0, bad.ndim - 2),
+    )
+
+
 def localise(name: str, bad: np.ndarray, geometry: list[dict[str, Any]]) -> Localisation:
     along_axes = bad_indices_per_axis(bad)
     axes = [
@@ -130,4 +168,5 @@ def localise(name: str, bad: np.ndarray, geometry: list[dict[str, Any]]) -> Loca
         tail_axes=tail_axes,
         suspected_axis=suspected,
         spread=_spread(bad),
+        heatmap=mismatch_map(bad, blocks),
     )
