@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.evidence import evidence_from_report
 from activities.fixers.base import Fixer, FixerError
+from activities.fixers.replay import is_replay, recorded_fix
 from kb.events import EventStore, NewEvent
 from kb.knowledge import failed_attempts, retrieve
 from kb.learning import learn_from_session
@@ -116,6 +117,8 @@ class RepairActivities:
     @activity.defn(name="propose_fix")
     async def propose_fix(self, request: FixInput) -> FixOutcome:
         spec = (await self.store.get_blob(request.spec_hash)).decode()
+        if is_replay(request.model):  # a recorded session's answers, not a model
+            return await recorded_fix(self.store, request)
         source = (await self.store.get_blob(request.candidate_hash)).decode()
         patched = await self._learned_patch(request, source)
         if patched is not None:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
 
-from nearmiss import fleet_cli, kb_cli
+from nearmiss import fleet_cli, kb_cli, replay_cli
 from nearmiss.check import SUITES, check
 from nearmiss.cli_options import add_session_options, guards_from, positive
 from nearmiss.integrity.gate import MODES
 from nearmiss.render import render_report, table
+from nearmiss.report import cli as report_cli
 from nearmiss.runner.session import Limits, UsageError
 
 EXIT_CERTIFIED, EXIT_NOT_CERTIFIED, EXIT_USAGE = 0, 1, 2
@@ -71,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     fleet_cli.add_parsers(commands)
     commands.add_parser("worker", help="run a repair worker against the configured services")
     kb_cli.add_parser(commands)
+    report_cli.add_parser(commands)
+    replay_cli.add_parser(commands)
     dev_cmd = commands.add_parser(
         "dev",
         help="the embedded dev stack: Temporal dev server + PostgreSQL on loopback",
@@ -86,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_NUMBER_LIST = re.compile(r"\[\s+(-?[\d.e+-]+(?:,\s+-?[\d.e+-]+)*)\s+\]")
+
+
+def _indented_json(text: str) -> str:
+    """Indented JSON with lists of numbers on one line (shapes, dims, heatmap rows): a 64×64
+    mismatch map is 64 lines, not 4096."""
+    return _NUMBER_LIST.sub(lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text)
+
+
 def run_check(args: argparse.Namespace) -> int:
     limits = Limits(case_timeout_s=args.timeout, memory_mb=args.memory_mb)
     try:
@@ -95,7 +108,7 @@ def run_check(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"nearmiss: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(report.model_dump_json(indent=2) if args.json else render_report(report))
+    print(_indented_json(report.model_dump_json(indent=2)) if args.json else render_report(report))
     return EXIT_CERTIFIED if report.certified else EXIT_NOT_CERTIFIED
 
 
@@ -206,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run_async(
             fleet_cli.run_fleet if args.command == "fleet" else fleet_cli.run_fleets, args
         )
+    if args.command == "report":
+        return _run_async(report_cli.main, args)
+    if args.command == "replay":
+        return _run_async(replay_cli.run, args)
     if args.command == "worker":
         return run_worker_command()
     if args.command == "kb":

@@ -1,5 +1,7 @@
 """`nearmiss fleet DIR|MANIFEST` (run one) and `nearmiss fleets [FLEET]` (list, show, follow,
-cancel, report). The logic lives in ``nearmiss.fleet``; this module parses and prints."""
+cancel, report). The logic lives in ``nearmiss.fleet``; this module parses and prints, and
+imports the Temporal machinery only when a fleet command runs (every command builds its parser).
+"""
 
 from __future__ import annotations
 
@@ -9,15 +11,6 @@ import sys
 from pathlib import Path
 
 from nearmiss.cli_options import add_session_options, guards_from, positive
-from nearmiss.fleet import (
-    discover,
-    fleet_summary,
-    follow,
-    list_fleets,
-    results_table,
-    start_fleet,
-    verdict_counts,
-)
 from nearmiss.render import table
 from nearmiss.runner.session import UsageError
 from nearmiss.settings import Settings
@@ -69,6 +62,8 @@ async def _write_report(store, summary: dict, out_dir: Path) -> Path:
 
 
 def _print_summary(summary: dict, report: Path | None, as_json: bool) -> None:
+    from nearmiss.fleet import results_table, verdict_counts
+
     if as_json:
         print(json.dumps({**summary, "report": str(report) if report else None}, indent=2))
         return
@@ -85,6 +80,7 @@ def _print_summary(summary: dict, report: Path | None, as_json: bool) -> None:
 
 async def run_fleet(args: argparse.Namespace) -> int:
     from activities.repair import make_fixer
+    from nearmiss.fleet import discover, fleet_summary, follow, start_fleet
     from nearmiss.service import services
 
     files = discover(args.target)
@@ -109,6 +105,8 @@ async def run_fleet(args: argparse.Namespace) -> int:
 
 
 async def run_fleets(args: argparse.Namespace) -> int:
+    from nearmiss.fleet import fleet_summary, follow
+
     settings = Settings.from_env()
     if args.fleet_id is None:
         return await _list(settings, args.json)
@@ -139,6 +137,7 @@ async def run_fleets(args: argparse.Namespace) -> int:
 
 
 async def _list(settings: Settings, as_json: bool) -> int:
+    from nearmiss.fleet import list_fleets
     from nearmiss.kb_cli import open_store
 
     async with open_store(settings) as store:

@@ -127,7 +127,8 @@ class RepairWorkflow:
     async def run(self, request: RepairRequest) -> RepairResult:
         state = LoopState(
             guards=request.guards,
-            deterministic_fixer=request.model == "playbook",
+            # Asking again gives the same answer: the playbook, a recording being replayed.
+            deterministic_fixer=request.model == "playbook" or request.model.startswith("replay:"),
             certify_suite=request.certify_suite,
         )
         self.loop = loop = RepairLoop(state)

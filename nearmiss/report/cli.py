@@ -8,12 +8,9 @@ One session: ``<session>.html`` and ``<session>.md`` (with PNGs). Several: a fle
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 
-from kb.events import EventStore
-from nearmiss.report import UnknownSession, write_fleet_report, write_session_report
 from nearmiss.settings import Settings
 
 EXIT_USAGE = 2
@@ -36,8 +33,11 @@ def default_out(settings: Settings) -> Path:
     return settings.stack.home / "reports"
 
 
-async def run(args: argparse.Namespace, store: EventStore) -> int:
-    """Write the report with ``store``; print where it went."""
+async def run(args: argparse.Namespace, store) -> int:
+    """Write the report with ``store`` (an EventStore); print where it went."""
+    # Imported here: `nearmiss check` builds this parser and should not pay for numpy/asyncpg.
+    from nearmiss.report import UnknownSession, write_fleet_report, write_session_report
+
     out = args.out or default_out(Settings.from_env())
     try:
         if len(args.sessions) == 1:
@@ -56,23 +56,9 @@ async def run(args: argparse.Namespace, store: EventStore) -> int:
     return 0
 
 
-@contextlib.asynccontextmanager
-async def open_store(settings: Settings):
-    """The configured event store, or the embedded one, started for the command if it is not."""
-    from infra.devstack import PostgresService
-
-    postgres = PostgresService(settings.stack) if settings.embedded_database else None
-    started = postgres.start() if postgres else False
-    store = await EventStore.connect(settings.database_url)
-    try:
-        yield store
-    finally:
-        await store.close()
-        if started:
-            postgres.stop()
-
-
 async def main(args: argparse.Namespace) -> int:
     """``run`` on the store the settings name: what ``nearmiss report`` calls."""
+    from nearmiss.kb_cli import open_store
+
     async with open_store(Settings.from_env()) as store:
         return await run(args, store)

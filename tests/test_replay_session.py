@@ -1,0 +1,106 @@
+"""`nearmiss replay`: a recorded model session replays deterministically, re-runs on today's JAX
+with its recorded answers at zero tokens, and its timeline is rendered. Real Temporal, real
+PostgreSQL, the openai client against the fake server for the recording."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from fake_openai import FakeOpenAI, answer
+from sessions import full_file, run_session
+
+from conftest import OPS, run_cli
+from nearmiss.replay import check_determinism, compare, rerun
+from nearmiss.service import build_worker, start_session
+from workflows.loop import Guards
+
+SOFTMAX = OPS / "softmax_rows"
+
+
+async def record_two_round_session(client, store):
+    with FakeOpenAI() as fake:
+        fake.script(
+            answer(
+                full_file((SOFTMAX / "variants" / "no_max_subtraction.py").read_text()),
+                prompt_tokens=1000,
+                completion_tokens=200,
+            ),
+            answer(
+                full_file((SOFTMAX / "golden.py").read_text()),
+                prompt_tokens=1100,
+                completion_tokens=150,
+            ),
+        )
+        result, *_ = await run_session(
+            client, store, fake, SOFTMAX / "spec.py", SOFTMAX / "variants" / "floor_grid.py"
+        )
+    assert result.certified and result.rounds == 2 and result.tokens.total == 2450
+    return result.session_id
+
+
+async def test_a_recorded_session_replays_and_reruns_without_tokens(
+    client, seeded_store, temporal_address, postgres_dsn
+):
+    store = seeded_store
+    session = await record_two_round_session(client, store)
+    async with build_worker(client, store, fail_workflows_on_error=True):
+        determinism = await check_determinism(client, session)
+        handle = await rerun(client, store, session)
+        again = await handle.result()
+        comparison = await compare(store, session, handle.id)
+    assert determinism.ok and determinism.history_events > 10, determinism.detail
+    assert again.certified and again.rounds == 2 and again.tokens.total == 0
+    assert comparison.same_behaviour, comparison.changes
+    phases = [old.phase for old, _ in comparison.steps]
+    assert phases[0] == "forensics" and phases[-1] == "certify" and "validate" in phases
+    assert all(old.candidate_hash == new.candidate_hash for old, new in comparison.steps)
+    # The re-run reused the recorded answers: its fixes name the recording, and it taught the
+    # knowledge base nothing (no session learns twice from one recording).
+    fixes = [e.payload for e in await store.read_stream(handle.id) if e.type == "FixProposed"]
+    assert [f["model"] for f in fixes] == [f"replay:{session}"] * 2
+    learned = await store.recent_of_type("KnowledgeAdded") + await store.recent_of_type(
+        "KnowledgeConfirmed"
+    )
+    assert handle.id not in {e.payload.get("session_id") for e in learned}
+
+    env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
+    ran = run_cli("replay", session, "--json", env=env)
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout)
+    assert out["determinism"]["ok"] and out["rerun"]["same_behaviour"]
+    assert out["rerun"]["tokens"] == {"input": 0, "cached_input": 0, "output": 0}
+    events = [row["event"] for row in out["timeline"]]
+    assert events[0] == "RepairStarted" and events[-1] == "RepairFinished"
+    assert events.count("FixProposed") == 2 and "KnowledgeRetrieved" in events
+    text = run_cli("replay", session, "--no-rerun", env=env)
+    assert text.returncode == 0 and "determinism check: ok" in text.stdout
+    missing = run_cli("replay", "repair-nope", env=env)
+    assert missing.returncode == 2 and "no repair session repair-nope" in missing.stderr
+
+
+async def test_a_change_in_behaviour_is_named(client, seeded_store):
+    # Control: comparing two sessions that behave differently must report the differences.
+    store = seeded_store
+    async with build_worker(client, store, fail_workflows_on_error=True):
+        certified = await start_session(
+            client,
+            store,
+            OPS / "matmul" / "spec.py",
+            OPS / "matmul" / "variants" / "missing_init.py",
+            "playbook",
+            Guards(),
+        )
+        stuck = await start_session(
+            client,
+            store,
+            OPS / "attention" / "spec.py",
+            OPS / "attention" / "variants" / "scale_one_over_d.py",
+            "playbook",
+            Guards(),
+        )
+        await certified.result(), await stuck.result()
+    comparison = await compare(store, certified.id, stuck.id)
+    assert not comparison.same_behaviour
+    assert any(c.startswith("outcome: recorded certified") for c in comparison.changes)
+    assert any("a different candidate was checked" in c for c in comparison.changes)
