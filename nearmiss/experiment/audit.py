@@ -1,0 +1,89 @@
+"""Audits: re-check an ablation's "successes" with what the ablation switched off.
+
+A success of debug-no-integrity is re-checked with the integrity gate enforced (the paper found
+wrappers computing the result outside the kernel); a success of debug-compact-only on the full
+suite (the paper found compact successes failing the extended suite). Each audit is a fresh,
+sandboxed ``nearmiss.check`` in a thread, its report kept by hash like any check's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from kb.events import EventStore
+from nearmiss.check import check
+from nearmiss.runner.session import UsageError
+
+
+@dataclass(frozen=True)
+class AuditTarget:
+    arm: str
+    near_miss: str
+    session_id: str
+    spec_hash: str
+    candidate_hash: str  # the certified candidate
+    candidate_name: str
+
+
+def audit_seed(session_id: str) -> int:
+    """A seed fixed by the session, so an audit can be reproduced from its record."""
+    return zlib.crc32(session_id.encode()) & 0x7FFFFFFF
+
+
+def rejected(arm: str, report) -> bool:
+    """Whether the stricter check takes the success back, by what the arm switched off."""
+    if arm == "debug-no-integrity":
+        return not report.integrity.ok
+    return report.extended_passed is False
+
+
+async def audit(store: EventStore, target: AuditTarget) -> dict:
+    """The verdict of one re-check (suite all, integrity enforced), as recorded."""
+    seed = audit_seed(target.session_id)
+    spec = await store.get_blob(target.spec_hash)
+    source = await store.get_blob(target.candidate_hash)
+    verdict = {
+        "session_id": target.session_id,
+        "candidate_hash": target.candidate_hash,
+        "suite": "all",
+        "integrity": "enforce",
+        "seed": seed,
+    }
+    with tempfile.TemporaryDirectory(prefix="nearmiss-audit-") as tmp:
+        spec_path, candidate_path = Path(tmp) / "spec.py", Path(tmp) / target.candidate_name
+        spec_path.write_bytes(spec)
+        candidate_path.write_bytes(source)
+        try:
+            report = await asyncio.to_thread(
+                check, spec_path, candidate_path, "all", seed, integrity="enforce"
+            )
+        except UsageError as exc:  # it was checked before; unusable now means not certifiable
+            return verdict | {"rejected": True, "certified": False, "error": str(exc)}
+    return verdict | {
+        "rejected": rejected(target.arm, report),
+        "certified": report.certified,
+        "integrity_ok": report.integrity.ok,
+        "violations": sorted({v.rule for v in report.integrity.violations}),
+        "extended_passed": report.extended_passed,
+        "failure_class": report.failure_class,
+        "report_hash": await store.put_blob(report.model_dump_json().encode()),
+    }
+
+
+async def run_audits(store: EventStore, targets: list[AuditTarget], parallel: int, say) -> list:
+    """(target, verdict) for every target; ``parallel`` checks at a time (each is two JAX
+    processes, so more than the cores only slows them all)."""
+    gate = asyncio.Semaphore(parallel)
+
+    async def one(target: AuditTarget):
+        async with gate:
+            verdict = await audit(store, target)
+        outcome = "REJECTED" if verdict["rejected"] else "upheld"
+        say(f"audit {target.arm} {target.near_miss} ({target.session_id}): {outcome}")
+        return target, verdict
+
+    return await asyncio.gather(*(one(t) for t in targets))

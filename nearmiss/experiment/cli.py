@@ -1,0 +1,145 @@
+"""`nearmiss experiment`: the debug-vs-regenerate table and its ablations, on your endpoint.
+
+    nearmiss experiment [--ops OP[,OP/VARIANT...]] --model openai:MODEL [--arms A,B,...]
+                        [--trials K] [--out DIR] [--concurrency N] [--seed N] [--learn]
+    nearmiss experiment show EXPERIMENT_ID [--out DIR] [--json]
+    nearmiss experiment list [--json]
+
+Services as for `nearmiss repair`: the configured ones, else the embedded dev stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+from nearmiss.cli_options import guards_from, positive
+from nearmiss.experiment.config import ARMS
+from nearmiss.settings import Settings
+from workflows.loop import Guards
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def add_parser(commands) -> None:
+    cmd = commands.add_parser(
+        "experiment",
+        help="debug vs regenerate and the ablations on corpus near-misses (the paper's table)",
+        description="Runs every arm on every near-miss --trials times, audits the ablations' "
+        "successes, records it all and writes table.md, table.csv, results.json and SVG plots.",
+    )
+    cmd.add_argument(
+        "--ops",
+        type=_names,
+        default=[],
+        help="operator names (all their near-misses) or op/variant ids, comma-separated "
+        "(default: one near-miss per op category)",
+    )
+    cmd.add_argument("--model", default="playbook", help="openai:MODEL (regenerate needs one)")
+    cmd.add_argument(
+        "--arms", type=_names, default=list(ARMS), help=f"some of {','.join(ARMS)} (default all)"
+    )
+    cmd.add_argument("--trials", type=positive(int), default=3, help="per arm and near-miss")
+    cmd.add_argument("--out", type=Path, help="output folder (default experiment-ID)")
+    cmd.add_argument("--concurrency", type=positive(int), default=2, help="sessions at once")
+    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument(
+        "--learn",
+        action="store_true",
+        help="let the knowledge base learn from the sessions (trials are then not independent)",
+    )
+    guards = Guards()  # per session, as for `nearmiss repair`
+    cmd.add_argument("--max-rounds", type=positive(int), default=guards.max_rounds)
+    cmd.add_argument("--token-budget", type=positive(int), default=guards.token_budget)
+    cmd.add_argument("--deadline", type=positive(float), default=guards.deadline_s)
+    actions = cmd.add_subparsers(dest="experiment_action")
+    show = actions.add_parser("show", help="recompute an experiment's table from the event log")
+    show.add_argument("experiment_id")
+    show.add_argument("--out", type=Path, help="also write the table files here")
+    show.add_argument("--json", action="store_true", help="print results.json instead")
+    listing = actions.add_parser("list", help="the experiments in the event log, newest first")
+    listing.add_argument("--json", action="store_true")
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+@contextlib.asynccontextmanager
+async def _store(settings: Settings):
+    """The event store alone (reading needs no Temporal); the embedded PostgreSQL if need be."""
+    from infra.devstack import PostgresService
+    from kb.events import EventStore
+
+    postgres = PostgresService(settings.stack) if settings.embedded_database else None
+    started = postgres.start() if postgres else False
+    store = await EventStore.connect(settings.database_url)
+    try:
+        yield store
+    finally:
+        await store.close()
+        if started:
+            postgres.stop()
+
+
+async def _show(args: argparse.Namespace, settings: Settings) -> int:
+    from nearmiss.experiment.records import list_experiments, load_table
+    from nearmiss.experiment.render import markdown, write_outputs
+
+    async with _store(settings) as store:
+        if args.experiment_action == "list":
+            found = await list_experiments(store)
+            if args.json:
+                print(json.dumps(found, indent=2))
+            for e in [] if args.json else found:
+                state = "finished" if e["finished"] else "running or interrupted"
+                print(
+                    f"{e['experiment_id']}  {e['started_at']}  {e['model']}  "
+                    f"{e['near_misses']} near-miss(es) × {len(e['arms'])} arm(s) × "
+                    f"{e['trials']} trial(s)  {state}"
+                )
+            return 0
+        table = await load_table(store, args.experiment_id)
+    if args.out:
+        for path in write_outputs(table, args.out):
+            _say(f"wrote {path}")
+    print(json.dumps(table.to_json(), indent=2) if args.json else markdown(table), end="")
+    return 0
+
+
+async def run(args: argparse.Namespace) -> int:
+    """The command; bad input raises UsageError/ValueError (the CLI makes that exit 2)."""
+    settings = Settings.from_env()
+    if getattr(args, "experiment_action", None):
+        return await _show(args, settings)
+    from nearmiss.experiment.config import ExperimentConfig, select
+    from nearmiss.experiment.records import load_table
+    from nearmiss.experiment.render import markdown, write_outputs
+    from nearmiss.experiment.runner import run_experiment
+    from nearmiss.service import services
+
+    config = ExperimentConfig(
+        near_misses=args.ops,
+        model=args.model,
+        arms=args.arms,
+        trials=args.trials,
+        seed=args.seed,
+        concurrency=args.concurrency,
+        learn=args.learn,
+        guards=guards_from(args),
+    )
+    config.validate_usage()
+    select(config.near_misses)  # an unknown name is a usage error before anything starts
+    out = args.out or Path(f"experiment-{config.experiment_id}")
+    async with services(settings) as (client, store):
+        await run_experiment(client, store, config, _say)
+        table = await load_table(store, config.experiment_id)
+    for path in write_outputs(table, out):
+        _say(f"wrote {path}")
+    print(markdown(table), end="")
+    return 0
