@@ -167,7 +167,7 @@ class AnsweringFake(FakeOpenAI):
     def _next(self, body, path, headers):
         with self._lock:
             self.requests.append(body)
-        prompt = body["messages"][-1]["content"]
+        prompt = "\n".join(m.get("content") or "" for m in body["messages"] if m["role"] == "user")
         if "Write, from scratch" in prompt:  # regenerate: trial 1 a broken kernel, 2 no code
             if body["seed"] % 2:
                 return Answer(full_file(FLOOR_GRID), prompt_tokens=700, completion_tokens=300)
@@ -273,3 +273,23 @@ async def test_a_small_experiment_end_to_end(
     with redirect_stdout(printed):
         assert await experiment_cli.run(parse(["experiment", "list", "--json"])) == 0
     assert json.loads(printed.getvalue())[0]["experiment_id"] == experiment_id
+
+
+async def test_the_command_runs_a_playbook_experiment_on_configured_services(
+    postgres_dsn, temporal_address, tmp_path, monkeypatch
+):
+    # The whole command as `nearmiss experiment` runs it: its own worker on the configured
+    # services, the zero-token playbook (so no regenerate arm), files written, table printed.
+    monkeypatch.setenv("TEMPORAL_ADDRESS", temporal_address)
+    monkeypatch.setenv("NEARMISS_DATABASE_URL", postgres_dsn)
+    out = tmp_path / "playbook"
+    argv = ["experiment", "--ops", "softmax_rows/floor_grid", "--arms", "debug,debug-compact-only"]
+    argv += ["--trials", "1", "--out", str(out)]
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        assert await experiment_cli.run(parse(argv)) == 0
+    text = printed.getvalue()
+    assert text == (out / "table.md").read_text()
+    assert "| debug | 100.0 % (1/1) | 100.0 % (1/1) | 0 | 0 | 0 |" in text
+    assert "successes failing the extended suite (re-checked: extended suite): 1 of 1" in text
+    assert "Operators only debug recovered" not in text  # no regenerate arm to compare with
