@@ -57,6 +57,14 @@ def markdown(table: Table) -> str:
     unfinished = sum(row.unfinished for row in table.rows)
     if unfinished:
         lines.append(f"- Trials whose session never finished (counted as failed): {unfinished}")
+    lines += [
+        "",
+        "Pass@1: certified trials / trials (mean over operators); Pass@k: operators certified "
+        "in some trial. Tokens (input + output) per operator are those of one trial; uncached: "
+        "input not served from a cache, plus output. Sessions, per-trial results and audit "
+        "reports (by hash) are in results.json; `nearmiss experiment show "
+        f"{table.experiment_id}` recomputes this table from the event log.",
+    ]
     lines += ["", "## Per operator: certified trials / trials", ""]
     arms = [row.arm for row in table.rows]
     lines.append("| near-miss | " + " | ".join(arms) + " |")
