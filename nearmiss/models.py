@@ -132,7 +132,8 @@ class Localisation(BaseModel):
 class CaseResult(BaseModel):
     """The verdict and evidence for one case."""
 
-    suite: Literal["compact", "extended"]
+    # "custom": a case an experiment asked for (nearmiss.tools), never part of a certificate.
+    suite: Literal["compact", "extended", "custom"]
     name: str
     dims: dict[str, int]
     dtype: str

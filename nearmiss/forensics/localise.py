@@ -113,7 +113,7 @@ def _spread(bad: np.ndarray) -> bool:
     )
 
 
-def _cell_sums(values: np.ndarray, cell_rows: int, cell_cols: int) -> np.ndarray:
+def cell_sums(values: np.ndarray, cell_rows: int, cell_cols: int) -> np.ndarray:
     """Sums over cell_rows × cell_cols blocks of a 2-D array, zero-padding the ragged edge."""
     rows, cols = values.shape
     n_rows, n_cols = -(-rows // cell_rows), -(-cols // cell_cols)
@@ -130,7 +130,7 @@ def mismatch_map(bad: np.ndarray, blocks: list[int] | None) -> MismatchMap | Non
     view = bad.reshape(-1, bad.shape[-1])
     rows, cols = view.shape
     cell_rows, cell_cols = -(-rows // MAP_CELLS), -(-cols // MAP_CELLS)
-    mismatched = _cell_sums(view, cell_rows, cell_cols)
+    mismatched = cell_sums(view, cell_rows, cell_cols)
     # Elements per cell, smaller along the ragged edge, so an edge cell's share is its own.
     row_counts = np.minimum(cell_rows, rows - np.arange(mismatched.shape[0]) * cell_rows)
     col_counts = np.minimum(cell_cols, cols - np.arange(mismatched.shape[1]) * cell_cols)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from nearmiss.runner.child import describe_exception, start_child
+from nearmiss.runner.geometry import kernel_geometry
 
 CANDIDATE_ENV = "NEARMISS_CANDIDATE"
 CANDIDATE_MODULE = "nearmiss_candidate"
@@ -27,40 +28,68 @@ def import_candidate(path: str):
     return module
 
 
-def run_case(kernel, request: dict) -> dict:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
+class Stages:
+    """Takes a function through JAX's stages — trace, compile, run — remembering the phase
+    reached, so that an exception is attributed to the phase that raised it."""
 
-    from nearmiss.runner.arrays import load_arrays, save_arrays
-    from nearmiss.runner.geometry import kernel_geometry
+    def __init__(self) -> None:
+        self.phase = "trace"
+
+    def run(self, function, args, result: dict, on_traced=None):
+        """(compiled, output) of ``function(*args)``; timings go into ``result``."""
+        import jax
+
+        self.phase = "trace"
+        started = time.perf_counter()
+        traced = jax.jit(function).trace(*args)
+        if on_traced is not None:
+            on_traced(traced)
+        self.phase = "compile"
+        compiled = traced.lower().compile()
+        result["compile_s"] = time.perf_counter() - started
+        self.phase = "run"
+        started = time.perf_counter()
+        output = jax.block_until_ready(compiled(*args))
+        result["run_s"] = time.perf_counter() - started
+        return compiled, output
+
+
+def load_case_inputs(request: dict):
+    """(case directory, the case's inputs as numpy arrays, as JAX arrays, the file's extras)."""
+    import jax.numpy as jnp
+
+    from nearmiss.runner.arrays import load_arrays
 
     case_dir = Path(request["dir"])
-    inputs, _ = load_arrays(case_dir / "inputs.npz")
-    args = [jnp.asarray(a) for a in inputs]
+    inputs, extra = load_arrays(case_dir / "inputs.npz")
+    return case_dir, inputs, [jnp.asarray(a) for a in inputs], extra
+
+
+def run_case(kernel, request: dict) -> dict:
+    import jax
+    import numpy as np
+
+    from nearmiss.runner.arrays import save_arrays
+
+    case_dir, inputs, args, _ = load_case_inputs(request)
     result: dict = {"event": "case_done", "suite": request["suite"], "name": request["name"]}
-    phase = "trace"
-    try:
-        started = time.perf_counter()
-        traced = jax.jit(kernel).trace(*args)
+
+    def examine(traced) -> None:
         try:
             result["geometry"] = kernel_geometry(traced.jaxpr)
         except Exception:  # geometry is a forensic hint; never fail a case over it
             result["geometry"] = []
         if request.get("audit"):
             result["audit"], result["audit_error"] = _audit(traced.jaxpr)
-        phase = "compile"
-        compiled = traced.lower().compile()
-        result["compile_s"] = time.perf_counter() - started
-        phase = "run"
-        started = time.perf_counter()
-        output = jax.block_until_ready(compiled(*args))
-        result["run_s"] = time.perf_counter() - started
+
+    stages = Stages()
+    try:
+        compiled, output = stages.run(kernel, args, result, on_traced=examine)
         leaves, treedef = jax.tree_util.tree_flatten(output)
         save_arrays(case_dir / "output.npz", [np.asarray(leaf) for leaf in leaves])
         result.update(ok=True, treedef=str(treedef))
     except (Exception, SystemExit) as exc:
-        result.update(ok=False, error=describe_exception(exc, phase))
+        result.update(ok=False, error=describe_exception(exc, stages.phase))
         return result
     if request.get("audit"):
         result["inputs_changed"] = _changed_inputs(args, inputs)
@@ -115,20 +144,26 @@ def _run_probes(compiled, probes: list[dict]) -> list[int]:
     return done
 
 
-def main() -> None:
-    channel = start_child()
-    from nearmiss.runner.interpret import force_interpret_on_cpu
+def serve(entry: str, run, *, interpret: bool = True) -> None:
+    """The life of a child that runs untrusted code: import the file, find its ``entry``
+    function, then answer each ``run`` request with ``run(function, request)``.
 
-    platform = force_interpret_on_cpu()
+    With ``interpret`` (every child that executes kernels) pallas_calls run in interpret mode on
+    CPU; a child that only lowers must see the real lowering instead.
+    """
+    channel = start_child()
     import jax
 
+    from nearmiss.runner.interpret import force_interpret_on_cpu
+
+    platform = force_interpret_on_cpu() if interpret else jax.default_backend()
     try:
         module = import_candidate(os.environ[CANDIDATE_ENV])
     except (Exception, SystemExit) as exc:
         channel.send(event="import_failed", error=describe_exception(exc, "import"))
         os._exit(0)
-    kernel = getattr(module, "kernel", None)
-    if not callable(kernel):
+    function = getattr(module, entry, None)
+    if not callable(function):
         channel.send(event="no_kernel")
         os._exit(0)
     channel.send(event="ready", platform=platform, jax_version=jax.__version__)
@@ -136,9 +171,13 @@ def main() -> None:
         request = channel.receive()
         if request.get("cmd") != "run":
             break
-        channel.send(**run_case(kernel, request))
+        channel.send(**run(function, request))
     sys.stdout.flush()
     os._exit(0)
+
+
+def main() -> None:
+    serve("kernel", run_case)
 
 
 if __name__ == "__main__":

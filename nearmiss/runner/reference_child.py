@@ -65,6 +65,19 @@ def write_probes(jax, np, spec, case, key, arrays, reference, case_dir: Path) ->
     return probes
 
 
+def input_names(spec, count: int) -> list[str]:
+    """The reference's parameter names for ``count`` inputs (x0, x1, ... where it has none)."""
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(spec.reference).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    named = [p.name for p in parameters if p.kind in kinds]
+    return [named[i] if i < len(named) else f"x{i}" for i in range(count)]
+
+
 def _arrays_or_none(jax, np, values):
     """The values as numpy arrays, or None when any is not an array."""
     out = []
@@ -80,12 +93,15 @@ def prepare(channel: Channel, request: dict) -> None:
     import numpy as np
 
     from nearmiss.runner.arrays import save_arrays
+    from nearmiss.runner.selection import SelectionError, select_cases
     from nearmiss.spec import SpecError, load_spec
 
     try:
         spec = load_spec(request["spec"])
-        cases = [(suite, case) for suite in ("compact", "extended") for case in spec.suite(suite)]
-        cases = [(s, c) for s, c in cases if request["suite"] in ("all", s)]
+        cases = select_cases(spec, request["suite"], request.get("select"))
+    except SelectionError as exc:
+        channel.send(event="spec_error", message=f"invalid case request: {exc}")
+        return
     except SpecError as exc:
         channel.send(event="spec_error", message=str(exc))
         return
@@ -149,7 +165,9 @@ def prepare(channel: Channel, request: dict) -> None:
             return
         case_dir = workdir / f"{suite}-{case.name}"
         case_dir.mkdir(parents=True, exist_ok=True)
-        save_arrays(case_dir / "inputs.npz", arrays)
+        # The inputs carry their names: a probe's reference expressions refer to them by name.
+        names = input_names(spec, len(arrays))
+        save_arrays(case_dir / "inputs.npz", arrays, {"names": names})
         save_arrays(case_dir / "reference.npz", ref_arrays, {"treedef": str(treedef)})
         reference_s = time.perf_counter() - started
         work, probes = None, []
@@ -173,6 +191,10 @@ def prepare(channel: Channel, request: dict) -> None:
             reference_s=reference_s,
             reference_work=work,
             probes=probes,
+            inputs=[
+                f"{name}: {a.dtype.name}{list(a.shape)}"
+                for name, a in zip(names, arrays, strict=True)
+            ],
         )
     channel.send(event="done")
 

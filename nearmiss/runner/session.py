@@ -34,6 +34,19 @@ class UsageError(Exception):
     """The inputs are unusable (bad spec, no kernel...): a one-line reason, exit status 2."""
 
 
+@dataclass(frozen=True)
+class Entry:
+    """What the untrusted child does with each case: its module, the function the file must
+    define, and fields added to every run request (a probe's expressions, a lowering platform)."""
+
+    module: str = CANDIDATE_MODULE
+    function: str = "kernel"
+    request: dict[str, Any] = field(default_factory=dict)
+
+
+KERNEL = Entry()
+
+
 @dataclass
 class CaseInfo:
     suite: str
@@ -56,7 +69,9 @@ class RawCase:
     info: CaseInfo
     reference: list[np.ndarray]
     reference_tree: str
+    inputs: list[str] = field(default_factory=list)  # "x: float32[64, 256]", from the spec's child
     outputs: list[np.ndarray] | None = None
+    output_extra: dict[str, Any] = field(default_factory=dict)  # what the child filed with them
     output_tree: str | None = None
     error: dict[str, Any] | None = None  # an exception inside the candidate child
     failure: str | None = None  # "timeout" or "died": the child itself failed
@@ -163,10 +178,11 @@ def _record_integrity(raw: RawCase, message: dict[str, Any], case_dir: Path) -> 
 class _CandidateRunner:
     """Keeps one candidate child alive across cases; replaces it after a timeout or crash."""
 
-    def __init__(self, candidate: Path, limits: Limits, platform: str) -> None:
+    def __init__(self, candidate: Path, limits: Limits, platform: str, entry: Entry) -> None:
         self.candidate = candidate
         self.limits = limits
         self.platform = platform
+        self.entry = entry
         self.child: SandboxChild | None = None
         # Set when the candidate cannot even be imported: every case gets the same finding.
         self.import_problem: dict[str, Any] | None = None
@@ -175,7 +191,7 @@ class _CandidateRunner:
         home = Path(tempfile.mkdtemp(prefix="nearmiss-candidate-"))
         shutil.copy(self.candidate, home / self.candidate.name)
         self.child = SandboxChild(
-            CANDIDATE_MODULE,
+            self.entry.module,
             home,
             self.limits,
             self.platform,
@@ -196,7 +212,9 @@ class _CandidateRunner:
             return
         if message["event"] == "no_kernel":
             self.stop()
-            raise UsageError(f"candidate {self.candidate} defines no callable `kernel`")
+            raise UsageError(
+                f"candidate {self.candidate} defines no callable `{self.entry.function}`"
+            )
         if message["event"] == "import_failed" and isinstance(message.get("error"), dict):
             self.import_problem = {"error": {**message["error"], "phase": "import"}}
             self.stop()
@@ -233,6 +251,7 @@ class _CandidateRunner:
                 dir=str(case_dir),
                 audit=raw.audited,
                 probes=probes,
+                **self.entry.request,
             )
             message = self.child.receive(self.limits.case_timeout_s)
         except ChildFailure as exc:
@@ -256,7 +275,7 @@ class _CandidateRunner:
         raw.compile_s = _seconds(message.get("compile_s"))
         raw.run_s = _seconds(message.get("run_s"))
         if message.get("ok"):
-            raw.outputs, _ = load_arrays(case_dir / "output.npz")
+            raw.outputs, raw.output_extra = load_arrays(case_dir / "output.npz")
             raw.output_tree = str(message["treedef"])
             if raw.audited:
                 _record_integrity(raw, message, case_dir)
@@ -282,17 +301,22 @@ def run_sandboxed(
     platform: str = "cpu",
     audit: bool = True,
     execute: bool = True,
+    select: dict[str, Any] | None = None,
+    entry: Entry = KERNEL,
 ) -> RawRun:
     """Run the spec's cases of ``suite`` against the candidate, each side in its own child.
 
     With ``audit`` the run also gathers integrity evidence: the reference's work per case, the
     candidate's jaxpr audit, whether inputs survive the call, and input-independence probes on
     the first case. Without ``execute`` only the spec is read: the candidate never starts.
+    ``select`` picks one named or custom case instead of the suite (see ``selection``; a request
+    the spec does not allow is a UsageError saying what it allows); ``entry`` says what the
+    untrusted child does with each case — run the kernel by default.
     """
     spec, candidate = spec.resolve(), candidate.resolve()
     workdir = Path(tempfile.mkdtemp(prefix="nearmiss-reference-"))
     reference = SandboxChild(REFERENCE_MODULE, workdir / "home", limits, platform)
-    runner = _CandidateRunner(candidate, limits, platform)
+    runner = _CandidateRunner(candidate, limits, platform, entry)
     feed: _ReferenceFeed | None = None
     try:
         reference.send(
@@ -302,6 +326,7 @@ def run_sandboxed(
             suite=suite,
             workdir=str(workdir / "cases"),
             integrity=audit,
+            select=select,
         )
         feed = _ReferenceFeed(reference)
         if execute:
@@ -315,7 +340,13 @@ def run_sandboxed(
             info = CaseInfo(atol=atol, rtol=rtol, **item)
             ready = feed.next("case_ready")
             reference_arrays, extra = load_arrays(Path(ready["dir"]) / "reference.npz")
-            raw = RawCase(info, reference_arrays, extra["treedef"], audited=audit)
+            raw = RawCase(
+                info,
+                reference_arrays,
+                extra["treedef"],
+                inputs=list(ready.get("inputs", [])),
+                audited=audit,
+            )
             probe_dirs = {}
             if audit:
                 raw.reference_work = ready.get("reference_work")
@@ -346,4 +377,4 @@ def run_sandboxed(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-__all__ = ["Limits", "RawCase", "RawRun", "UsageError", "run_sandboxed"]
+__all__ = ["KERNEL", "Entry", "Limits", "RawCase", "RawRun", "UsageError", "run_sandboxed"]
