@@ -30,25 +30,24 @@ from nearmiss.runner.session import Limits, RawCase, UsageError, run_sandboxed
 SUITES = ("compact", "extended", "all")
 
 
-def binds_kernel(source: str) -> bool | None:
-    """Whether the module binds a top-level ``kernel``; None when that cannot be told statically."""
+def binds_kernel(source: str, name: str = "kernel") -> bool | None:
+    """Whether the module binds a top-level ``name`` (``kernel``, or a probe's ``probe``); None
+    when that cannot be told statically."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return None  # a finding for the sandbox to report, not a usage error
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            if node.name == "kernel":
+            if node.name == name:
                 return True
         elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(
-                isinstance(n, ast.Name) and n.id == "kernel" for t in targets for n in ast.walk(t)
-            ):
+            if any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t)):
                 return True
         elif isinstance(node, ast.Import | ast.ImportFrom):
             for alias in node.names:
-                if alias.name == "*" or (alias.asname or alias.name.split(".")[0]) == "kernel":
+                if alias.name == "*" or (alias.asname or alias.name.split(".")[0]) == name:
                     return True
         elif isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
             return None  # conditional definitions: let the import decide
