@@ -313,3 +313,12 @@ def test_a_probe_without_a_probe_function_is_refused(monkeypatch):
     source = "def kernel(x):\n    return x\n"
     outcome = probe(SOFTMAX / "spec.py", SOFTMAX / "golden.py", source, reference={"": "x"})
     assert outcome.summary == "error: probe_source defines no top-level function `probe`"
+
+
+@pytest.mark.parametrize("tool", ["run_case", "error_map", "lower"])
+def test_a_candidate_the_gate_would_not_execute_is_not_executed_by_a_tool(monkeypatch, tool):
+    monkeypatch.setattr(experiment_module, "run_sandboxed", None)  # nothing may run
+    cheat = OPS / "integrity" / "cheats" / "credential_reader.py"
+    result = run_tool(tool, {}, spec_path=SOFTMAX / "spec.py", candidate_path=cheat)
+    assert not result.ok
+    assert "not executed" in result.summary and "import of `os`" in result.summary
