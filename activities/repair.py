@@ -10,14 +10,14 @@ import asyncio
 import os
 import tempfile
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.agent import AgentActivities
 from activities.evidence import evidence_from_report
-from activities.fixers.base import Fixer, FixerError
+from activities.fixers.base import Fixer, FixerError, to_activity_error
 from activities.fixers.replay import is_replay, recorded_fix
 from kb.events import EventStore, NewEvent
 from kb.knowledge import failed_attempts, retrieve
@@ -78,6 +78,10 @@ class RepairActivities:
         self.fixer_factory = fixer_factory
         # Each check runs two JAX processes; more at once than cores only slows all of them.
         self.checks = asyncio.Semaphore(parallel_checks)
+        # The tool-using agent's rounds: model turns and experiments (they share the checks).
+        self.agent = AgentActivities(
+            store, fixer_factory, self.checks, self._learned_patch, _with_heartbeats
+        )
 
     @activity.defn(name="check_candidate")
     async def check_candidate(self, request: CheckInput) -> Evidence:
@@ -137,10 +141,7 @@ class RepairActivities:
         try:
             result = await _with_heartbeats(fixer.propose(fix_request))
         except FixerError as exc:
-            if not exc.retryable:
-                raise ApplicationError(str(exc), type="FixerFatal", non_retryable=True) from exc
-            delay = timedelta(seconds=exc.retry_after_s) if exc.retry_after_s else None
-            raise ApplicationError(str(exc), type="FixerRetry", next_retry_delay=delay) from exc
+            raise to_activity_error(exc) from exc
         outcome = FixOutcome(
             summary=result.summary,
             reason=result.reason,
@@ -196,4 +197,5 @@ class RepairActivities:
             self.propose_fix,
             self.record_events,
             self.learn_from_session,
+            *self.agent.all(),
         ]

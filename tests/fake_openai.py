@@ -15,6 +15,7 @@ is used up the server answers 500 saying so. Every connection is closed after it
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections import deque
@@ -32,6 +33,8 @@ class Answer:
     cached_tokens: int | None = None  # None: no prompt_tokens_details at all
     finish_reason: str = "stop"
     delay_s: float = 0.0
+    # OpenAI tool calls: {"id", "name", "arguments"} (arguments a JSON string, sent verbatim).
+    tool_calls: list[dict] | None = None
 
 
 @dataclass
@@ -60,6 +63,24 @@ def slow(content: str, delay_s: float, **kw) -> Answer:
     return Answer(content, delay_s=delay_s, **kw)
 
 
+_CALL_IDS = itertools.count(1)
+
+
+def call(name: str, arguments: dict | str, call_id: str | None = None) -> dict:
+    """One tool call for ``tool_answer``; a str ``arguments`` is sent as is (e.g. broken JSON)."""
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {
+        "id": call_id or f"call_{name}_{abs(hash(raw)) % 10**8}",
+        "name": name,
+        "arguments": raw,
+    }
+
+
+def tool_answer(*calls: dict, content: str | None = None, **kw) -> Answer:
+    """An assistant turn that calls tools (finish_reason ``tool_calls``)."""
+    return Answer(content, tool_calls=list(calls), finish_reason="tool_calls", **kw)
+
+
 def _error(message: str, type_: str, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
 
@@ -82,6 +103,12 @@ def unauthorized() -> Fault:
     return Fault(
         401, _error("Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
     )
+
+
+def tools_unsupported() -> Fault:
+    """What vLLM/llama.cpp servers without tool support answer to a request with ``tools``."""
+    message = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser'
+    return Fault(400, _error(message, "BadRequestError"))
 
 
 def context_length(with_code: bool = True) -> Fault:
@@ -182,6 +209,15 @@ def _completion(step: Answer, model: str) -> dict:
     if step.cached_tokens is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": step.cached_tokens}
     message = {"role": "assistant", "content": step.content}
+    if step.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for c in step.tool_calls
+        ]
     return {
         "id": "chatcmpl-fake",
         "object": "chat.completion",

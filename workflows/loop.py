@@ -45,6 +45,9 @@ class Guards(BaseModel):
     uncached_token_budget: int | None = Field(default=None, ge=0)
     no_progress_rounds: int = Field(default=3, ge=1)
     deadline_s: float = Field(default=3600.0, gt=0)
+    # The tool-using agent's experiments (run_case, probe, ...): per round, and per repair.
+    max_tool_calls_per_round: int = Field(default=8, ge=0)
+    max_tool_calls: int = Field(default=40, ge=0)
 
 
 class Action(BaseModel):
@@ -184,6 +187,7 @@ class RepairLoop:
                     "prompt_hash": outcome.prompt_hash,
                     "response_hash": outcome.response_hash,
                     "tokens": outcome.tokens.model_dump(),
+                    "tool_calls": outcome.tool_calls,
                 },
             )
         ]

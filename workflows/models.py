@@ -106,6 +106,7 @@ class FixOutcome(BaseModel):
     prompt_hash: str = ""
     response_hash: str = ""
     fatal: bool = False  # the fixer cannot go on (a non-retryable model error)
+    tool_calls: int = 0  # experiments the agent ran in this round
 
 
 class CheckInput(BaseModel):
@@ -147,3 +148,54 @@ class RecordInput(BaseModel):
     stream_id: str
     expected_version: int
     events: list[dict]  # {"type": ..., "payload": ...}
+
+
+# --- the tool-using fix agent ----------------------------------------------------------------
+
+
+class ToolCall(BaseModel):
+    """A tool call as the model made it; ``arguments`` is its raw JSON text (maybe malformed)."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
+class ToolAnswer(BaseModel):
+    """The answer the model gets to one call, and what the session records of it."""
+
+    call_id: str
+    tool: str
+    arguments: str = "{}"
+    ok: bool = False
+    content: str = ""  # compact text for the model
+    data_hash: str = ""  # the full structured result in the blob store, when there is one
+
+
+class AgentStepInput(BaseModel):
+    fix: FixInput
+    conversation_hash: str = ""  # "" for the first step of a round
+    answers: list[ToolAnswer] = Field(default_factory=list)  # to the previous step's calls
+    tools_allowed: bool = True  # False: the round's tool budget is spent, edit now
+    tool_budget: int = 0  # tool calls this round, as the first prompt states it
+    note: str = ""  # said to the model with the answers, e.g. how many calls are left
+
+
+class AgentStep(BaseModel):
+    """One model turn of a round: tool calls to run, or the round's outcome."""
+
+    conversation_hash: str
+    tokens: TokenUsage = Field(default_factory=TokenUsage)
+    calls: list[ToolCall] = Field(default_factory=list)  # for run_tool
+    # Calls the step answered itself (malformed arguments, unknown tools, an edit that did not
+    # apply): recorded like the others, never run.
+    answered: list[ToolAnswer] = Field(default_factory=list)
+    outcome: FixOutcome | None = None  # set when the round ends
+
+
+class ToolInput(BaseModel):
+    spec_hash: str
+    candidate_hash: str
+    candidate_name: str
+    call: ToolCall
+    evidence: Evidence | None = None  # for kb_search's default query

@@ -17,6 +17,7 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from workflows.agent_round import is_agent_model, run_agent_round
     from workflows.loop import Guards, LoopState, PlannedEvent, RepairLoop
     from workflows.models import (
         CheckInput,
@@ -98,6 +99,7 @@ class Progress(BaseModel):
     tokens: TokenUsage = Field(default_factory=TokenUsage)
     stop_reason: str | None = None
     events_recorded: int = 0
+    tool_calls: int = 0
 
 
 @workflow.defn(name="RepairWorkflow")
@@ -106,6 +108,7 @@ class RepairWorkflow:
         self.loop: RepairLoop | None = None
         self.version = 0  # of this session's event stream
         self.phase = "starting"
+        self.tool_calls = 0  # the agent's experiments in this session
 
     @workflow.query
     def progress(self) -> Progress:
@@ -121,6 +124,7 @@ class RepairWorkflow:
             tokens=state.tokens,
             stop_reason=state.stop_reason,
             events_recorded=self.version,
+            tool_calls=self.tool_calls,
         )
 
     @workflow.run
@@ -213,6 +217,21 @@ class RepairWorkflow:
                 "patches": [p["entry_id"] for p in retrieved.patches],
             }
             await self._record([PlannedEvent(type="KnowledgeRetrieved", payload=payload)])
+        guards = request.guards
+        # A chat model may run experiments first (sessions from before the agent replay without).
+        agent = is_agent_model(request.model) and guards.max_tool_calls_per_round > 0
+        if agent and workflow.patched("agent-tools"):
+            budget = guards.token_budget
+            outcome = await run_agent_round(
+                fix,
+                FIX_OPTIONS,
+                per_round=guards.max_tool_calls_per_round,
+                tools_left=guards.max_tool_calls - self.tool_calls,
+                tokens_left=None if budget is None else budget - state.tokens.total,
+                record=self._record,
+            )
+            self.tool_calls += outcome.tool_calls
+            return outcome
         try:
             return await workflow.execute_activity(
                 "propose_fix", fix, result_type=FixOutcome, **FIX_OPTIONS

@@ -8,7 +8,10 @@ them into Temporal retries. Anything else about an answer (a malformed or non-ap
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Protocol
+
+from temporalio.exceptions import ApplicationError
 
 from workflows.models import FixRequest, FixResult
 
@@ -18,6 +21,14 @@ class FixerError(Exception):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after_s = retry_after_s
+
+
+def to_activity_error(exc: FixerError) -> ApplicationError:
+    """A fixer failure as Temporal sees it: retried (after Retry-After) or fatal for the round."""
+    if not exc.retryable:
+        return ApplicationError(str(exc), type="FixerFatal", non_retryable=True)
+    delay = timedelta(seconds=exc.retry_after_s) if exc.retry_after_s else None
+    return ApplicationError(str(exc), type="FixerRetry", next_retry_delay=delay)
 
 
 class Fixer(Protocol):

@@ -1,0 +1,146 @@
+"""One fix round of the tool-using agent, as workflow code (deterministic, activities by name).
+
+    agent_step ─► tool calls? ─► run_tool each (recorded as ToolCalled) ─► agent_step ─► ...
+         └─► outcome (an edit, or none with its reason) ends the round
+
+Bounded three ways: tool calls per round and per repair (the guards; calls beyond them are
+answered "not run"), the session's token budget, and a cap on model turns per round. Every
+model turn and every tool call is an activity, so a worker restart mid-round resumes where the
+history says, running nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.loop import PlannedEvent
+    from workflows.models import (
+        AgentStep,
+        AgentStepInput,
+        FixInput,
+        FixOutcome,
+        TokenUsage,
+        ToolAnswer,
+        ToolInput,
+    )
+
+TOOL_OPTIONS = dict(
+    start_to_close_timeout=timedelta(minutes=10),
+    heartbeat_timeout=timedelta(seconds=15),
+    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10), maximum_attempts=3),
+)
+EXTRA_TURNS = 3  # model turns beyond one per allowed tool call (bad edits, malformed calls)
+RECORDED_CHARS = 600  # of a call's arguments and answer in its ToolCalled event
+
+
+def is_agent_model(model: str) -> bool:
+    """Models that can run experiments (a chat endpoint); the playbook and replays cannot."""
+    return model.startswith("openai:")
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= RECORDED_CHARS else text[:RECORDED_CHARS] + "…"
+
+
+def _called(round_: int, answer: ToolAnswer, ran: bool) -> PlannedEvent:
+    payload = {
+        "round": round_,
+        "call_id": answer.call_id,
+        "tool": answer.tool,
+        "arguments": _clip(answer.arguments),
+        "ran": ran,
+        "ok": answer.ok,
+        "summary": _clip(answer.content),
+        "data_hash": answer.data_hash,
+    }
+    return PlannedEvent(type="ToolCalled", payload=payload)
+
+
+async def run_agent_round(
+    fix: FixInput,
+    fix_options: dict,
+    *,
+    per_round: int,
+    tools_left: int,
+    tokens_left: int | None,
+    record: Callable[[list[PlannedEvent]], Awaitable[None]],
+) -> FixOutcome:
+    """The round's outcome, with the tokens of all its turns and the tool calls it ran."""
+    budget = max(0, min(per_round, tools_left))
+    step_input = AgentStepInput(fix=fix, tool_budget=budget, tools_allowed=budget > 0)
+    tokens, ran = TokenUsage(), 0
+    for _turn in range(budget + EXTRA_TURNS):
+        try:
+            step = await workflow.execute_activity(
+                "agent_step", step_input, result_type=AgentStep, **fix_options
+            )
+        except ActivityError as err:  # retries exhausted, or a non-retryable model error
+            reason = f"the fixer failed: {err.cause or err}"
+            return FixOutcome(fatal=True, reason=reason, model=fix.model, tokens=tokens)
+        tokens = tokens + step.tokens
+        answers = list(step.answered)
+        events = [_called(fix.round, answer, ran=False) for answer in step.answered]
+        if step.outcome is not None:
+            await record(events)  # e.g. calls refused because the round had to end
+            return step.outcome.model_copy(update={"tokens": tokens, "tool_calls": ran})
+        for call in step.calls:
+            if ran >= budget:
+                answer = ToolAnswer(
+                    call_id=call.id,
+                    tool=call.name,
+                    arguments=call.arguments,
+                    content="not run: the tool budget of this round is spent",
+                )
+                events.append(_called(fix.round, answer, ran=False))
+            else:
+                answer = await _run_tool(fix, call)
+                ran += 1
+                events.append(_called(fix.round, answer, ran=True))
+            answers.append(answer)
+        await record(events)
+        if tokens_left is not None and tokens.total >= tokens_left:
+            reason = "the token budget ran out during the round's experiments"
+            return FixOutcome(reason=reason, model=fix.model, tokens=tokens, tool_calls=ran)
+        left = budget - ran
+        note = (
+            f"{left} tool call(s) left this round."
+            if left > 0
+            else "The tool budget of this round is spent: answer now with your edit."
+        )
+        step_input = AgentStepInput(
+            fix=fix,
+            conversation_hash=step.conversation_hash,
+            answers=answers,
+            tools_allowed=left > 0,
+            tool_budget=budget,
+            note=note,
+        )
+    reason = f"no edit after {budget + EXTRA_TURNS} model turns"
+    return FixOutcome(reason=reason, model=fix.model, tokens=tokens, tool_calls=ran)
+
+
+async def _run_tool(fix: FixInput, call) -> ToolAnswer:
+    tool_input = ToolInput(
+        spec_hash=fix.spec_hash,
+        candidate_hash=fix.candidate_hash,
+        candidate_name=fix.candidate_name,
+        call=call,
+        evidence=fix.evidence,
+    )
+    try:
+        return await workflow.execute_activity(
+            "run_tool", tool_input, result_type=ToolAnswer, **TOOL_OPTIONS
+        )
+    except ActivityError as err:  # the experiment itself broke: the model hears why
+        return ToolAnswer(
+            call_id=call.id,
+            tool=call.name,
+            arguments=call.arguments,
+            content=f"error: the tool failed: {err.cause or err}",
+        )
