@@ -49,7 +49,7 @@ SUMMARISED_CHARS = 300  # what is left of an earlier tool result once the budget
 RECORDED_CHARS = 600  # of a tool's arguments and summary in its ToolCalled event
 KB_HITS = 5
 
-_TEXT_CALL = re.compile(r"^\s*TOOL\s+([A-Za-z_]\w*)\s*(.*)$", re.M)
+_TEXT_CALL = re.compile(r"^[ \t]*TOOL[ \t]+([A-Za-z_]\w*)[ \t]*(.*)$", re.M)
 
 KB_SEARCH = {
     "type": "function",

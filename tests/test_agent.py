@@ -15,6 +15,7 @@ from temporalio.worker import Replayer
 from test_worker_crash import start_worker
 
 from conftest import OPS, ROOT
+from nearmiss.report import load_session
 from nearmiss.service import start_session
 from workflows.loop import Guards
 from workflows.repair import RepairWorkflow
@@ -95,6 +96,11 @@ async def test_experiments_locate_a_carry_reset_on_the_wrong_axis_and_the_fix_ce
     assert {t["function"]["name"] for t in requests[0]["tools"]} >= {"probe", "propose_edit"}
     data = json.loads(await seeded_store.get_blob(calls[1]["data_hash"]))
     assert data["comparisons"][0]["first_index"] == [8, 0]
+    # The report's timeline shows the experiments.
+    view = await load_session(seeded_store, result.session_id)
+    shown = [row.text for row in view.timeline if row.kind == "ToolCalled"]
+    assert shown[0].startswith("experiment error_map(") and "6/9 bad" in shown[0]
+    assert shown[1].startswith("experiment probe(") and "carry_in float32[20, 3]" in shown[1]
     # A session with tool calls replays deterministically.
     history = await client.get_workflow_handle(result.session_id).fetch_history()
     replayer = Replayer(workflows=[RepairWorkflow], data_converter=pydantic_data_converter)

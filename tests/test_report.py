@@ -143,7 +143,13 @@ async def _hand_written_session(store, finished: bool = True) -> str:
         NewEvent("KnowledgeRetrieved", {"round": 1, "entry_ids": ["seed-tail"], "patches": []}),
         NewEvent(
             "ToolCalled",
-            {"round": 1, "tool": "run_case", "arguments": {"case": "<b>"}, "summary": "ran it"},
+            {
+                "round": 1,
+                "tool": "run_case",
+                "arguments": '{"case": "<b>"}',
+                "ran": True,
+                "summary": "ran it",
+            },
         ),
         NewEvent(
             "FixProposed",
@@ -182,7 +188,7 @@ async def test_model_text_is_escaped_and_every_event_has_a_row(store, tmp_path):
     assert '<span class="add">+    return x + 1  # &lt;fixed&gt;</span>' in html
     assert '<span class="del">-    return x</span>' in html
     assert [row.kind for row in view.timeline][3] == "ToolCalled"
-    assert "tool run_case({&quot;case&quot;: &quot;&lt;b&gt;&quot;}) → ran it" in html
+    assert "experiment run_case({&quot;case&quot;: &quot;&lt;b&gt;&quot;}) → ran it" in html
     assert "knowledge used: seed-tail" in html and "cases 0/1 passed" in html
     # The token chart: one round, stacked cached / uncached input / output.
     assert "<svg" in html and "round 1: 600 tokens input, cached" in html

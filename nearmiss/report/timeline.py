@@ -14,6 +14,10 @@ from nearmiss.models import CheckReport
 MAX_JSON_CHARS = 300
 
 
+TOOL_ARGUMENT_CHARS = 120
+TOOL_ANSWER_CHARS = 300
+
+
 def short_hash(digest: str | None) -> str:
     """'sha256:0123abcd…' → '0123abcd' (what a reader needs to tell candidates apart)."""
     return (digest or "").split(":")[-1][:8] or "-"
@@ -71,6 +75,21 @@ def _finished(p: dict) -> str:
     )
 
 
+def _tool_called(p: dict) -> str:
+    """An experiment of the agent: the call (arguments cut short: a probe is a whole file) and
+    the gist of what it answered."""
+    arguments = p.get("arguments", "")
+    arguments = arguments if isinstance(arguments, str) else compact_json(arguments)
+    arguments = " ".join(arguments.split())
+    if len(arguments) > TOOL_ARGUMENT_CHARS:
+        arguments = arguments[:TOOL_ARGUMENT_CHARS] + "…"
+    answer = " ".join((p.get("summary") or "-").split())
+    if len(answer) > TOOL_ANSWER_CHARS:
+        answer = answer[:TOOL_ANSWER_CHARS] + "…"
+    state = "" if p.get("ran", True) else " (not run)"
+    return f"experiment {p.get('tool')}({arguments}){state} → {answer}"
+
+
 def describe_event(kind: str, p: dict, report: CheckReport | None = None) -> str:
     """The event in one sentence; ``report`` is an EvidenceCollected's CheckReport, if loaded."""
     if kind == "RepairStarted":
@@ -99,8 +118,5 @@ def describe_event(kind: str, p: dict, report: CheckReport | None = None) -> str
     if kind == "RepairFinished":
         return _finished(p)
     if kind == "ToolCalled":
-        return (
-            f"tool {p.get('tool')}({compact_json(p.get('arguments', {}))}) → "
-            f"{p.get('summary') or '-'}"
-        )
+        return _tool_called(p)
     return compact_json(p)
