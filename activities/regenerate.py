@@ -13,13 +13,12 @@ from __future__ import annotations
 import ast
 import os
 from collections.abc import Callable
-from datetime import timedelta
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import prompts
-from activities.fixers.base import FixerError
+from activities.fixers.base import FixerError, to_activity_error
 from activities.fixers.edits import EditError, full_file, summary_line
 from activities.fixers.openai_fixer import complete, make_client, prompt_text
 from activities.repair import _with_heartbeats
@@ -107,14 +106,6 @@ def make_generator(model: str) -> OpenAIKernelGenerator:
     )
 
 
-def application_error(exc: FixerError) -> ApplicationError:
-    """A model failure as Temporal sees it: retried (after Retry-After) or final."""
-    if not exc.retryable:
-        return ApplicationError(str(exc), type="FixerFatal", non_retryable=True)
-    delay = timedelta(seconds=exc.retry_after_s) if exc.retry_after_s else None
-    return ApplicationError(str(exc), type="FixerRetry", next_retry_delay=delay)
-
-
 class RegenerateActivities:
     def __init__(
         self,
@@ -134,7 +125,7 @@ class RegenerateActivities:
         try:
             result = await _with_heartbeats(generator.generate(request, spec_source))
         except FixerError as exc:
-            raise application_error(exc) from exc
+            raise to_activity_error(exc) from exc
         finally:
             await generator.aclose()
         generated = GeneratedKernel(
