@@ -221,9 +221,7 @@ class AgentActivities:
                 tried=fix.tried,
                 knowledge=fix.knowledge,
             )
-            conversation = Conversation(
-                messages=first_messages(fix_request, request.tool_budget)
-            )
+            conversation = Conversation(messages=first_messages(fix_request, request.tool_budget))
         else:
             blob = await self.store.get_blob(request.conversation_hash)
             conversation = Conversation.model_validate_json(blob)
@@ -241,9 +239,7 @@ class AgentActivities:
                 await fixer.aclose()
         step, edited = self._read_turn(conversation, completion, source, request.tools_allowed)
         step.tokens = tokens
-        step.conversation_hash = await self.store.put_blob(
-            conversation.model_dump_json().encode()
-        )
+        step.conversation_hash = await self.store.put_blob(conversation.model_dump_json().encode())
         if step.outcome is not None:
             step.outcome.model = fix.model
             if edited is not None:

@@ -21,10 +21,10 @@ from activities import prompts
 from activities.fixers.base import FixerError, to_activity_error
 from activities.fixers.edits import EditError, full_file, summary_line
 from activities.fixers.openai_fixer import complete, make_client, prompt_text
-from activities.repair import _with_heartbeats
+from activities.repair import with_heartbeats
 from kb.events import EventStore
-from workflows.models import FixResult
-from workflows.regenerate import GeneratedKernel, GenerateInput, is_generative
+from workflows.models import FixResult, is_chat_model
+from workflows.regenerate import GeneratedKernel, GenerateInput
 
 
 def spec_fields(spec_source: str) -> dict[str, str]:
@@ -97,7 +97,7 @@ class OpenAIKernelGenerator:
 
 def make_generator(model: str) -> OpenAIKernelGenerator:
     """``openai:MODEL``, the endpoint and key found as for fixes (NEARMISS_OPENAI_* on top)."""
-    if not is_generative(model):
+    if not is_chat_model(model):
         raise ValueError(f"model {model!r} cannot write a kernel: regenerate needs openai:MODEL")
     return OpenAIKernelGenerator(
         model.split(":", 1)[1],
@@ -123,7 +123,7 @@ class RegenerateActivities:
         except ValueError as exc:
             raise ApplicationError(str(exc), type="UsageError", non_retryable=True) from exc
         try:
-            result = await _with_heartbeats(generator.generate(request, spec_source))
+            result = await with_heartbeats(generator.generate(request, spec_source))
         except FixerError as exc:
             raise to_activity_error(exc) from exc
         finally:

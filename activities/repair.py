@@ -57,7 +57,7 @@ def make_fixer(model: str) -> Fixer:
     raise ValueError(f"unknown model {model!r}: expected playbook or openai:MODEL")
 
 
-async def _with_heartbeats(work):
+async def with_heartbeats(work):
     """Await ``work`` while telling Temporal we are alive, so a dead worker is noticed fast."""
     task = asyncio.ensure_future(work)
     while True:
@@ -80,7 +80,7 @@ class RepairActivities:
         self.checks = asyncio.Semaphore(parallel_checks)
         # The tool-using agent's rounds: model turns and experiments (they share the checks).
         self.agent = AgentActivities(
-            store, fixer_factory, self.checks, self._learned_patch, _with_heartbeats
+            store, fixer_factory, self.checks, self._learned_patch, with_heartbeats
         )
 
     @activity.defn(name="check_candidate")
@@ -106,7 +106,7 @@ class RepairActivities:
                     )
 
         try:
-            report = await _with_heartbeats(run_check())
+            report = await with_heartbeats(run_check())
         except UsageError as exc:
             raise ApplicationError(str(exc), type="UsageError", non_retryable=True) from exc
         report_hash = await self.store.put_blob(report.model_dump_json().encode())
@@ -139,7 +139,7 @@ class RepairActivities:
             knowledge=request.knowledge,
         )
         try:
-            result = await _with_heartbeats(fixer.propose(fix_request))
+            result = await with_heartbeats(fixer.propose(fix_request))
         except FixerError as exc:
             raise to_activity_error(exc) from exc
         outcome = FixOutcome(

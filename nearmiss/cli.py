@@ -12,6 +12,7 @@ from pathlib import Path
 from nearmiss import fleet_cli, kb_cli, replay_cli
 from nearmiss.check import SUITES, check
 from nearmiss.cli_options import add_session_options, guards_from, positive
+from nearmiss.experiment import cli as experiment_cli
 from nearmiss.integrity.gate import MODES
 from nearmiss.render import render_report, table
 from nearmiss.report import cli as report_cli
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("worker", help="run a repair worker against the configured services")
     kb_cli.add_parser(commands)
     report_cli.add_parser(commands)
+    experiment_cli.add_parser(commands)
     replay_cli.add_parser(commands)
     dev_cmd = commands.add_parser(
         "dev",
@@ -219,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_async(
             fleet_cli.run_fleet if args.command == "fleet" else fleet_cli.run_fleets, args
         )
+    if args.command == "experiment":
+        return _run_async(experiment_cli.run, args)
     if args.command == "report":
         return _run_async(report_cli.main, args)
     if args.command == "replay":

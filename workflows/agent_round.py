@@ -39,11 +39,6 @@ EXTRA_TURNS = 3  # model turns beyond one per allowed tool call (bad edits, malf
 RECORDED_CHARS = 600  # of a call's arguments and answer in its ToolCalled event
 
 
-def is_agent_model(model: str) -> bool:
-    """Models that can run experiments (a chat endpoint); the playbook and replays cannot."""
-    return model.startswith("openai:")
-
-
 def _clip(text: str) -> str:
     return text if len(text) <= RECORDED_CHARS else text[:RECORDED_CHARS] + "…"
 

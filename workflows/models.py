@@ -9,6 +9,12 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 
+def is_chat_model(model: str) -> bool:
+    """``openai:MODEL``: a chat endpoint, which can write kernels and run experiments (the
+    playbook and the replay of a recording can do neither)."""
+    return model.startswith("openai:") and len(model) > len("openai:")
+
+
 class TokenUsage(BaseModel):
     """Tokens of model calls; ``cached_input`` is the part of ``input`` served from a cache."""
 

@@ -17,7 +17,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.loop import PlannedEvent, evidence_payload
-    from workflows.models import CheckInput, Evidence, RecordInput, TokenUsage
+    from workflows.models import CheckInput, Evidence, RecordInput, TokenUsage, is_chat_model
     from workflows.repair import (
         CHECK_OPTIONS,
         FIX_OPTIONS,
@@ -84,11 +84,6 @@ class RegenerateProgress(BaseModel):
     tokens: TokenUsage = Field(default_factory=TokenUsage)
 
 
-def is_generative(model: str) -> bool:
-    """Whether ``model`` can write a kernel: only a real endpoint can."""
-    return model.startswith("openai:") and len(model) > len("openai:")
-
-
 @workflow.defn(name="RegenerateWorkflow")
 class RegenerateWorkflow:
     def __init__(self) -> None:
@@ -107,7 +102,7 @@ class RegenerateWorkflow:
 
     @workflow.run
     async def run(self, request: RegenerateRequest) -> RegenerateResult:
-        if not is_generative(request.model):
+        if not is_chat_model(request.model):
             raise ApplicationError(
                 f"model {request.model!r} cannot write a kernel: regenerate needs openai:MODEL",
                 type="UsageError",

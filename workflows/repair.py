@@ -17,7 +17,7 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.agent_round import is_agent_model, run_agent_round
+    from workflows.agent_round import run_agent_round
     from workflows.loop import Guards, LoopState, PlannedEvent, RepairLoop
     from workflows.models import (
         CheckInput,
@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         RetrieveInput,
         RetrieveResult,
         TokenUsage,
+        is_chat_model,
     )
 
 TASK_QUEUE = "nearmiss-repair"
@@ -219,7 +220,7 @@ class RepairWorkflow:
             await self._record([PlannedEvent(type="KnowledgeRetrieved", payload=payload)])
         guards = request.guards
         # A chat model may run experiments first (sessions from before the agent replay without).
-        agent = is_agent_model(request.model) and guards.max_tool_calls_per_round > 0
+        agent = is_chat_model(request.model) and guards.max_tool_calls_per_round > 0
         if agent and workflow.patched("agent-tools"):
             budget = guards.token_budget
             outcome = await run_agent_round(

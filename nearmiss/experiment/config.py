@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from nearmiss.runner.session import UsageError
 from pallas_ops.catalog import operators
 from workflows.loop import Guards
-from workflows.regenerate import is_generative
+from workflows.models import is_chat_model
 
 
 @dataclass(frozen=True)
@@ -149,10 +149,10 @@ class ExperimentConfig(BaseModel):
                 f"unknown arm(s) {', '.join(unknown) or '(none given)'}; "
                 f"expected some of {', '.join(ARMS)}"
             )
-        if "regenerate" in self.arms and not is_generative(self.model):
+        if "regenerate" in self.arms and not is_chat_model(self.model):
             raise UsageError(
                 f"the regenerate arm needs --model openai:MODEL: {self.model!r} edits kernels, "
                 "it cannot write one (or leave regenerate out of --arms)"
             )
-        if self.model != "playbook" and not is_generative(self.model):
+        if self.model != "playbook" and not is_chat_model(self.model):
             raise UsageError(f"unknown model {self.model!r}: expected playbook or openai:MODEL")
