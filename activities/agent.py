@@ -211,16 +211,7 @@ class AgentActivities:
             if patched is not None:  # zero tokens first, as in a plain round
                 return AgentStep(conversation_hash="", outcome=patched)
             spec = (await self.store.get_blob(fix.spec_hash)).decode()
-            fix_request = FixRequest(
-                spec_path="spec.py",
-                spec_source=spec,
-                source=source,
-                candidate_name=fix.candidate_name,
-                evidence=fix.evidence,
-                round=fix.round,
-                tried=fix.tried,
-                knowledge=fix.knowledge,
-            )
+            fix_request = FixRequest.of(fix, spec, source)
             conversation = Conversation(messages=first_messages(fix_request, request.tool_budget))
         else:
             blob = await self.store.get_blob(request.conversation_hash)

@@ -128,16 +128,7 @@ class RepairActivities:
         if patched is not None:
             return patched
         fixer = self.fixer_factory(request.model)
-        fix_request = FixRequest(
-            spec_path="spec.py",
-            spec_source=spec,
-            source=source,
-            candidate_name=request.candidate_name,
-            evidence=request.evidence,
-            round=request.round,
-            tried=request.tried,
-            knowledge=request.knowledge,
-        )
+        fix_request = FixRequest.of(request, spec, source)
         try:
             result = await with_heartbeats(fixer.propose(fix_request))
         except FixerError as exc:

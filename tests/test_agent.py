@@ -12,7 +12,7 @@ from fake_openai import FakeOpenAI, answer, call, tool_answer, tools_unsupported
 from sessions import MODEL, run_session
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
-from test_worker_crash import start_worker
+from test_worker_crash import start_worker, stop_workers
 
 from conftest import OPS, ROOT
 from nearmiss.report import load_session
@@ -158,12 +158,13 @@ async def test_a_malformed_tool_call_is_answered_with_an_error_not_a_crash(clien
     with FakeOpenAI() as fake:
         fake.script(
             tool_answer(call("run_case", "{not json"), call("frobnicate", {"x": 1})),
+            tool_answer(call("kb_search", {"query": "rows past the last full block are wrong"})),
             answer(f"Round the grid up.\n{CEIL_GRID}"),
         )
         result, events, *_ = await run_session(
             client, seeded_store, fake, SOFTMAX / "spec.py", SOFTMAX / "variants" / "floor_grid.py"
         )
-        second = fake.requests[1]
+        second, third = fake.requests[1], fake.requests[2]
     assert result.certified and result.rounds == 1
     bad_json, unknown = tool_messages(second)
     assert "not valid JSON" in bad_json and "unknown tool 'frobnicate'" in unknown
@@ -171,7 +172,11 @@ async def test_a_malformed_tool_call_is_answered_with_an_error_not_a_crash(clien
     assert [(c["tool"], c["ran"], c["ok"]) for c in calls] == [
         ("run_case", False, False),
         ("frobnicate", False, False),
+        ("kb_search", True, True),
     ]
+    # The knowledge base answers with entries, the same ids the full result keeps.
+    found = json.loads(await seeded_store.get_blob(calls[2]["data_hash"]))["entry_ids"]
+    assert found and all(f"[{entry_id}]" in tool_messages(third)[-1] for entry_id in found)
 
 
 async def test_the_per_round_tool_limit_stops_a_looping_model(client, seeded_store):
@@ -253,10 +258,7 @@ async def test_tool_calls_survive_a_worker_restart_mid_round(
             second = start_worker(env, log)
             result = await asyncio.wait_for(handle.result(), timeout=240)
         finally:
-            for worker in (first, second):
-                if worker is not None and worker.poll() is None:
-                    os.killpg(worker.pid, signal.SIGTERM)
-                    worker.wait(timeout=30)
+            stop_workers(first, second)
         served = len(fake.requests)
     events = await store.read_stream(handle.id)
     assert result.certified, (tmp_path / "workers.log").read_text()[-3000:]

@@ -11,7 +11,7 @@ import signal
 import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import CancelledError
-from test_worker_crash import start_worker, wait_for_event
+from test_worker_crash import start_worker, stop_workers, wait_for_event
 
 from conftest import OPS, run_cli
 from nearmiss.fleet import MemberFile, discover, fleet_summary, list_fleets, start_fleet
@@ -147,10 +147,7 @@ async def test_a_worker_killed_mid_fleet_is_replaced_and_every_member_ends_once(
             second = start_worker(env, log)
             result = await asyncio.wait_for(handle.result(), timeout=300)
         finally:
-            for worker in (first, second):
-                if worker is not None and worker.poll() is None:
-                    os.killpg(worker.pid, signal.SIGTERM)
-                    worker.wait(timeout=30)
+            stop_workers(first, second)
     assert sorted(r.index for r in result.results) == [0, 1, 2], tmp_path / "workers.log"
     assert result.certified == 2
     events = await store.read_stream(handle.id)

@@ -34,6 +34,14 @@ def start_worker(env: dict, log) -> subprocess.Popen:
     )
 
 
+def stop_workers(*workers: subprocess.Popen | None) -> None:
+    """SIGTERM every worker still running (its whole process group) and wait for it."""
+    for worker in workers:
+        if worker is not None and worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=30)
+
+
 async def wait_for_event(store: EventStore, stream: str, kind: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -86,10 +94,7 @@ async def test_a_killed_worker_is_replaced_and_the_repair_finishes_exactly_once(
             second = start_worker(env, log)
             result = await asyncio.wait_for(handle.result(), timeout=240)
         finally:
-            for worker in (first, second):
-                if worker is not None and worker.poll() is None:
-                    os.killpg(worker.pid, signal.SIGTERM)
-                    worker.wait(timeout=30)
+            stop_workers(first, second)
         served = len(fake.requests)
     events = await store.read_stream(sid)
 

@@ -12,22 +12,16 @@ and records what finished.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.loop import Guards
-    from workflows.models import RecordInput, TokenUsage
+    from workflows.loop import Guards, PlannedEvent
+    from workflows.models import TokenUsage
+    from workflows.recording import record
     from workflows.repair import TASK_QUEUE, RepairRequest, RepairResult, RepairWorkflow
-
-RECORD_OPTIONS = dict(
-    start_to_close_timeout=timedelta(seconds=30),
-    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10), maximum_attempts=30),
-)
 
 
 class FleetMember(BaseModel):
@@ -231,10 +225,5 @@ class FleetWorkflow:
         return result
 
     async def _record(self, event_type: str, payload: dict) -> None:
-        record = RecordInput(
-            stream_id=workflow.info().workflow_id,
-            expected_version=self.request.version,
-            events=[{"type": event_type, "payload": payload}],
-        )
-        await workflow.execute_activity("record_events", record, **RECORD_OPTIONS)
-        self.request.version += 1
+        event = PlannedEvent(type=event_type, payload=payload)
+        self.request.version = await record(self.request.version, [event])

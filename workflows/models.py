@@ -87,6 +87,20 @@ class FixRequest(BaseModel):
     tried: list[str] = Field(default_factory=list)
     knowledge: list[str] = Field(default_factory=list)
 
+    @classmethod
+    def of(cls, fix: FixInput, spec_source: str, source: str) -> FixRequest:
+        """What a fixer sees of a fix activity's input, the texts loaded from the blob store."""
+        return cls(
+            spec_path="spec.py",
+            spec_source=spec_source,
+            source=source,
+            candidate_name=fix.candidate_name,
+            evidence=fix.evidence,
+            round=fix.round,
+            tried=fix.tried,
+            knowledge=fix.knowledge,
+        )
+
 
 class FixResult(BaseModel):
     """A fixer's answer. ``source`` is the whole edited file, or None when it has no edit (then

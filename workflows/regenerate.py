@@ -17,12 +17,12 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.loop import PlannedEvent, evidence_payload
-    from workflows.models import CheckInput, Evidence, RecordInput, TokenUsage, is_chat_model
+    from workflows.models import CheckInput, Evidence, TokenUsage, is_chat_model
+    from workflows.recording import record
     from workflows.repair import (
         CHECK_OPTIONS,
         FIX_OPTIONS,
         KERNEL_ATTRIBUTE,
-        RECORD_OPTIONS,
         TOKENS_ATTRIBUTE,
     )
 
@@ -184,10 +184,4 @@ class RegenerateWorkflow:
 
     async def _record(self, events: list[PlannedEvent]) -> None:
         async with self.recording:
-            record = RecordInput(
-                stream_id=workflow.info().workflow_id,
-                expected_version=self.version,
-                events=[e.model_dump(mode="json") for e in events],
-            )
-            await workflow.execute_activity("record_events", record, **RECORD_OPTIONS)
-            self.version += len(events)
+            self.version = await record(self.version, events)

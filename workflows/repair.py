@@ -24,12 +24,12 @@ with workflow.unsafe.imports_passed_through():
         Evidence,
         FixInput,
         FixOutcome,
-        RecordInput,
         RetrieveInput,
         RetrieveResult,
         TokenUsage,
         is_chat_model,
     )
+    from workflows.recording import record
 
 TASK_QUEUE = "nearmiss-repair"
 KERNEL_ATTRIBUTE = SearchAttributeKey.for_keyword("NearmissKernel")
@@ -54,10 +54,6 @@ FIX_OPTIONS = dict(
 RETRIEVE_OPTIONS = dict(
     start_to_close_timeout=timedelta(seconds=60),
     retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10), maximum_attempts=10),
-)
-RECORD_OPTIONS = dict(
-    start_to_close_timeout=timedelta(seconds=30),
-    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10), maximum_attempts=30),
 )
 
 
@@ -242,15 +238,7 @@ class RepairWorkflow:
             return FixOutcome(fatal=True, reason=f"the fixer failed: {cause}", model=request.model)
 
     async def _record(self, events: list[PlannedEvent]) -> None:
-        if not events:
-            return
-        record = RecordInput(
-            stream_id=workflow.info().workflow_id,
-            expected_version=self.version,
-            events=[e.model_dump(mode="json") for e in events],
-        )
-        await workflow.execute_activity("record_events", record, **RECORD_OPTIONS)
-        self.version += len(events)
+        self.version = await record(self.version, events)
 
     @staticmethod
     def _now() -> float:

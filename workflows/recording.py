@@ -1,0 +1,32 @@
+"""How a workflow records its events: through the ``record_events`` activity, at stream versions
+the workflow tracks itself — so a retried recording is a no-op (appends are idempotent per
+version) and a replayed workflow records nothing new."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.loop import PlannedEvent
+    from workflows.models import RecordInput
+
+RECORD_OPTIONS = dict(
+    start_to_close_timeout=timedelta(seconds=30),
+    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10), maximum_attempts=30),
+)
+
+
+async def record(version: int, events: list[PlannedEvent]) -> int:
+    """Append ``events`` to this workflow's stream after ``version``; returns the new version."""
+    if not events:
+        return version
+    request = RecordInput(
+        stream_id=workflow.info().workflow_id,
+        expected_version=version,
+        events=[e.model_dump(mode="json") for e in events],
+    )
+    await workflow.execute_activity("record_events", request, **RECORD_OPTIONS)
+    return version + len(events)
