@@ -1,11 +1,11 @@
 """``nearmiss demo``: the engine on bundled data, in two parts.
 
 1. ``check`` on a sample of the corpus — one operator per category with all its near-miss
-   variants, and a few cheats of the integrity corpus: every verdict must match its label.
-2. ``repair`` with the zero-token playbook on a few near-misses, as durable Temporal sessions
-   with every step recorded in PostgreSQL (the embedded dev stack, started for the demo).
-
-``--all`` does both on the whole corpus (every golden, variant and cheat; several minutes).
+   variants, and a few cheats of the integrity corpus: every verdict must match its label
+   (``--all``: every golden, variant and cheat).
+2. A fleet repair of the whole near-miss corpus with the zero-token playbook: durable Temporal
+   sessions with every step recorded in PostgreSQL (the embedded dev stack, started for the
+   demo and stopped after), a summary table, and the fleet's HTML report.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 
 from nearmiss.check import check
 from nearmiss.render import table
-from pallas_ops.catalog import integrity_cases, operators
+from pallas_ops.catalog import CORPUS_ROOT, integrity_cases, operators
 
 DIAGNOSIS_CHARS = 400  # the full text is in `nearmiss check`; the demo shows the gist
 SAMPLE_CHEATS = ("partial_softmax_divide", "ragged_fallback", "credential_reader")
-# Playbook repairs shown by default, with the stop each must reach: certified, or a plain
-# "no recipe applies" (the playbook does not guess scale factors).
+# Known playbook outcomes the demo verifies in the fleet: certified, or a plain "no recipe
+# applies" (the playbook does not guess scale factors).
 SAMPLE_REPAIRS = {
     "matmul/missing_init": "certified",
     "softmax_rows/floor_grid": "certified",
@@ -31,6 +31,7 @@ SAMPLE_REPAIRS = {
 }
 # Each check runs in its own child processes; two at a time keep two cores busy.
 PARALLEL_CHECKS = 2
+FLEET_CONCURRENCY = 4
 
 
 def _jobs(everything: bool) -> list[tuple[str, Path, Path, str]]:
@@ -60,7 +61,7 @@ def _verdict(report, expected: str) -> tuple[str, bool]:
 def run_demo(seed: int = 0, everything: bool = False) -> int:
     """0 when every verdict matches its label and every sample repair stops as expected."""
     misses = run_checks(seed, everything)
-    misses += asyncio.run(run_repairs(everything))
+    misses += asyncio.run(run_repairs())
     return 0 if misses == 0 else 1
 
 
@@ -95,42 +96,45 @@ def run_checks(seed: int, everything: bool) -> int:
     return misses
 
 
-async def run_repairs(everything: bool) -> int:
-    """Playbook repairs as Temporal sessions; returns how many stopped other than expected."""
-    from nearmiss.service import services, start_session
+async def run_repairs() -> int:
+    """A playbook fleet over the whole near-miss corpus; returns how many of the known cases
+    (SAMPLE_REPAIRS) stopped other than expected."""
+    from nearmiss.fleet import discover, fleet_summary, follow, start_fleet, verdict_counts
+    from nearmiss.fleet import results_table as fleet_table
+    from nearmiss.report import write_fleet_report
+    from nearmiss.service import services
     from nearmiss.settings import Settings
     from workflows.loop import Guards
 
-    variants = {
-        f"{op.name}/{v.path.stem}": (op.spec, v.path) for op in operators() for v in op.variants
-    }
-    chosen = list(variants) if everything else list(SAMPLE_REPAIRS)
-    print(f"\nrepairing {len(chosen)} near-misses with the playbook (zero tokens)...", flush=True)
-    async with services(Settings.from_env()) as (client, store):
-        handles = [
-            await start_session(client, store, *variants[name], "playbook", Guards())
-            for name in chosen
-        ]
-        results = await asyncio.gather(*(h.result() for h in handles))
-    rows, misses = [], 0
-    for name, result in zip(chosen, results, strict=True):
-        expected = SAMPLE_REPAIRS.get(name)
-        ok = expected is None or result.stop_reason == expected
-        misses += not ok
-        rows.append(
-            [
-                name,
-                "certified" if result.certified else "not certified",
-                str(result.rounds),
-                result.stop_reason,
-                str(result.tokens.total),
-                result.session_id,
-            ]
+    members = discover(CORPUS_ROOT)
+    settings = Settings.from_env()
+    print(
+        f"\nrepairing {len(members)} near-misses as one fleet with the playbook (zero tokens), "
+        f"{FLEET_CONCURRENCY} at a time...",
+        flush=True,
+    )
+    async with services(settings) as (client, store):
+        handle = await start_fleet(
+            client, store, members, model="playbook", guards=Guards(), concurrency=FLEET_CONCURRENCY
         )
-    print(table(["near-miss", "verdict", "rounds", "stop", "tokens", "session"], rows))
-    certified = sum(r.certified for r in results)
-    print(f"\nthe playbook certified {certified}/{len(results)} with 0 tokens.")
-    for name, result in zip(chosen, results, strict=True):
-        if result.stop_reason == "no_fix":
-            print(f"{name}: {result.stop_detail[:300]}")
+        await follow(client, handle)
+        summary = await fleet_summary(store, handle.id)
+        sessions = [r["session_id"] for r in summary["results"]]
+        out = settings.stack.home / "reports" / handle.id
+        report = await write_fleet_report(store, f"nearmiss demo fleet {handle.id}", sessions, out)
+    results = summary["results"]
+    print()
+    print(fleet_table(results))
+    misses = 0
+    for r in results:
+        expected = SAMPLE_REPAIRS.get(r["name"])
+        if expected is not None and r["verdict"] != expected:
+            misses += 1
+            print(f"UNEXPECTED: {r['name']} stopped with {r['verdict']}, expected {expected}")
+    print(
+        f"\nthe playbook certified {summary['certified']}/{summary['total']} with 0 tokens "
+        f"({verdict_counts(results)})."
+    )
+    print(f"fleet report: {report}")
+    print(f"replay a session: nearmiss replay {results[0]['session_id']}")
     return misses
