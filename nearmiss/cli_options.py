@@ -34,10 +34,30 @@ def add_session_options(parser: argparse.ArgumentParser) -> None:
         default=Guards().deadline_s,
         help="seconds per session (default %(default)s)",
     )
+    parser.add_argument(
+        "--tool-calls-per-round",
+        type=non_negative,
+        default=Guards().max_tool_calls_per_round,
+        help="experiments a chat model may run before each edit (default %(default)s; 0: none)",
+    )
     parser.add_argument("--no-kb", action="store_true", help="retrieve no knowledge (the ablation)")
 
 
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 def guards_from(args: argparse.Namespace) -> Guards:
+    """The guards the options name; commands without an option keep the default."""
+    defaults = Guards()
     return Guards(
-        max_rounds=args.max_rounds, token_budget=args.token_budget, deadline_s=args.deadline
+        max_rounds=args.max_rounds,
+        token_budget=args.token_budget,
+        deadline_s=args.deadline,
+        max_tool_calls_per_round=getattr(
+            args, "tool_calls_per_round", defaults.max_tool_calls_per_round
+        ),
     )

@@ -169,3 +169,19 @@ def test_report_mode_lists_violations_but_certifies_on_the_numbers():
     code, report = check_json(SOFTMAX_SPEC, cheat, "--suite", "compact", "--integrity", "off")
     assert code == 0 and report["integrity"]["violations"] == []
     assert report["integrity"]["rules_checked"] == []
+
+
+def test_session_options_become_guards_and_bad_values_are_usage_errors(capsys):
+    import pytest
+
+    from nearmiss.cli import build_parser
+    from nearmiss.cli_options import guards_from
+
+    args = build_parser().parse_args(
+        ["fleet", "dir", "--tool-calls-per-round", "0", "--max-rounds", "2"]
+    )
+    guards = guards_from(args)
+    assert guards.max_tool_calls_per_round == 0 and guards.max_rounds == 2
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["repair", "s", "c", "--tool-calls-per-round", "-1"])
+    assert exit_.value.code == 2 and "must be 0 or more" in capsys.readouterr().err
