@@ -189,8 +189,9 @@ def counts_line(progress: FleetProgress) -> str:
     )
 
 
-async def follow(client: Client, handle: WorkflowHandle, quiet: bool = False) -> FleetResult:
-    """Show progress until the fleet ends; the first Ctrl-C cancels it (the rest wait)."""
+async def follow(client: Client, handle: WorkflowHandle, quiet: bool = False) -> FleetResult | None:
+    """Show progress until the fleet ends; the first Ctrl-C cancels it (the rest wait).
+    None when the fleet did not finish (cancelled): its events hold what did."""
     view = LiveView(client)
     result_task = asyncio.ensure_future(handle.result())
     loop = asyncio.get_running_loop()
@@ -216,7 +217,6 @@ async def follow(client: Client, handle: WorkflowHandle, quiet: bool = False) ->
             loop.remove_signal_handler(signal.SIGINT)
     with contextlib.suppress(Exception):
         return result_task.result()
-    # Cancelled: the fleet's events hold what finished.
     return None
 
 
