@@ -18,9 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import tempfile
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
@@ -32,6 +30,9 @@ from activities.fixers.edits import EditError, apply_answer, summary_line
 from activities.fixers.openai_fixer import build_messages, complete, prompt_text
 from kb.events import EventStore
 from kb.knowledge import KnowledgeProjection, search
+from nearmiss.runner.sandbox import Limits
+from nearmiss.tools import TOOL_SCHEMAS, run_tool
+from nearmiss.tools.text import clip
 from workflows.models import (
     AgentStep,
     AgentStepInput,
@@ -46,7 +47,6 @@ from workflows.models import (
 CONVERSATION_BUDGET_CHARS = 60_000
 ANSWER_CHARS = 2_000  # of one tool result, as the model reads it
 SUMMARISED_CHARS = 300  # what is left of an earlier tool result once the budget is exceeded
-RECORDED_CHARS = 600  # of a tool's arguments and summary in its ToolCalled event
 KB_HITS = 5
 
 _TEXT_CALL = re.compile(r"^[ \t]*TOOL[ \t]+([A-Za-z_]\w*)[ \t]*(.*)$", re.M)
@@ -88,8 +88,6 @@ PROPOSE_EDIT = {
 
 
 def tool_schemas() -> list[dict]:
-    from nearmiss.tools import TOOL_SCHEMAS
-
     return [*TOOL_SCHEMAS, KB_SEARCH, PROPOSE_EDIT]
 
 
@@ -100,10 +98,6 @@ def tool_names() -> set[str]:
 class Conversation(BaseModel):
     protocol: Literal["tools", "text"] = "tools"
     messages: list[dict]
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more chars)"
 
 
 def _text_protocol_description() -> str:
@@ -181,10 +175,6 @@ def parse_arguments(call: ToolCall) -> tuple[dict | None, str]:
     if not isinstance(arguments, dict):
         return None, f"error: the arguments of {call.name} must be a JSON object"
     return arguments, ""
-
-
-def _answered(call: ToolCall, content: str) -> ToolAnswer:
-    return ToolAnswer(call_id=call.id, tool=call.name, arguments=call.arguments, content=content)
 
 
 class AgentActivities:
@@ -299,31 +289,23 @@ class AgentActivities:
         else:
             work = self._engine_tool(call.name, arguments, request)
             ok, content, data = await self.heartbeating(work)
-        answer = _answered(call, _clip(content, ANSWER_CHARS))
-        answer.ok = ok
+        answer = ToolAnswer.to(call, clip(content, ANSWER_CHARS), ok=ok)
         answer.data_hash = await self.store.put_blob(json.dumps(data, default=str).encode())
         return answer
 
     async def _engine_tool(self, name: str, arguments: dict, request: ToolInput):
-        from nearmiss.runner.sandbox import Limits
-        from nearmiss.tools import run_tool
-
-        spec = await self.store.get_blob(request.spec_hash)
-        source = await self.store.get_blob(request.candidate_hash)
-        async with self.checks:
-            with tempfile.TemporaryDirectory(prefix="nearmiss-tool-") as tmp:
-                spec_path = Path(tmp) / "spec.py"
-                candidate_path = Path(tmp) / request.candidate_name
-                spec_path.write_bytes(spec)
-                candidate_path.write_bytes(source)
-                result = await asyncio.to_thread(
-                    run_tool,
-                    name,
-                    arguments,
-                    spec_path=spec_path,
-                    candidate_path=candidate_path,
-                    limits=Limits(),
-                )
+        files = self.store.checkout(
+            request.spec_hash, request.candidate_hash, request.candidate_name, "tool"
+        )
+        async with self.checks, files as (spec_path, candidate_path):
+            result = await asyncio.to_thread(
+                run_tool,
+                name,
+                arguments,
+                spec_path=spec_path,
+                candidate_path=candidate_path,
+                limits=Limits(),
+            )
         return result.ok, result.summary, result.data
 
     async def _kb_search(self, arguments: dict, request: ToolInput):
@@ -338,7 +320,7 @@ class AgentActivities:
         )
         if not hits:
             return True, "no matching entries", {"entry_ids": []}
-        text = "\n".join(_clip(e.line(), 400) for e in hits)
+        text = "\n".join(clip(e.line(), 400) for e in hits)
         return True, text, {"entry_ids": [e.id for e in hits]}
 
     def all(self) -> list:
@@ -366,24 +348,26 @@ def _dispatch(
             continue
         arguments, error = parse_arguments(call)
         if arguments is None or not isinstance(arguments.get("edit"), str):
-            step.answered.append(_answered(call, error or "error: propose_edit needs `edit`"))
+            step.answered.append(ToolAnswer.to(call, error or "error: propose_edit needs `edit`"))
             edit_failed = True
             continue
         outcome, edited = _edit_outcome(source, arguments["edit"], arguments.get("summary"))
         if edited is not None:
             step.outcome = outcome
             return step, edited
-        step.answered.append(_answered(call, f"error: the edit did not apply: {outcome.reason}"))
+        step.answered.append(
+            ToolAnswer.to(call, f"error: the edit did not apply: {outcome.reason}")
+        )
         edit_failed = True
     for call in calls:
         if call.name == "propose_edit":
             continue
         if not tools_allowed:
-            step.answered.append(_answered(call, "not run: the tool budget is spent"))
+            step.answered.append(ToolAnswer.to(call, "not run: the tool budget is spent"))
             continue
         arguments, error = parse_arguments(call)
         if arguments is None:
-            step.answered.append(_answered(call, error))
+            step.answered.append(ToolAnswer.to(call, error))
         else:
             step.calls.append(call)
     if not tools_allowed and not edit_failed:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -18,7 +16,7 @@ from temporalio.exceptions import ApplicationError
 from activities.agent import AgentActivities
 from activities.evidence import evidence_from_report
 from activities.fixers.base import Fixer, FixerError, to_activity_error
-from activities.fixers.replay import is_replay, recorded_fix
+from activities.fixers.replay import recorded_fix
 from kb.events import EventStore, NewEvent
 from kb.knowledge import failed_attempts, retrieve
 from kb.learning import learn_from_session
@@ -34,6 +32,7 @@ from workflows.models import (
     RecordInput,
     RetrieveInput,
     RetrieveResult,
+    is_replay_model,
 )
 
 HEARTBEAT_S = 5.0
@@ -85,25 +84,21 @@ class RepairActivities:
 
     @activity.defn(name="check_candidate")
     async def check_candidate(self, request: CheckInput) -> Evidence:
-        spec = await self.store.get_blob(request.spec_hash)
-        source = await self.store.get_blob(request.candidate_hash)
+        files = self.store.checkout(
+            request.spec_hash, request.candidate_hash, request.candidate_name, "check"
+        )
 
         async def run_check():
             # Queued behind other checks or running one, the activity keeps heartbeating.
-            async with self.checks:
-                with tempfile.TemporaryDirectory(prefix="nearmiss-check-") as tmp:
-                    spec_path = Path(tmp) / "spec.py"
-                    candidate_path = Path(tmp) / request.candidate_name
-                    spec_path.write_bytes(spec)
-                    candidate_path.write_bytes(source)
-                    return await asyncio.to_thread(
-                        check,
-                        spec_path,
-                        candidate_path,
-                        request.suite,
-                        request.seed,
-                        integrity=request.integrity,
-                    )
+            async with self.checks, files as (spec_path, candidate_path):
+                return await asyncio.to_thread(
+                    check,
+                    spec_path,
+                    candidate_path,
+                    request.suite,
+                    request.seed,
+                    integrity=request.integrity,
+                )
 
         try:
             report = await with_heartbeats(run_check())
@@ -120,13 +115,13 @@ class RepairActivities:
 
     @activity.defn(name="propose_fix")
     async def propose_fix(self, request: FixInput) -> FixOutcome:
-        spec = (await self.store.get_blob(request.spec_hash)).decode()
-        if is_replay(request.model):  # a recorded session's answers, not a model
+        if is_replay_model(request.model):  # a recorded session's answers, not a model
             return await recorded_fix(self.store, request)
         source = (await self.store.get_blob(request.candidate_hash)).decode()
         patched = await self._learned_patch(request, source)
         if patched is not None:
             return patched
+        spec = (await self.store.get_blob(request.spec_hash)).decode()
         fixer = self.fixer_factory(request.model)
         fix_request = FixRequest.of(request, spec, source)
         try:

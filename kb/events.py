@@ -12,10 +12,14 @@ hash: history stays small and identical artifacts are stored once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -275,3 +279,17 @@ class EventStore:
         if content is None:
             raise KeyError(digest)
         return bytes(content)
+
+    @contextlib.asynccontextmanager
+    async def checkout(
+        self, spec_hash: str, candidate_hash: str, candidate_name: str, purpose: str
+    ) -> AsyncIterator[tuple[Path, Path]]:
+        """(spec path, candidate path): a spec and a candidate from the blob store as files in
+        a private temporary folder, for the engine to check or run; removed afterwards."""
+        spec = await self.get_blob(spec_hash)
+        source = await self.get_blob(candidate_hash)
+        with tempfile.TemporaryDirectory(prefix=f"nearmiss-{purpose}-") as tmp:
+            spec_path, candidate_path = Path(tmp) / "spec.py", Path(tmp) / candidate_name
+            spec_path.write_bytes(spec)
+            candidate_path.write_bytes(source)
+            yield spec_path, candidate_path

@@ -9,10 +9,8 @@ sandboxed ``nearmiss.check`` in a thread, its report kept by hash like any check
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 from kb.events import EventStore
 from nearmiss.check import check
@@ -44,8 +42,6 @@ def rejected(arm: str, report) -> bool:
 async def audit(store: EventStore, target: AuditTarget) -> dict:
     """The verdict of one re-check (suite all, integrity enforced), as recorded."""
     seed = audit_seed(target.session_id)
-    spec = await store.get_blob(target.spec_hash)
-    source = await store.get_blob(target.candidate_hash)
     verdict = {
         "session_id": target.session_id,
         "candidate_hash": target.candidate_hash,
@@ -53,10 +49,8 @@ async def audit(store: EventStore, target: AuditTarget) -> dict:
         "integrity": "enforce",
         "seed": seed,
     }
-    with tempfile.TemporaryDirectory(prefix="nearmiss-audit-") as tmp:
-        spec_path, candidate_path = Path(tmp) / "spec.py", Path(tmp) / target.candidate_name
-        spec_path.write_bytes(spec)
-        candidate_path.write_bytes(source)
+    files = store.checkout(target.spec_hash, target.candidate_hash, target.candidate_name, "audit")
+    async with files as (spec_path, candidate_path):
         try:
             report = await asyncio.to_thread(
                 check, spec_path, candidate_path, "all", seed, integrity="enforce"
