@@ -18,11 +18,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.worker import Replayer
 
-from activities.fixers.replay import replay_model
 from kb.events import EventStore, StoredEvent
 from nearmiss.models import CheckReport
 from nearmiss.runner.session import UsageError
 from workflows.fleet import FleetWorkflow
+from workflows.models import replay_model
 from workflows.regenerate import RegenerateWorkflow
 from workflows.repair import TASK_QUEUE, RepairRequest, RepairResult, RepairWorkflow
 

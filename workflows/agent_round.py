@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         FixOutcome,
         TokenUsage,
         ToolAnswer,
+        ToolCall,
         ToolInput,
     )
 
@@ -86,12 +87,7 @@ async def run_agent_round(
             return step.outcome.model_copy(update={"tokens": tokens, "tool_calls": ran})
         for call in step.calls:
             if ran >= budget:
-                answer = ToolAnswer(
-                    call_id=call.id,
-                    tool=call.name,
-                    arguments=call.arguments,
-                    content="not run: the tool budget of this round is spent",
-                )
+                answer = ToolAnswer.to(call, "not run: the tool budget of this round is spent")
                 events.append(_called(fix.round, answer, ran=False))
             else:
                 answer = await _run_tool(fix, call)
@@ -120,7 +116,7 @@ async def run_agent_round(
     return FixOutcome(reason=reason, model=fix.model, tokens=tokens, tool_calls=ran)
 
 
-async def _run_tool(fix: FixInput, call) -> ToolAnswer:
+async def _run_tool(fix: FixInput, call: ToolCall) -> ToolAnswer:
     tool_input = ToolInput(
         spec_hash=fix.spec_hash,
         candidate_hash=fix.candidate_hash,
@@ -133,9 +129,4 @@ async def _run_tool(fix: FixInput, call) -> ToolAnswer:
             "run_tool", tool_input, result_type=ToolAnswer, **TOOL_OPTIONS
         )
     except ActivityError as err:  # the experiment itself broke: the model hears why
-        return ToolAnswer(
-            call_id=call.id,
-            tool=call.name,
-            arguments=call.arguments,
-            content=f"error: the tool failed: {err.cause or err}",
-        )
+        return ToolAnswer.to(call, f"error: the tool failed: {err.cause or err}")

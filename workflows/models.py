@@ -15,6 +15,18 @@ def is_chat_model(model: str) -> bool:
     return model.startswith("openai:") and len(model) > len("openai:")
 
 
+REPLAY_PREFIX = "replay:"
+
+
+def is_replay_model(model: str) -> bool:
+    """``replay:SESSION``: the recorded answers of a past session (``nearmiss replay``)."""
+    return model.startswith(REPLAY_PREFIX)
+
+
+def replay_model(session_id: str) -> str:
+    return f"{REPLAY_PREFIX}{session_id}"
+
+
 class TokenUsage(BaseModel):
     """Tokens of model calls; ``cached_input`` is the part of ``input`` served from a cache."""
 
@@ -190,6 +202,12 @@ class ToolAnswer(BaseModel):
     ok: bool = False
     content: str = ""  # compact text for the model
     data_hash: str = ""  # the full structured result in the blob store, when there is one
+
+    @classmethod
+    def to(cls, call: ToolCall, content: str, ok: bool = False) -> ToolAnswer:
+        return cls(
+            call_id=call.id, tool=call.name, arguments=call.arguments, ok=ok, content=content
+        )
 
 
 class AgentStepInput(BaseModel):

@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         RetrieveResult,
         TokenUsage,
         is_chat_model,
+        is_replay_model,
     )
     from workflows.recording import record
 
@@ -129,7 +130,7 @@ class RepairWorkflow:
         state = LoopState(
             guards=request.guards,
             # Asking again gives the same answer: the playbook, a recording being replayed.
-            deterministic_fixer=request.model == "playbook" or request.model.startswith("replay:"),
+            deterministic_fixer=request.model == "playbook" or is_replay_model(request.model),
             certify_suite=request.certify_suite,
         )
         self.loop = loop = RepairLoop(state)

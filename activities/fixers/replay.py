@@ -10,21 +10,11 @@ with no edit, as a playbook does.
 from __future__ import annotations
 
 from kb.events import EventStore
-from workflows.models import FixInput, FixOutcome
-
-PREFIX = "replay:"
-
-
-def is_replay(model: str) -> bool:
-    return model.startswith(PREFIX)
-
-
-def replay_model(session_id: str) -> str:
-    return f"{PREFIX}{session_id}"
+from workflows.models import REPLAY_PREFIX, FixInput, FixOutcome
 
 
 async def recorded_fix(store: EventStore, request: FixInput) -> FixOutcome:
-    session_id = request.model[len(PREFIX) :]
+    session_id = request.model[len(REPLAY_PREFIX) :]
     fixes = [
         e.payload
         for e in await store.read_stream(session_id)
