@@ -125,9 +125,9 @@ async def run_fleets(args: argparse.Namespace) -> int:
             report = await _write_report(store, summary, out)
         _print_summary(summary, report, args.json)
         return EXIT_DONE if summary["state"] == "finished" else EXIT_NOT_DONE
-    from nearmiss.kb_cli import open_store
+    from nearmiss.kb_cli import open_event_store
 
-    async with open_store(settings) as store:
+    async with open_event_store(settings) as store:
         summary = await fleet_summary(store, args.fleet_id)
         if summary is None:
             raise UsageError(f"no fleet {args.fleet_id}")
@@ -138,9 +138,9 @@ async def run_fleets(args: argparse.Namespace) -> int:
 
 async def _list(settings: Settings, as_json: bool) -> int:
     from nearmiss.fleet import list_fleets
-    from nearmiss.kb_cli import open_store
+    from nearmiss.kb_cli import open_event_store
 
-    async with open_store(settings) as store:
+    async with open_event_store(settings) as store:
         fleets = await list_fleets(store)
     if as_json:
         print(json.dumps([{k: v for k, v in f.items() if k != "results"} for f in fleets]))

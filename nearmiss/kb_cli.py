@@ -37,19 +37,30 @@ def add_parser(commands) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_store(settings: Settings):
-    """The event store alone, for commands that only read it (no Temporal, no worker)."""
+async def open_event_store(settings: Settings):
+    """The event store alone, for commands that only read it (no Temporal, no worker).
+
+    The configured database, else the embedded PostgreSQL, started for the command when it is
+    not running and stopped again after. Connecting migrates the schema, so reading needs no more.
+    """
     postgres = PostgresService(settings.stack) if settings.embedded_database else None
     started = postgres.start() if postgres else False
     store = await EventStore.connect(settings.database_url)
     try:
-        await load_seed(store)
-        await KnowledgeProjection(store).catch_up()
         yield store
     finally:
         await store.close()
         if started:
             postgres.stop()
+
+
+@contextlib.asynccontextmanager
+async def open_store(settings: Settings):
+    """``open_event_store`` with the seed knowledge loaded and the projection caught up."""
+    async with open_event_store(settings) as store:
+        await load_seed(store)
+        await KnowledgeProjection(store).catch_up()
+        yield store
 
 
 def _rows(entries) -> list[list[str]]:

@@ -11,7 +11,6 @@ Services as for `nearmiss repair`: the configured ones, else the embedded dev st
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -70,28 +69,12 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-@contextlib.asynccontextmanager
-async def _store(settings: Settings):
-    """The event store alone (reading needs no Temporal); the embedded PostgreSQL if need be."""
-    from infra.devstack import PostgresService
-    from kb.events import EventStore
-
-    postgres = PostgresService(settings.stack) if settings.embedded_database else None
-    started = postgres.start() if postgres else False
-    store = await EventStore.connect(settings.database_url)
-    try:
-        yield store
-    finally:
-        await store.close()
-        if started:
-            postgres.stop()
-
-
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
     from nearmiss.experiment.records import list_experiments, load_table
     from nearmiss.experiment.render import markdown, write_outputs
+    from nearmiss.kb_cli import open_event_store
 
-    async with _store(settings) as store:
+    async with open_event_store(settings) as store:
         if args.experiment_action == "list":
             found = await list_experiments(store)
             if args.json:

@@ -58,7 +58,7 @@ async def run(args: argparse.Namespace, store) -> int:
 
 async def main(args: argparse.Namespace) -> int:
     """``run`` on the store the settings name: what ``nearmiss report`` calls."""
-    from nearmiss.kb_cli import open_store
+    from nearmiss.kb_cli import open_event_store
 
-    async with open_store(Settings.from_env()) as store:
+    async with open_event_store(Settings.from_env()) as store:
         return await run(args, store)
