@@ -1,4 +1,5 @@
-"""Command-line options shared by the commands that start repair sessions (repair, fleet)."""
+"""Command-line options shared by the commands that start repair sessions (repair, fleet,
+experiment)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ def add_session_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", default="playbook", help="playbook (zero tokens, default) or openai:MODEL"
     )
+    add_guard_options(parser)
+    parser.add_argument("--no-kb", action="store_true", help="retrieve no knowledge (the ablation)")
+
+
+def add_guard_options(parser: argparse.ArgumentParser) -> None:
+    """The per-session guards, read back by ``guards_from``."""
     parser.add_argument("--max-rounds", type=positive(int), default=Guards().max_rounds)
     parser.add_argument(
         "--token-budget",
@@ -40,7 +47,6 @@ def add_session_options(parser: argparse.ArgumentParser) -> None:
         default=Guards().max_tool_calls_per_round,
         help="experiments a chat model may run before each edit (default %(default)s; 0: none)",
     )
-    parser.add_argument("--no-kb", action="store_true", help="retrieve no knowledge (the ablation)")
 
 
 def non_negative(text: str) -> int:
@@ -51,13 +57,10 @@ def non_negative(text: str) -> int:
 
 
 def guards_from(args: argparse.Namespace) -> Guards:
-    """The guards the options name; commands without an option keep the default."""
-    defaults = Guards()
+    """The guards that ``add_guard_options`` parsed."""
     return Guards(
         max_rounds=args.max_rounds,
         token_budget=args.token_budget,
         deadline_s=args.deadline,
-        max_tool_calls_per_round=getattr(
-            args, "tool_calls_per_round", defaults.max_tool_calls_per_round
-        ),
+        max_tool_calls_per_round=args.tool_calls_per_round,
     )

@@ -15,10 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from nearmiss.cli_options import guards_from, positive
+from nearmiss.cli_options import add_guard_options, guards_from, positive
 from nearmiss.experiment.config import ARMS
 from nearmiss.settings import Settings
-from workflows.loop import Guards
 
 
 def _names(text: str) -> list[str]:
@@ -52,10 +51,7 @@ def add_parser(commands) -> None:
         action="store_true",
         help="let the knowledge base learn from the sessions (trials are then not independent)",
     )
-    guards = Guards()  # per session, as for `nearmiss repair`
-    cmd.add_argument("--max-rounds", type=positive(int), default=guards.max_rounds)
-    cmd.add_argument("--token-budget", type=positive(int), default=guards.token_budget)
-    cmd.add_argument("--deadline", type=positive(float), default=guards.deadline_s)
+    add_guard_options(cmd)  # per session, as for `nearmiss repair`
     actions = cmd.add_subparsers(dest="experiment_action")
     show = actions.add_parser("show", help="recompute an experiment's table from the event log")
     show.add_argument("experiment_id")
