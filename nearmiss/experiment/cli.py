@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from nearmiss import render
 from nearmiss.cli_options import add_guard_options, guards_from, positive
 from nearmiss.experiment.config import ARMS
 from nearmiss.settings import Settings
@@ -61,8 +61,21 @@ def add_parser(commands) -> None:
     listing.add_argument("--json", action="store_true")
 
 
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+def _listing(found: list[dict]) -> str:
+    rows = [
+        [
+            e["experiment_id"],
+            e["started_at"],
+            e["model"],
+            str(e["near_misses"]),
+            str(len(e["arms"])),
+            str(e["trials"]),
+            "finished" if e["finished"] else "running or interrupted",
+        ]
+        for e in found
+    ]
+    headers = ["experiment", "started", "model", "near-misses", "arms", "trials", "state"]
+    return render.table(headers, rows) if rows else "no experiments yet"
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
@@ -73,20 +86,14 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     async with open_event_store(settings) as store:
         if args.experiment_action == "list":
             found = await list_experiments(store)
-            if args.json:
-                print(json.dumps(found, indent=2))
-            for e in [] if args.json else found:
-                state = "finished" if e["finished"] else "running or interrupted"
-                print(
-                    f"{e['experiment_id']}  {e['started_at']}  {e['model']}  "
-                    f"{e['near_misses']} near-miss(es) × {len(e['arms'])} arm(s) × "
-                    f"{e['trials']} trial(s)  {state}"
-                )
+            print(json.dumps(found, indent=2) if args.json else _listing(found))
             return 0
         table = await load_table(store, args.experiment_id)
     if args.out:
+        from nearmiss.experiment.runner import say_stderr
+
         for path in write_outputs(table, args.out):
-            _say(f"wrote {path}")
+            say_stderr(f"wrote {path}")
     print(json.dumps(table.to_json(), indent=2) if args.json else markdown(table), end="")
     return 0
 
@@ -99,7 +106,7 @@ async def run(args: argparse.Namespace) -> int:
     from nearmiss.experiment.config import ExperimentConfig, select
     from nearmiss.experiment.records import load_table
     from nearmiss.experiment.render import markdown, write_outputs
-    from nearmiss.experiment.runner import run_experiment
+    from nearmiss.experiment.runner import run_experiment, say_stderr
     from nearmiss.service import services
 
     config = ExperimentConfig(
@@ -116,9 +123,9 @@ async def run(args: argparse.Namespace) -> int:
     select(config.near_misses)  # an unknown name is a usage error before anything starts
     out = args.out or Path(f"experiment-{config.experiment_id}")
     async with services(settings) as (client, store):
-        await run_experiment(client, store, config, _say)
+        await run_experiment(client, store, config, say_stderr)
         table = await load_table(store, config.experiment_id)
     for path in write_outputs(table, out):
-        _say(f"wrote {path}")
+        say_stderr(f"wrote {path}")
     print(markdown(table), end="")
     return 0
