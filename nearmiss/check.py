@@ -23,7 +23,7 @@ from nearmiss.forensics.compare import compare_outputs, structure_difference
 from nearmiss.forensics.errors import crash_evidence, headline, summarise_error
 from nearmiss.forensics.localise import localise
 from nearmiss.integrity.gate import MODES, blocks_execution, judge, static_violations
-from nearmiss.models import CaseResult, CheckReport, ErrorInfo, IntegrityReport
+from nearmiss.models import CaseResult, CheckReport, ErrorInfo, IntegrityReport, Violation
 from nearmiss.runner.environment import isolation_level
 from nearmiss.runner.session import Limits, RawCase, UsageError, run_sandboxed
 
@@ -124,6 +124,35 @@ def case_result(raw: RawCase, candidate_name: str) -> CaseResult:
     return base
 
 
+def require_file(role: str, path: Path) -> None:
+    if not path.is_file():
+        raise UsageError(f"{role} file not found: {path}")
+
+
+def admit(
+    spec: str | Path, candidate: str | Path, integrity: str, label: str | None = None
+) -> tuple[str, list[Violation], bool]:
+    """(source, static violations, whether to execute) for a candidate about to run on a spec.
+
+    Raises UsageError (one-line reason) unless both are files and the candidate is readable text
+    that may define ``kernel``. ``label`` names the candidate in that last reason (its path by
+    default). ``integrity`` is a valid gate mode; "off" skips the static rules.
+    """
+    spec, candidate = Path(spec), Path(candidate)
+    require_file("spec", spec)
+    require_file("candidate", candidate)
+    try:
+        source = candidate.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read candidate {candidate}: {exc}") from exc
+    if binds_kernel(source) is False:
+        raise UsageError(f"candidate {label or candidate} defines no `kernel`")
+    # Static rules read the source before any candidate code runs. Most violations still let
+    # the sandboxed run happen, for the evidence it gives; reaching outside the contract does not.
+    static = [] if integrity == "off" else static_violations(source, candidate.name)
+    return source, static, not blocks_execution(static, integrity)
+
+
 def integrity_note(integrity: IntegrityReport, executed: bool) -> str:
     if integrity.ok:
         return ""
@@ -156,19 +185,7 @@ def check(
         raise UsageError(
             f"unknown integrity mode {integrity!r}; expected one of {', '.join(MODES)}"
         )
-    for role, path in (("spec", spec), ("candidate", candidate)):
-        if not path.is_file():
-            raise UsageError(f"{role} file not found: {path}")
-    try:
-        source = candidate.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read candidate {candidate}: {exc}") from exc
-    if binds_kernel(source) is False:
-        raise UsageError(f"candidate {candidate} defines no `kernel`")
-    # Static rules read the source before any candidate code runs. Most violations still let
-    # the sandboxed run happen, for the evidence it gives; reaching outside the contract does not.
-    static = [] if integrity == "off" else static_violations(source, candidate.name)
-    execute = not blocks_execution(static, integrity)
+    _, static, execute = admit(spec, candidate, integrity)
     seed = secrets.randbelow(2**31) if seed is None else seed
     raw = run_sandboxed(
         spec,

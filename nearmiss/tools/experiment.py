@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nearmiss.check import binds_kernel
-from nearmiss.integrity.gate import blocks_execution, static_violations
+from nearmiss.check import admit
 from nearmiss.runner.session import (
     KERNEL,
     Entry,
@@ -46,25 +45,15 @@ class CaseRequest:
         return {"case": self.case, "dims": self.dims, "dtype": self.dtype, "profile": self.profile}
 
 
-def read_source(path: str | Path, role: str) -> str:
-    path = Path(path)
-    if not path.is_file():
-        raise Refused(f"{role} file not found: {path}")
+def admit_candidate(spec: str | Path, candidate: str | Path) -> str:
+    """The candidate's source, if it may run on the spec: admitted as by `nearmiss check`
+    (``check.admit``), under the enforcing gate — a candidate the gate would not execute is not
+    executed by a tool either."""
     try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise Refused(f"cannot read {role} {path}: {exc}") from exc
-
-
-def admit_candidate(candidate: str | Path) -> str:
-    """The candidate's source, if it may run: it defines ``kernel`` and stays inside the
-    contract (a candidate the gate would not execute is not executed by a tool either)."""
-    source = read_source(candidate, "candidate")
-    name = Path(candidate).name
-    if binds_kernel(source) is False:
-        raise Refused(f"candidate {name} defines no `kernel`")
-    static = static_violations(source, name)
-    if blocks_execution(static, "enforce"):
+        source, static, execute = admit(spec, candidate, "enforce", label=Path(candidate).name)
+    except UsageError as exc:
+        raise Refused(str(exc)) from exc
+    if not execute:
         details = "; ".join(f"{v.rule}: {v.detail}" for v in static[:3])
         raise Refused(f"the candidate is not executed: it breaks the integrity rules ({details})")
     return source
@@ -79,7 +68,7 @@ def run_candidate(
     entry: Entry = KERNEL,
 ) -> tuple[str, RawRun, RawCase]:
     """(source, run, case) of ``entry`` run on the admitted candidate, on the requested case."""
-    source = admit_candidate(candidate)
+    source = admit_candidate(spec, candidate)
     run, raw = run_one(spec, candidate, request, seed, limits, entry)
     return source, run, raw
 
@@ -92,9 +81,10 @@ def run_one(
     limits: Limits | None,
     entry: Entry = KERNEL,
 ) -> tuple[RawRun, RawCase]:
-    """Run ``entry`` of ``file`` on the one requested case; Refused for an unusable request."""
-    if not Path(spec).is_file():
-        raise Refused(f"spec file not found: {spec}")
+    """Run ``entry`` of ``file`` on the one requested case; Refused for an unusable request.
+
+    The spec must be a file already (``admit_candidate`` sees to it, or the caller).
+    """
     try:
         run = run_sandboxed(
             Path(spec),

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from nearmiss.check import binds_kernel, case_result
+from nearmiss.check import binds_kernel, case_result, require_file
 from nearmiss.forensics.compare import compare_leaf
 from nearmiss.integrity.static import static_violations
 from nearmiss.models import Violation
-from nearmiss.runner.session import Entry, Limits, RawCase
+from nearmiss.runner.session import Entry, Limits, RawCase, UsageError
 from nearmiss.tools.experiment import CaseRequest, Refused, case_ref, refusal, run_one
 from nearmiss.tools.models import Comparison, ProbeResult, ValueStats
 from nearmiss.tools.text import case_line, clip, error_lines, finish, number
@@ -175,6 +175,7 @@ def probe(
         path = Path(folder) / PROBE_FILE
         path.write_text(probe_source)
         try:
+            require_file("spec", Path(spec_path))
             _, raw = run_one(
                 spec_path, path, CaseRequest(case, dims, dtype, profile), seed, limits, entry
             )
@@ -184,7 +185,7 @@ def probe(
                 result.summary = _summary(result)
                 return result
             values, references, errors = _captured(raw)
-        except Refused as exc:
+        except (Refused, UsageError) as exc:
             return refusal(ProbeResult, str(exc), seed=seed)
     stats = [value_stats(name, array) for name, array in values.items()]
     result.values, result.more_values = stats[:MAX_LISTED], max(0, len(stats) - MAX_LISTED)
