@@ -35,6 +35,10 @@ class TokenUsage(BaseModel):
     output: int = 0
 
     @property
+    def uncached_input(self) -> int:
+        return self.input - self.cached_input
+
+    @property
     def uncached(self) -> int:
         """Tokens actually processed: input not served from cache, plus output."""
         return self.input - self.cached_input + self.output

@@ -40,7 +40,7 @@ def _bars(rounds: list[RoundTokens], scale: float) -> list[str]:
                 f'<rect x="{x}" y="{y:.1f}" width="{BAR}" height="{height:.1f}" fill="{colour}">'
                 f"<title>{escape(tip)}</title></rect>"
             )
-        total = r.input + r.output
+        total = r.total
         parts.append(f'<text x="{x + BAR / 2}" y="{y - 4:.1f}" class="mid">{total}</text>')
         parts.append(
             f'<text x="{x + BAR / 2}" y="{TOP + PLOT_H + 16}" class="mid">{r.round}</text>'
@@ -50,7 +50,7 @@ def _bars(rounds: list[RoundTokens], scale: float) -> list[str]:
 
 def token_chart_svg(rounds: list[RoundTokens]) -> str:
     """The chart, or a sentence when no round spent a token (playbook and learned patches)."""
-    peak = max((r.input + r.output for r in rounds), default=0)
+    peak = max((r.total for r in rounds), default=0)
     if peak == 0:
         return "<p>No model tokens were spent: every round was a zero-token fix.</p>"
     plot_right = LEFT + GAP + len(rounds) * (BAR + GAP)

@@ -13,8 +13,9 @@ from html import escape
 from pathlib import Path
 
 from nearmiss.report.chart import token_chart_svg
-from nearmiss.report.heatmap import describe_heatmap, image_size, render_heatmap_png
+from nearmiss.report.heatmap import describe_heatmap, image_size
 from nearmiss.report.session import FleetRow, SessionView
+from nearmiss.report.timeline import describe_tokens
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;padding:0 1em;color:#222}
@@ -46,7 +47,6 @@ def slug(session_id: str) -> str:
 
 
 def _facts(view: SessionView) -> list[tuple[str, str]]:
-    t = view.tokens
     return [
         ("verdict", view.verdict),
         ("kernel", view.kernel),
@@ -55,11 +55,7 @@ def _facts(view: SessionView) -> list[tuple[str, str]]:
         ("original failure", view.failure_class or "-"),
         ("rounds", str(view.rounds)),
         ("stop", f"{view.stop_reason or '-'}: {view.stop_detail}" if view.finished else "-"),
-        (
-            "tokens",
-            f"{t.get('input', 0)} input ({t.get('cached_input', 0)} cached), "
-            f"{t.get('output', 0)} output",
-        ),
+        ("tokens", describe_tokens(view.tokens)),
         ("session", view.session_id),
         ("original → final", f"{view.original_hash} → {view.final_hash or '-'}"),
     ]
@@ -94,7 +90,7 @@ def _figures_html(view: SessionView) -> str:
         return "<p>No failing case with a mismatch map (no numeric mismatch was checked).</p>"
     figures = []
     for figure in view.heatmaps:
-        data = base64.b64encode(render_heatmap_png(figure.heatmap)).decode("ascii")
+        data = base64.b64encode(figure.png).decode("ascii")
         width, height = image_size(figure.heatmap)
         figures.append(
             f'<figure><img src="data:image/png;base64,{data}" width="{width}" height="{height}" '
@@ -211,7 +207,7 @@ def session_body_markdown(view: SessionView, image_dir: Path, level: int = 1) ->
         lines += ["No failing case with a mismatch map.", ""]
     for number, figure in enumerate(view.heatmaps, start=1):
         name = f"{slug(view.session_id)}-map-{number}.png"
-        (image_dir / name).write_bytes(render_heatmap_png(figure.heatmap))
+        (image_dir / name).write_bytes(figure.png)
         alt = md_text(figure.label).replace("[", "(").replace("]", ")")
         lines += [f"![{alt}]({name})", ""]
         lines += [f"**{md_text(figure.label)}**: {md_text(figure.diagnosis)}", ""]

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from pydantic import ValidationError
 
 from kb.events import EventStore, StoredEvent
 from nearmiss.models import CheckReport, MismatchMap
+from nearmiss.report.heatmap import render_heatmap_png
 from nearmiss.report.timeline import describe_event, short_hash
+from workflows.models import TokenUsage
 
 
 class UnknownSession(LookupError):
@@ -29,16 +32,10 @@ class TimelineRow:
     text: str
 
 
-@dataclass
-class RoundTokens:
-    round: int
-    input: int
-    cached_input: int
-    output: int
+class RoundTokens(TokenUsage):
+    """The tokens of one round's fix."""
 
-    @property
-    def uncached_input(self) -> int:
-        return self.input - self.cached_input
+    round: int
 
 
 @dataclass
@@ -46,6 +43,11 @@ class HeatmapFigure:
     label: str  # round, candidate, case and output leaf, in words
     diagnosis: str
     heatmap: MismatchMap
+
+    @cached_property
+    def png(self) -> bytes:
+        """The picture, encoded once for both the HTML and the Markdown report."""
+        return render_heatmap_png(self.heatmap)
 
 
 @dataclass
@@ -59,7 +61,7 @@ class SessionView:
     rounds: int
     stop_reason: str
     stop_detail: str
-    tokens: dict[str, int]  # input, cached_input, output over the whole session
+    tokens: TokenUsage  # over the whole session
     failure_class: str | None  # of the original candidate
     original_hash: str
     final_hash: str
@@ -149,7 +151,7 @@ async def load_session(store: EventStore, session_id: str) -> SessionView:
         rounds=0,
         stop_reason="",
         stop_detail="",
-        tokens={"input": 0, "cached_input": 0, "output": 0},
+        tokens=TokenUsage(),
         failure_class=None,
         original_hash=started.get("candidate_hash", ""),
         final_hash="",
@@ -160,10 +162,7 @@ async def load_session(store: EventStore, session_id: str) -> SessionView:
         p, report = event.payload, None
         if event.type == "FixProposed":
             round_ = p.get("round", round_ + 1)
-            t = p.get("tokens") or {}
-            view.round_tokens.append(
-                RoundTokens(round_, t.get("input", 0), t.get("cached_input", 0), t.get("output", 0))
-            )
+            view.round_tokens.append(RoundTokens(round=round_, **(p.get("tokens") or {})))
         elif event.type == "EvidenceCollected":
             report = await _report(store, event)
             if view.failure_class is None and p.get("phase") == "forensics":
@@ -173,7 +172,8 @@ async def load_session(store: EventStore, session_id: str) -> SessionView:
                 view.heatmaps.append(figure)
         elif event.type == "RepairFinished":
             view.finished, view.certified = True, bool(p.get("certified"))
-            view.rounds, view.tokens = p.get("rounds", 0), p.get("tokens") or view.tokens
+            view.rounds = p.get("rounds", 0)
+            view.tokens = TokenUsage.model_validate(p.get("tokens") or {})
             view.stop_reason, view.stop_detail = p.get("stop_reason", ""), p.get("stop_detail", "")
             view.final_hash = p.get("final_hash", "")
         offset = (event.recorded_at - t0).total_seconds()
@@ -187,7 +187,6 @@ async def load_session(store: EventStore, session_id: str) -> SessionView:
 
 
 def fleet_row(view: SessionView) -> FleetRow:
-    t = view.tokens
     return FleetRow(
         session_id=view.session_id,
         kernel=view.kernel,
@@ -195,6 +194,6 @@ def fleet_row(view: SessionView) -> FleetRow:
         verdict=view.verdict,
         rounds=view.rounds,
         stop=view.stop_reason or "-",
-        tokens=t.get("input", 0) + t.get("output", 0),
-        uncached_tokens=t.get("input", 0) - t.get("cached_input", 0) + t.get("output", 0),
+        tokens=view.tokens.total,
+        uncached_tokens=view.tokens.uncached,
     )

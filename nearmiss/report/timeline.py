@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from nearmiss.models import CheckReport
+from workflows.models import TokenUsage
 
 MAX_JSON_CHARS = 300
 
@@ -23,9 +24,10 @@ def short_hash(digest: str | None) -> str:
     return (digest or "").split(":")[-1][:8] or "-"
 
 
-def _tokens(tokens: dict[str, int] | None) -> str:
-    t = tokens or {}
-    return f"{t.get('input', 0)} in ({t.get('cached_input', 0)} cached), {t.get('output', 0)} out"
+def describe_tokens(tokens: TokenUsage | dict | None) -> str:
+    """'1000 input (600 cached), 300 output' — of a session, a round, or an event's payload."""
+    t = TokenUsage.model_validate(tokens or {})
+    return f"{t.input} input ({t.cached_input} cached), {t.output} output"
 
 
 def compact_json(value: Any) -> str:
@@ -64,14 +66,14 @@ def _fix(p: dict) -> str:
     if not p.get("candidate_hash"):
         return f"{model} proposed no edit: {p.get('reason') or 'no reason given'}"
     text = f"{model} proposed {short_hash(p.get('candidate_hash'))}: {p.get('summary') or '-'}"
-    return text + f" · tokens {_tokens(p.get('tokens'))}"
+    return text + f" · tokens {describe_tokens(p.get('tokens'))}"
 
 
 def _finished(p: dict) -> str:
     verdict = "CERTIFIED" if p.get("certified") else "NOT CERTIFIED"
     return (
         f"{verdict} after {p.get('rounds', 0)} round(s): {p.get('stop_reason')}: "
-        f"{p.get('stop_detail', '')} · tokens {_tokens(p.get('tokens'))}"
+        f"{p.get('stop_detail', '')} · tokens {describe_tokens(p.get('tokens'))}"
     )
 
 
