@@ -7,7 +7,6 @@ Texts travel as blob hashes; each activity loads what it needs and stores what i
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
 
 from temporalio import activity
@@ -29,9 +28,11 @@ from workflows.models import (
     FixInput,
     FixOutcome,
     FixRequest,
+    FixResult,
     RecordInput,
     RetrieveInput,
     RetrieveResult,
+    is_chat_model,
     is_replay_model,
 )
 
@@ -45,15 +46,28 @@ def make_fixer(model: str) -> Fixer:
         from activities.fixers.playbook import PlaybookFixer
 
         return PlaybookFixer()
-    if model.startswith("openai:") and len(model) > len("openai:"):
+    if is_chat_model(model):
         from activities.fixers.openai_fixer import OpenAIFixer
 
-        return OpenAIFixer(
-            model=model.split(":", 1)[1],
-            base_url=os.environ.get("NEARMISS_OPENAI_BASE_URL"),
-            api_key=os.environ.get("NEARMISS_OPENAI_API_KEY"),
-        )
+        return OpenAIFixer(model=model.split(":", 1)[1])  # endpoint and key: make_client
     raise ValueError(f"unknown model {model!r}: expected playbook or openai:MODEL")
+
+
+async def stored_outcome(store: EventStore, result: FixResult, model: str) -> FixOutcome:
+    """A fixer's (or generator's) answer as the workflow sees it: its texts by blob hash."""
+    outcome = FixOutcome(
+        summary=result.summary,
+        reason=result.reason,
+        model=result.model or model,
+        tokens=result.tokens,
+    )
+    if result.prompt:
+        outcome.prompt_hash = await store.put_blob(result.prompt.encode())
+    if result.response:
+        outcome.response_hash = await store.put_blob(result.response.encode())
+    if result.source is not None:
+        outcome.candidate_hash = await store.put_blob(result.source.encode())
+    return outcome
 
 
 async def with_heartbeats(work):
@@ -128,19 +142,7 @@ class RepairActivities:
             result = await with_heartbeats(fixer.propose(fix_request))
         except FixerError as exc:
             raise to_activity_error(exc) from exc
-        outcome = FixOutcome(
-            summary=result.summary,
-            reason=result.reason,
-            model=result.model or request.model,
-            tokens=result.tokens,
-        )
-        if result.prompt:
-            outcome.prompt_hash = await self.store.put_blob(result.prompt.encode())
-        if result.response:
-            outcome.response_hash = await self.store.put_blob(result.response.encode())
-        if result.source is not None:
-            outcome.candidate_hash = await self.store.put_blob(result.source.encode())
-        return outcome
+        return await stored_outcome(self.store, result, request.model)
 
     @activity.defn(name="retrieve_knowledge")
     async def retrieve_knowledge(self, request: RetrieveInput) -> RetrieveResult:

@@ -187,8 +187,11 @@ def make_client(
 ) -> openai.AsyncOpenAI:
     """An ``AsyncOpenAI`` without retries of its own (Temporal owns retries).
 
-    ``base_url``/``api_key`` None: the SDK reads OPENAI_BASE_URL / OPENAI_API_KEY itself.
+    ``base_url``/``api_key`` None: NEARMISS_OPENAI_BASE_URL / NEARMISS_OPENAI_API_KEY when set,
+    else the SDK reads OPENAI_BASE_URL / OPENAI_API_KEY itself.
     """
+    base_url = base_url or os.environ.get("NEARMISS_OPENAI_BASE_URL")
+    api_key = api_key or os.environ.get("NEARMISS_OPENAI_API_KEY")
     if api_key is None and not os.environ.get("OPENAI_API_KEY"):
         api_key = _PLACEHOLDER_KEY
     return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
