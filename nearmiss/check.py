@@ -19,7 +19,7 @@ from nearmiss.forensics.classify import (
     ranked_classes,
     refine_unstable,
 )
-from nearmiss.forensics.compare import compare_outputs, structure_difference
+from nearmiss.forensics.compare import LeafComparison, compare_outputs, structure_difference
 from nearmiss.forensics.errors import crash_evidence, headline, summarise_error
 from nearmiss.forensics.localise import localise
 from nearmiss.integrity.gate import MODES, blocks_execution, judge, static_violations
@@ -87,6 +87,12 @@ def _failure_result(base: CaseResult, raw: RawCase, candidate_name: str) -> Case
 
 
 def case_result(raw: RawCase, candidate_name: str) -> CaseResult:
+    return case_evidence(raw, candidate_name)[0]
+
+
+def case_evidence(raw: RawCase, candidate_name: str) -> tuple[CaseResult, LeafComparison | None]:
+    """The case's result, and the comparison of its worst output leaf (the one localised) when
+    the outputs could be compared."""
     info = raw.info
     grid = raw.geometry[-1]["grid"] if raw.geometry else None
     base = CaseResult(
@@ -103,7 +109,7 @@ def case_result(raw: RawCase, candidate_name: str) -> CaseResult:
         kernel_grid=grid,
     )
     if raw.outputs is None:
-        return _failure_result(base, raw, candidate_name)
+        return _failure_result(base, raw, candidate_name), None
     structure = structure_difference(
         raw.reference, raw.reference_tree, raw.outputs, raw.output_tree or ""
     )
@@ -111,17 +117,17 @@ def case_result(raw: RawCase, candidate_name: str) -> CaseResult:
         base.failure_class = "shape_mismatch"
         base.structure = structure
         base.diagnosis = f"Output structure is wrong: {structure}."
-        return base
+        return base, None
     comparisons = compare_outputs(raw.reference, raw.outputs, info.atol, info.rtol)
     base.leaves = [c.stats for c in comparisons]
     worst = max(comparisons, key=lambda c: c.stats.mismatched)
     if worst.stats.mismatched == 0:
         base.passed = True
-        return base
+        return base, worst
     base.localisation = localise(worst.stats.path, worst.bad, raw.geometry)
     base.failure_class = classify_numeric(worst.stats, base.localisation)
     base.diagnosis = describe_numeric(base.failure_class, worst.stats, base.localisation)
-    return base
+    return base, worst
 
 
 def require_file(role: str, path: Path) -> None:

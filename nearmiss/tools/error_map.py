@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nearmiss.check import case_result
-from nearmiss.forensics.compare import compare_outputs
-from nearmiss.forensics.localise import bad_indices_per_axis, cell_sums, index_ranges, output_blocks
+from nearmiss.check import case_evidence
+from nearmiss.forensics.localise import bad_indices_per_axis, cell_sums, index_ranges
 from nearmiss.runner.session import Limits
 from nearmiss.tools.experiment import CaseRequest, Refused, case_ref, refusal, run_candidate
 from nearmiss.tools.models import ErrorMapResult, TileCount, TileMap
@@ -132,7 +131,7 @@ def error_map(
         _, _, raw = run_candidate(spec_path, candidate_path, request, seed, limits)
     except Refused as exc:
         return refusal(ErrorMapResult, str(exc), seed=seed)
-    verdict = case_result(raw, Path(candidate_path).name)
+    verdict, worst = case_evidence(raw, Path(candidate_path).name)
     result = ErrorMapResult(
         case=case_ref(raw),
         seed=seed,
@@ -142,14 +141,12 @@ def error_map(
         structure=verdict.structure,
     )
     head = case_line(result.case)
-    if verdict.passed or verdict.localisation is None:
+    if verdict.passed or verdict.localisation is None or worst is None:
         why = "nothing to map: " + (
             "the case passes" if verdict.passed else "the case gave no comparable outputs"
         )
         result.summary = finish([head, why, *capped(verdict_lines(verdict), 12)])
         return result
-    comparisons = compare_outputs(raw.reference, raw.outputs or [], verdict.atol, verdict.rtol)
-    worst = max(comparisons, key=lambda c: c.stats.mismatched)
     loc = verdict.localisation
     result.leaf, result.dtype, result.shape = (
         worst.stats.path,
@@ -158,8 +155,13 @@ def error_map(
     )
     result.mismatched, result.total = worst.stats.mismatched, worst.stats.total
     result.axes, result.tail_axes, result.heatmap = loc.axes, loc.tail_axes, loc.heatmap
-    result.tiles = tile_map(worst.bad, output_blocks(raw.geometry, worst.bad.shape))
-    others = [f"{c.stats.path} ({c.stats.mismatched})" for c in comparisons if c is not worst]
+    # The localisation's tiles are the output's BlockSpec blocks, when it has one.
+    result.tiles = tile_map(worst.bad, loc.tiles.block_shape if loc.tiles else None)
+    others = [
+        f"{leaf.path} ({leaf.mismatched})"
+        for leaf in verdict.leaves
+        if leaf.path != worst.stats.path
+    ]
     others = [text for text in others if not text.endswith("(0)")]
     if others:
         head += "\nother outputs mismatched: " + ", ".join(capped(others, 6))
