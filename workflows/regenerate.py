@@ -78,27 +78,12 @@ class RegenerateResult(BaseModel):
     tokens: TokenUsage
 
 
-class RegenerateProgress(BaseModel):
-    trials_done: int = 0
-    certified: int = 0
-    tokens: TokenUsage = Field(default_factory=TokenUsage)
-
-
 @workflow.defn(name="RegenerateWorkflow")
 class RegenerateWorkflow:
     def __init__(self) -> None:
         self.version = 0  # of this session's event stream
-        self.done: list[TrialResult] = []
         # Trials run concurrently; their events must still take consecutive versions.
         self.recording = asyncio.Lock()
-
-    @workflow.query
-    def progress(self) -> RegenerateProgress:
-        return RegenerateProgress(
-            trials_done=len(self.done),
-            certified=sum(t.certified for t in self.done),
-            tokens=sum((t.tokens for t in self.done), TokenUsage()),
-        )
 
     @workflow.run
     async def run(self, request: RegenerateRequest) -> RegenerateResult:
@@ -156,7 +141,6 @@ class RegenerateWorkflow:
         )
         if generated.candidate_hash is not None:
             await self._certify(request, result)
-        self.done.append(result)
         return result
 
     async def _certify(self, request: RegenerateRequest, result: TrialResult) -> None:
