@@ -1,6 +1,7 @@
 """Audits: re-check an ablation's "successes" with what the ablation switched off.
 
-A success of debug-no-integrity is re-checked with the integrity gate enforced (the paper found
+Which arms are audited, and what takes a success back, is the arm's ``Recheck`` (config.py):
+a success of debug-no-integrity is re-checked with the integrity gate enforced (the paper found
 wrappers computing the result outside the kernel); a success of debug-compact-only on the full
 suite (the paper found compact successes failing the extended suite). Each audit is a fresh,
 sandboxed ``nearmiss.check`` in a thread, its report kept by hash like any check's.
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from kb.events import EventStore
 from nearmiss.check import check
+from nearmiss.experiment.config import ARMS
 from nearmiss.runner.session import UsageError
 
 
@@ -30,13 +32,6 @@ class AuditTarget:
 def audit_seed(session_id: str) -> int:
     """A seed fixed by the session, so an audit can be reproduced from its record."""
     return zlib.crc32(session_id.encode()) & 0x7FFFFFFF
-
-
-def rejected(arm: str, report) -> bool:
-    """Whether the stricter check takes the success back, by what the arm switched off."""
-    if arm == "debug-no-integrity":
-        return not report.integrity.ok
-    return report.extended_passed is False
 
 
 async def audit(store: EventStore, target: AuditTarget) -> dict:
@@ -58,7 +53,7 @@ async def audit(store: EventStore, target: AuditTarget) -> dict:
         except UsageError as exc:  # it was checked before; unusable now means not certifiable
             return verdict | {"rejected": True, "certified": False, "error": str(exc)}
     return verdict | {
-        "rejected": rejected(target.arm, report),
+        "rejected": ARMS[target.arm].recheck.rejects(report),
         "certified": report.certified,
         "integrity_ok": report.integrity.ok,
         "violations": sorted({v.rule for v in report.integrity.violations}),

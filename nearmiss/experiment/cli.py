@@ -103,7 +103,7 @@ async def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if getattr(args, "experiment_action", None):
         return await _show(args, settings)
-    from nearmiss.experiment.config import ExperimentConfig, select
+    from nearmiss.experiment.config import ExperimentConfig
     from nearmiss.experiment.records import load_table
     from nearmiss.experiment.render import markdown, write_outputs
     from nearmiss.experiment.runner import run_experiment, say_stderr
@@ -119,11 +119,10 @@ async def run(args: argparse.Namespace) -> int:
         learn=args.learn,
         guards=guards_from(args),
     )
-    config.validate_usage()
-    select(config.near_misses)  # an unknown name is a usage error before anything starts
+    near_misses = config.resolve()  # bad input is a usage error before anything starts
     out = args.out or Path(f"experiment-{config.experiment_id}")
     async with services(settings) as (client, store):
-        await run_experiment(client, store, config, say_stderr)
+        await run_experiment(client, store, config, say_stderr, near_misses)
         table = await load_table(store, config.experiment_id)
     for path in write_outputs(table, out):
         say_stderr(f"wrote {path}")

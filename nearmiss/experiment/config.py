@@ -8,7 +8,8 @@ regeneration from the spec. A *near-miss* is one labelled variant of the corpus,
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -20,6 +21,19 @@ from workflows.models import is_chat_model
 
 
 @dataclass(frozen=True)
+class Recheck:
+    """How the experiment re-checks an ablation's successes: with what the ablation switched off.
+
+    Every re-check runs the full suite with the integrity gate enforced (``audit``); ``rejects``
+    reads the part of that CheckReport the ablation had switched off.
+    """
+
+    enforces: str  # what the re-check enforces, as the table says
+    label: str  # what the table calls the successes the re-check takes back
+    rejects: Callable[..., bool]  # CheckReport -> whether the success is taken back
+
+
+@dataclass(frozen=True)
 class Arm:
     name: str
     kind: str  # "debug": RepairWorkflow sessions; "regenerate": one RegenerateWorkflow
@@ -27,6 +41,11 @@ class Arm:
     integrity: str = "enforce"
     certify_suite: str = "all"
     what: str = ""
+    recheck: Recheck | None = None  # an ablation whose successes the experiment audits
+
+    def describe(self) -> dict:
+        """The arm as ExperimentStarted records it (the re-check is recorded with its verdicts)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "recheck"}
 
 
 ARMS = {
@@ -40,12 +59,22 @@ ARMS = {
             "debug",
             integrity="report",
             what="the integrity gate reports but never blocks",
+            recheck=Recheck(
+                "integrity gate enforced",
+                'integrity-rejected "successes"',
+                lambda report: not report.integrity.ok,
+            ),
         ),
         Arm(
             "debug-compact-only",
             "debug",
             certify_suite="compact",
             what="certified on the compact suite alone",
+            recheck=Recheck(
+                "extended suite",
+                "successes failing the extended suite",
+                lambda report: report.extended_passed is False,
+            ),
         ),
     )
 }
@@ -140,6 +169,14 @@ class ExperimentConfig(BaseModel):
     @property
     def stream_id(self) -> str:
         return f"experiment-{self.experiment_id}"
+
+    def resolve(self) -> list[NearMiss]:
+        """Check the input (a usage error before anything starts), then expand
+        ``near_misses`` to op/variant ids; returns those near-misses."""
+        self.validate_usage()
+        chosen = select(self.near_misses)
+        self.near_misses = [nm.id for nm in chosen]
+        return chosen
 
     def validate_usage(self) -> None:
         """Bad input is a usage error before anything starts."""

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from nearmiss.experiment.config import ARMS
 from nearmiss.experiment.table import Table
 
 
@@ -45,11 +46,7 @@ def markdown(table: Table) -> str:
             f"none): {len(table.only_debug)} ({names})"
         )
     for audit in table.audits:
-        what = (
-            'integrity-rejected "successes"'
-            if audit.arm == "debug-no-integrity"
-            else "successes failing the extended suite"
-        )
+        what = ARMS[audit.arm].recheck.label
         lines.append(
             f"- {audit.arm}: {what} (re-checked: {audit.check}): "
             f"{audit.rejected} of {audit.audited}"

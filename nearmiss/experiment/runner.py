@@ -13,13 +13,14 @@ import asyncio
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from pathlib import Path
 
 from temporalio.client import Client, WorkflowFailureError
 
 from kb.events import EventStore, NewEvent
 from nearmiss.experiment.audit import AuditTarget, run_audits
-from nearmiss.experiment.config import ARMS, Arm, ExperimentConfig, NearMiss, select
+from nearmiss.experiment.config import ARMS, Arm, ExperimentConfig, NearMiss
 from workflows.models import TokenUsage
 from workflows.regenerate import RegenerateRequest, RegenerateWorkflow
 from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
@@ -40,6 +41,7 @@ class Job:
     result: object = None  # RepairResult | RegenerateResult once finished
     error: str = ""
     spec_hash: str = ""
+    candidate_hash: str = ""  # debug sessions only: regenerate starts from the spec
 
 
 def plan(config: ExperimentConfig, near_misses: list[NearMiss]) -> list[Job]:
@@ -58,9 +60,23 @@ def plan(config: ExperimentConfig, near_misses: list[NearMiss]) -> list[Job]:
     return jobs
 
 
-async def _request(store: EventStore, config: ExperimentConfig, job: Job):
+async def upload(store: EventStore, jobs: list[Job]) -> None:
+    """Store each spec and candidate the jobs need once, by hash, and give the jobs the hashes."""
+    hashes: dict[Path, str] = {}
+
+    async def put(path: Path) -> str:
+        if path not in hashes:
+            hashes[path] = await store.put_blob(path.read_bytes())
+        return hashes[path]
+
+    for job in jobs:
+        job.spec_hash = await put(job.near_miss.spec)
+        if job.arm.kind == "debug":
+            job.candidate_hash = await put(job.near_miss.candidate)
+
+
+def _request(config: ExperimentConfig, job: Job):
     nm, arm = job.near_miss, job.arm
-    job.spec_hash = await store.put_blob(nm.spec.read_bytes())
     if arm.kind == "regenerate":
         return RegenerateWorkflow.run, RegenerateRequest(
             spec_hash=job.spec_hash,
@@ -73,7 +89,7 @@ async def _request(store: EventStore, config: ExperimentConfig, job: Job):
         )
     return RepairWorkflow.run, RepairRequest(
         spec_hash=job.spec_hash,
-        candidate_hash=await store.put_blob(nm.candidate.read_bytes()),
+        candidate_hash=job.candidate_hash,
         candidate_name=nm.candidate.name,
         kernel=nm.op,
         model=config.model,
@@ -90,7 +106,7 @@ def _outcome(job: Job) -> str:
     if job.error:
         return f"FAILED: {job.error}"
     r = job.result
-    if job.trial is None:
+    if job.arm.kind == "regenerate":
         certified = sum(t.certified for t in r.trials)
         return f"{certified}/{len(r.trials)} trials certified · {r.tokens.total:,} tokens"
     verdict = "certified" if r.certified else f"not certified ({r.stop_reason})"
@@ -102,11 +118,12 @@ async def run_sessions(
 ) -> None:
     gate = asyncio.Semaphore(config.concurrency)
     done = 0
+    await upload(store, jobs)
 
     async def one(job: Job) -> None:
         nonlocal done
         async with gate:
-            run, request = await _request(store, config, job)
+            run, request = _request(config, job)
             handle = await client.start_workflow(
                 run, request, id=job.session_id, task_queue=TASK_QUEUE
             )
@@ -115,7 +132,7 @@ async def run_sessions(
             except WorkflowFailureError as exc:  # recorded, counted as failed trials
                 job.error = str(exc.cause or exc)
         done += 1
-        trial = "all trials" if job.trial is None else f"trial {job.trial}"
+        trial = "all trials" if job.arm.kind == "regenerate" else f"trial {job.trial}"
         say(f"[{done}/{len(jobs)}] {job.arm.name} {job.near_miss.id} {trial}: {_outcome(job)}")
 
     await asyncio.gather(*(one(job) for job in jobs))
@@ -133,9 +150,7 @@ def audit_targets(jobs: list[Job]) -> list[AuditTarget]:
             job.near_miss.candidate.name,
         )
         for job in jobs
-        if job.arm.name in ("debug-no-integrity", "debug-compact-only")
-        and job.result is not None
-        and job.result.certified
+        if job.arm.recheck is not None and job.result is not None and job.result.certified
     ]
 
 
@@ -149,7 +164,7 @@ def finished_payload(config: ExperimentConfig, jobs: list[Job], audits: list, wa
         cell["sessions"].append(job.session_id)
         if job.error:
             cell["errors"].append({"session_id": job.session_id, "error": job.error})
-        elif job.trial is None:
+        elif job.arm.kind == "regenerate":
             cell["successes"] += sum(t.certified for t in job.result.trials)
             cell["tokens"] += job.result.tokens
         else:
@@ -164,17 +179,24 @@ def finished_payload(config: ExperimentConfig, jobs: list[Job], audits: list, wa
 
 
 async def run_experiment(
-    client: Client, store: EventStore, config: ExperimentConfig, say: Say = say_stderr
+    client: Client,
+    store: EventStore,
+    config: ExperimentConfig,
+    say: Say = say_stderr,
+    near_misses: list[NearMiss] | None = None,
 ) -> str:
-    """Run everything, record the experiment's two events; returns the experiment's id."""
-    config.validate_usage()
-    near_misses = select(config.near_misses)
-    config.near_misses = [nm.id for nm in near_misses]
+    """Run everything, record the experiment's two events; returns the experiment's id.
+
+    ``near_misses``: what ``config.resolve()`` returned, when the caller has checked the input
+    already; otherwise it is checked here.
+    """
+    if near_misses is None:
+        near_misses = config.resolve()
     started = {
         "experiment_id": config.experiment_id,
         "config": config.model_dump(mode="json"),
         "near_misses": [nm.describe() for nm in near_misses],
-        "arms": {name: asdict(ARMS[name]) for name in config.arms},
+        "arms": {name: ARMS[name].describe() for name in config.arms},
     }
     await store.append(config.stream_id, 0, [NewEvent("ExperimentStarted", started)])
     jobs = plan(config, near_misses)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from nearmiss.experiment.config import ARMS
 from workflows.models import TokenUsage
 
 
@@ -155,12 +156,6 @@ def arm_row(arm: str, cells: dict[str, Cell]) -> ArmRow:
     )
 
 
-AUDITED = {
-    "debug-no-integrity": "integrity gate enforced",
-    "debug-compact-only": "extended suite",
-}
-
-
 def compute_table(started: dict, finished: dict, finishes: dict[str, dict | None]) -> Table:
     """The table of one experiment from its two events and its sessions' finishing payloads."""
     config = started["config"]
@@ -168,7 +163,7 @@ def compute_table(started: dict, finished: dict, finishes: dict[str, dict | None
     recorded = finished["arms"]
     cells: dict[str, dict[str, Cell]] = {}
     for arm in arms:
-        kind = "regenerate" if arm == "regenerate" else "debug"
+        kind = ARMS[arm].kind
         cells[arm] = {
             nm: Cell(trials_of(kind, recorded[arm][nm]["sessions"], finishes, k))
             for nm in near_misses
@@ -181,12 +176,14 @@ def compute_table(started: dict, finished: dict, finishes: dict[str, dict | None
             if cells["debug"][nm].successes > 0 and cells["regenerate"][nm].successes == 0
         ]
     audits = []
-    for arm, check in AUDITED.items():
-        if arm not in recorded:
+    for arm in ARMS.values():
+        if arm.recheck is None or arm.name not in recorded:
             continue
-        verdicts = [v for nm in near_misses for v in recorded[arm][nm].get("audits", [])]
+        verdicts = [v for nm in near_misses for v in recorded[arm.name][nm].get("audits", [])]
         rejected = [v["session_id"] for v in verdicts if v["rejected"]]
-        audits.append(Audit(arm, check, len(verdicts), len(rejected), rejected, verdicts))
+        audits.append(
+            Audit(arm.name, arm.recheck.enforces, len(verdicts), len(rejected), rejected, verdicts)
+        )
     return Table(
         experiment_id=finished.get("experiment_id", started.get("experiment_id", "")),
         model=config["model"],
