@@ -11,7 +11,6 @@ Certifying the kernel is ``check_candidate``'s job, exactly as for a repair.
 from __future__ import annotations
 
 import ast
-import os
 from collections.abc import Callable
 
 from temporalio import activity
@@ -21,7 +20,7 @@ from activities import prompts
 from activities.fixers.base import FixerError, to_activity_error
 from activities.fixers.edits import EditError, full_file, summary_line
 from activities.fixers.openai_fixer import complete, make_client, prompt_text
-from activities.repair import with_heartbeats
+from activities.repair import stored_outcome, with_heartbeats
 from kb.events import EventStore
 from workflows.models import FixResult, is_chat_model
 from workflows.regenerate import GeneratedKernel, GenerateInput
@@ -99,11 +98,7 @@ def make_generator(model: str) -> OpenAIKernelGenerator:
     """``openai:MODEL``, the endpoint and key found as for fixes (NEARMISS_OPENAI_* on top)."""
     if not is_chat_model(model):
         raise ValueError(f"model {model!r} cannot write a kernel: regenerate needs openai:MODEL")
-    return OpenAIKernelGenerator(
-        model.split(":", 1)[1],
-        base_url=os.environ.get("NEARMISS_OPENAI_BASE_URL"),
-        api_key=os.environ.get("NEARMISS_OPENAI_API_KEY"),
-    )
+    return OpenAIKernelGenerator(model.split(":", 1)[1])  # endpoint and key: make_client
 
 
 class RegenerateActivities:
@@ -128,16 +123,11 @@ class RegenerateActivities:
             raise to_activity_error(exc) from exc
         finally:
             await generator.aclose()
-        generated = GeneratedKernel(
-            reason=result.reason, model=result.model or request.model, tokens=result.tokens
+        outcome = await stored_outcome(self.store, result, request.model)
+        # The trial's record: the outcome's texts by hash, without a fix's summary and flags.
+        return GeneratedKernel.model_validate(
+            outcome.model_dump(include=set(GeneratedKernel.model_fields))
         )
-        if result.prompt:
-            generated.prompt_hash = await self.store.put_blob(result.prompt.encode())
-        if result.response:
-            generated.response_hash = await self.store.put_blob(result.response.encode())
-        if result.source is not None:
-            generated.candidate_hash = await self.store.put_blob(result.source.encode())
-        return generated
 
     def all(self) -> list:
         """The activities this baseline adds; checks and recording are the repair's own."""
