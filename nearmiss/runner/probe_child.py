@@ -88,9 +88,9 @@ def run_probe(probe, request: dict) -> dict:
     except (Exception, SystemExit) as exc:
         result.update(ok=False, error=describe_exception(exc, stages.phase))
         return result
-    input_names = extra.get("names") or [f"x{i}" for i in range(len(args))]
+    # The spec's child names every case's inputs (x0, x1, ... where the reference has none).
     ref_names, ref_arrays, ref_errors = _evaluate(
-        request.get("expressions") or {}, _namespace(input_names, args)
+        request.get("expressions") or {}, _namespace(extra["names"], args)
     )
     save_arrays(
         case_dir / "output.npz",

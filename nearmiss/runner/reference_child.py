@@ -65,8 +65,8 @@ def write_probes(jax, np, spec, case, key, arrays, reference, case_dir: Path) ->
     return probes
 
 
-def input_names(spec, count: int) -> list[str]:
-    """The reference's parameter names for ``count`` inputs (x0, x1, ... where it has none)."""
+def parameter_names(spec) -> list[str]:
+    """The reference's positional parameter names, in order (none where it has no signature)."""
     import inspect
 
     try:
@@ -74,7 +74,11 @@ def input_names(spec, count: int) -> list[str]:
     except (TypeError, ValueError):
         parameters = []
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    named = [p.name for p in parameters if p.kind in kinds]
+    return [p.name for p in parameters if p.kind in kinds]
+
+
+def input_names(named: list[str], count: int) -> list[str]:
+    """Names for ``count`` inputs: the reference's parameters (x0, x1, ... past them)."""
     return [named[i] if i < len(named) else f"x{i}" for i in range(count)]
 
 
@@ -126,6 +130,7 @@ def prepare(channel: Channel, request: dict) -> None:
     )
     workdir = Path(request["workdir"])
     integrity = bool(request.get("integrity"))
+    parameters = parameter_names(spec)  # the signature once; a case may have fewer inputs
     for position, (suite, case) in enumerate(cases):
         label = f"{suite} case {case.name!r}"
         key = case_key(jax, request["seed"], suite, case.name)
@@ -166,7 +171,7 @@ def prepare(channel: Channel, request: dict) -> None:
         case_dir = workdir / f"{suite}-{case.name}"
         case_dir.mkdir(parents=True, exist_ok=True)
         # The inputs carry their names: a probe's reference expressions refer to them by name.
-        names = input_names(spec, len(arrays))
+        names = input_names(parameters, len(arrays))
         save_arrays(case_dir / "inputs.npz", arrays, {"names": names})
         save_arrays(case_dir / "reference.npz", ref_arrays, {"treedef": str(treedef)})
         reference_s = time.perf_counter() - started
