@@ -97,7 +97,11 @@ def lower(
     except Refused as exc:
         return refusal(LowerResult, str(exc), seed=seed, platform=platform)
     result = LowerResult(
-        case=case_ref(raw), seed=seed, platform=platform, jax_version=run.jax_version
+        case=case_ref(raw),
+        seed=seed,
+        platform=platform,
+        target=TARGETS[platform],  # the engine's own mapping, never the untrusted child's word
+        jax_version=run.jax_version,
     )
     extra = raw.output_extra
     name = Path(candidate_path).name
@@ -109,10 +113,8 @@ def lower(
         result.lowering_error = case_result(raw, name).error
     elif extra.get("status") in ("ok", "unavailable"):
         result.status = extra["status"]
-        result.target = str(extra.get("target", ""))[:20]
         result.detail = clip(str(extra.get("detail", "")), 500)
     else:
         return refusal(LowerResult, "the lowering child filed an unusable result", seed=seed)
-    result.target = result.target or TARGETS[platform]
     result.summary = _summary(result)
     return result
