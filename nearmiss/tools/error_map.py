@@ -12,7 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from nearmiss.check import case_evidence
-from nearmiss.forensics.localise import bad_indices_per_axis, cell_sums, index_ranges
+from nearmiss.forensics.localise import (
+    MAX_TILES_LISTED,
+    bad_indices_per_axis,
+    cell_sums,
+    index_ranges,
+)
 from nearmiss.runner.session import Limits
 from nearmiss.tools.experiment import CaseRequest, Refused, case_ref, refusal, run_candidate
 from nearmiss.tools.models import ErrorMapResult, TileCount, TileMap
@@ -20,7 +25,6 @@ from nearmiss.tools.run_case import verdict_lines
 from nearmiss.tools.text import capped, case_line, clip, finish
 
 MAP_SIDE = 32  # characters per side of the picture, at most
-MAX_LISTED = 8
 
 
 def _rows(counts: np.ndarray) -> np.ndarray:
@@ -74,9 +78,9 @@ def tile_map(bad: np.ndarray, blocks: list[int] | None) -> TileMap | None:
             TileCount(
                 tile=[int(i) for i in c], bad=int(counts[tuple(c)]), total=int(totals[tuple(c)])
             )
-            for c in coords[:MAX_LISTED]
+            for c in coords[:MAX_TILES_LISTED]
         ],
-        more=max(0, len(coords) - MAX_LISTED),
+        more=max(0, len(coords) - MAX_TILES_LISTED),
         cell_tiles=cell,
         picture=lines,
     )
