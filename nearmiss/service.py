@@ -30,7 +30,7 @@ from activities.repair import RepairActivities, make_fixer
 from infra.devstack import SEARCH_ATTRIBUTES, DevStack
 from kb.events import EventStore
 from kb.knowledge import load_seed
-from nearmiss.runner.session import UsageError
+from nearmiss.check import require_file
 from nearmiss.settings import Settings
 from workflows.fleet import FleetWorkflow
 from workflows.loop import Guards
@@ -168,9 +168,8 @@ async def repair(
     seed: int = 0,
     use_kb: bool = True,
 ) -> int:
-    for role, path in (("spec", spec), ("candidate", candidate)):
-        if not path.is_file():
-            raise UsageError(f"{role} file not found: {path}")
+    require_file("spec", spec)
+    require_file("candidate", candidate)
     make_fixer(model)  # a bad --model is a usage error before anything starts
     async with services(settings) as (client, store):
         handle = await start_session(client, store, spec, candidate, model, guards, seed, use_kb)
