@@ -21,7 +21,7 @@ from kb.knowledge import failed_attempts, retrieve
 from kb.learning import learn_from_session
 from kb.patches import apply_patch
 from nearmiss.check import check
-from nearmiss.runner.session import UsageError
+from nearmiss.errors import UsageError
 from workflows.models import (
     CheckInput,
     Evidence,

@@ -11,6 +11,7 @@ import secrets
 import time
 from pathlib import Path
 
+from nearmiss.errors import UsageError
 from nearmiss.forensics.classify import (
     classify_numeric,
     describe_numeric,
@@ -25,7 +26,7 @@ from nearmiss.forensics.localise import localise
 from nearmiss.integrity.gate import MODES, blocks_execution, judge, static_violations
 from nearmiss.models import CaseResult, CheckReport, ErrorInfo, IntegrityReport, Violation
 from nearmiss.runner.environment import isolation_level
-from nearmiss.runner.session import Limits, RawCase, UsageError, run_sandboxed
+from nearmiss.runner.session import Limits, RawCase, run_sandboxed
 
 SUITES = ("compact", "extended", "all")
 

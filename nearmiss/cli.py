@@ -12,11 +12,12 @@ from pathlib import Path
 from nearmiss import fleet_cli, kb_cli, replay_cli
 from nearmiss.check import SUITES, check
 from nearmiss.cli_options import add_session_options, guards_from, positive
+from nearmiss.errors import UsageError
 from nearmiss.experiment import cli as experiment_cli
 from nearmiss.integrity.gate import MODES
 from nearmiss.render import render_report, table
 from nearmiss.report import cli as report_cli
-from nearmiss.runner.session import Limits, UsageError
+from nearmiss.runner.session import Limits
 
 EXIT_CERTIFIED, EXIT_NOT_CERTIFIED, EXIT_USAGE = 0, 1, 2
 

@@ -27,8 +27,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from kb.events import EventStore
+from nearmiss.errors import UsageError
 from nearmiss.render import table
-from nearmiss.runner.session import UsageError
 from nearmiss.spec import load_spec
 from workflows.fleet import FleetMember, FleetProgress, FleetRequest, FleetResult, FleetWorkflow
 from workflows.loop import Guards

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from nearmiss.cli_options import add_session_options, guards_from, positive
+from nearmiss.errors import UsageError
 from nearmiss.render import table
-from nearmiss.runner.session import UsageError
 from nearmiss.settings import Settings
 
 EXIT_DONE, EXIT_NOT_DONE, EXIT_USAGE = 0, 1, 2

@@ -19,8 +19,8 @@ from temporalio.service import RPCError
 from temporalio.worker import Replayer
 
 from kb.events import EventStore, StoredEvent
+from nearmiss.errors import UsageError
 from nearmiss.models import CheckReport
-from nearmiss.runner.session import UsageError
 from workflows.fleet import FleetWorkflow
 from workflows.models import replay_model
 from workflows.regenerate import RegenerateWorkflow

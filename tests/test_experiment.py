@@ -17,13 +17,13 @@ from fake_openai import Answer, FakeOpenAI
 from sessions import full_file
 
 from conftest import OPS
+from nearmiss.errors import UsageError
 from nearmiss.experiment import cli as experiment_cli
 from nearmiss.experiment.config import ARMS, ExperimentConfig, corpus, default_sample, select
 from nearmiss.experiment.records import load_table
 from nearmiss.experiment.render import csv_text, markdown, pass_rates_svg, tokens_svg
 from nearmiss.experiment.runner import run_experiment
 from nearmiss.experiment.table import compute_table
-from nearmiss.runner.session import UsageError
 from nearmiss.service import build_worker
 from workflows.loop import Guards, LoopState, RepairLoop
 from workflows.models import Evidence

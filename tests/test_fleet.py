@@ -14,8 +14,8 @@ from temporalio.exceptions import CancelledError
 from test_worker_crash import start_worker, stop_workers, wait_for_event
 
 from conftest import OPS, run_cli
+from nearmiss.errors import UsageError
 from nearmiss.fleet import MemberFile, discover, fleet_summary, list_fleets, start_fleet
-from nearmiss.runner.session import UsageError
 from nearmiss.service import build_worker
 from workflows.fleet import FleetWorkflow
 from workflows.loop import Guards

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from kb.events import EventStore
 from nearmiss.check import check
+from nearmiss.errors import UsageError
 from nearmiss.experiment.config import ARMS
-from nearmiss.runner.session import UsageError
 
 
 @dataclass(frozen=True)

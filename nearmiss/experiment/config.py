@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from nearmiss.runner.session import UsageError
+from nearmiss.errors import UsageError
 from pallas_ops.catalog import operators
 from workflows.loop import Guards
 from workflows.models import is_chat_model

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kb.events import EventStore
+from nearmiss.errors import UsageError
 from nearmiss.experiment.table import Table, compute_table
-from nearmiss.runner.session import UsageError
 
 FINISHING = ("RepairFinished", "RegenerateFinished")
 

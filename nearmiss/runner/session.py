@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from nearmiss.errors import UsageError
 from nearmiss.integrity.dynamic import JaxprAudit, Probe
 from nearmiss.runner.arrays import load_arrays
 from nearmiss.runner.candidate_child import CANDIDATE_ENV
@@ -28,10 +29,6 @@ REFERENCE_MODULE = "nearmiss.runner.reference_child"
 CANDIDATE_MODULE = "nearmiss.runner.candidate_child"
 # The reference is engine-owned code; it gets a generous, fixed budget per case.
 REFERENCE_TIMEOUT_S = 300.0
-
-
-class UsageError(Exception):
-    """The inputs are unusable (bad spec, no kernel...): a one-line reason, exit status 2."""
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from nearmiss.check import binds_kernel, case_result, require_file
+from nearmiss.errors import UsageError
 from nearmiss.forensics.compare import compare_leaf
 from nearmiss.integrity.static import static_violations
 from nearmiss.models import Violation
-from nearmiss.runner.session import Entry, Limits, RawCase, UsageError
+from nearmiss.runner.session import Entry, Limits, RawCase
 from nearmiss.tools.experiment import CaseRequest, Refused, case_ref, refusal, run_one
 from nearmiss.tools.models import Comparison, ProbeResult, ValueStats
 from nearmiss.tools.text import case_line, clip, error_lines, finish, number
