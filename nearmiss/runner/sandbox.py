@@ -1,10 +1,12 @@
 """A sandbox child process seen from the engine: start, talk, watch, kill.
 
-The child runs in its own session (so killing its process group takes anything it spawned), with
-its own directory as cwd/HOME/TMPDIR, a scrubbed environment, stdout/stderr to a log file, and a
-pair of pipes for messages. ``receive`` enforces deadlines and a resident-memory ceiling; whatever
-the child does — hang, segfault, ``os._exit``, allocate without end — surfaces here as
-``ChildTimeout`` or ``ChildDied``, never as a crash of the caller.
+The child runs under bubblewrap (see ``environment``) in its own session, with its own directory
+as cwd/HOME/TMPDIR, a scrubbed environment, stdout/stderr to a log file, and a pair of pipes for
+messages. Killing the process group kills bwrap, and with it (``--die-with-parent``, PID
+namespace) everything inside the sandbox. ``receive`` enforces deadlines and a resident-memory
+ceiling (over bwrap's whole process tree); whatever the child does — hang, segfault,
+``os._exit``, allocate without end — surfaces here as ``ChildTimeout`` or ``ChildDied``, never
+as a crash of the caller.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,11 +23,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nearmiss.errors import UsageError
 from nearmiss.runner.child import ADDRESS_LIMIT_ENV, MEMORY_ENV
-from nearmiss.runner.environment import child_environment, isolation_prefix
+from nearmiss.runner.environment import (
+    ENGINE_MOUNT,
+    PROJECT_ROOT,
+    Bubblewrap,
+    child_environment,
+    sandbox_for,
+    seccomp_memfd,
+)
 from nearmiss.runner.protocol import CHANNEL_ENV, LineReader, write_message
 
 POLL_S = 0.05
+# Children that run only engine and spec code; every other module runs candidate code and is
+# refused where no sandbox can start (unless the user opted out).
+TRUSTED_MODULES = frozenset({"nearmiss.runner.reference_child"})
+# A child that learns from its first request which host paths it needs: it starts with that
+# request, seeing those fields' paths read-only (False) or writable (True).
+REQUEST_BINDS = {"nearmiss.runner.reference_child": {"spec": False, "workdir": True}}
 
 
 @dataclass(frozen=True)
@@ -77,6 +94,21 @@ def _process_tree(pid: int) -> list[int]:
     return found
 
 
+def _running(pid: int) -> bool:
+    """Whether pid is a live process (not gone, not a zombie awaiting its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def resident_mb(pid: int) -> float:
     """Resident memory of a process and its descendants, in MB."""
     total = 0
@@ -105,32 +137,87 @@ class SandboxChild:
     ) -> None:
         self.limits = limits
         self.home = home
+        self.module = module
+        self.platform_hint = platform_hint
+        self.extra_env = extra_env
+        try:
+            self.sandbox: Bubblewrap | None = sandbox_for(trusted=module in TRUSTED_MODULES)
+        except UsageError:
+            # The home is this child's own; a refused child leaves nothing behind.
+            shutil.rmtree(home, ignore_errors=True)
+            raise
         home.mkdir(parents=True, exist_ok=True)
         self.log_path = home / "child.log"
         to_child_r, self._to_child_w = os.pipe()
         self._from_child_r, from_child_w = os.pipe()
-        env = child_environment(home, extra=extra_env)
-        env[CHANNEL_ENV] = f"{to_child_r},{from_child_w}"
-        env[MEMORY_ENV] = str(limits.memory_mb)
-        # XLA on CPU works under an address-space limit; CUDA reserves huge virtual ranges.
-        env[ADDRESS_LIMIT_ENV] = "1" if platform_hint == "cpu" else "0"
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [*isolation_prefix(), sys.executable, "-m", module],
-                cwd=home,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                pass_fds=(to_child_r, from_child_w),
-                start_new_session=True,
-            )
-        os.close(to_child_r)
-        os.close(from_child_w)
+        self._child_ends = [to_child_r, from_child_w]  # closed here once the child has them
         self._reader = LineReader(self._from_child_r)
         self.peak_rss_mb = 0.0
+        self.process: subprocess.Popen | None = None
+        if self.sandbox is None or module not in REQUEST_BINDS:
+            self._start()
+
+    def _start(self, read_only: tuple[Path, ...] = (), writable: tuple[Path, ...] = ()) -> None:
+        engine = PROJECT_ROOT if self.sandbox is None else ENGINE_MOUNT
+        env = child_environment(self.home, extra=self.extra_env, engine_path=engine)
+        env[CHANNEL_ENV] = ",".join(map(str, self._child_ends))
+        env[MEMORY_ENV] = str(self.limits.memory_mb)
+        # XLA on CPU works under an address-space limit; CUDA reserves huge virtual ranges.
+        env[ADDRESS_LIMIT_ENV] = "1" if self.platform_hint == "cpu" else "0"
+        argv = [sys.executable, "-m", self.module]
+        pass_fds = list(self._child_ends)
+        seccomp_fd = None
+        if self.sandbox is not None:
+            if self.sandbox.seccomp:
+                seccomp_fd = seccomp_memfd(self.sandbox.seccomp)
+                pass_fds.append(seccomp_fd)
+            argv = self.sandbox.command(
+                argv,
+                self.home,
+                env,
+                read_only=read_only,
+                writable=writable,
+                devices=self.platform_hint != "cpu",
+                seccomp_fd=seccomp_fd,
+            )
+        try:
+            with open(self.log_path, "wb") as log:
+                self.process = subprocess.Popen(
+                    argv,
+                    cwd=self.home,
+                    env=env,  # bwrap's own environment too: /proc/1/environ in the sandbox
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=pass_fds,
+                    start_new_session=True,
+                )
+        finally:
+            self._close_child_ends()
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+
+    def _close_child_ends(self) -> None:
+        while self._child_ends:
+            os.close(self._child_ends.pop())
+
+    def _start_with(self, request: dict[str, Any]) -> None:
+        """Start a REQUEST_BINDS child with the host paths its first request names."""
+        read_only, writable = [], []
+        for name, write in REQUEST_BINDS[self.module].items():
+            value = request.get(name)
+            if isinstance(value, str) and value:
+                path = Path(value)
+                if write:
+                    path.mkdir(parents=True, exist_ok=True)
+                    writable.append(path)
+                elif path.exists():
+                    read_only.append(path)
+        self._start(tuple(read_only), tuple(writable))
 
     def send(self, **message: Any) -> None:
+        if self.process is None:
+            self._start_with(message)
         try:
             write_message(self._to_child_w, message)
         except (BrokenPipeError, OSError) as exc:
@@ -138,6 +225,8 @@ class SandboxChild:
 
     def receive(self, timeout_s: float) -> dict[str, Any]:
         """The next message, or ChildTimeout / ChildDied."""
+        if self.process is None:
+            raise ChildDied("the child was never started (it starts with its first request)")
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -173,12 +262,15 @@ class SandboxChild:
     def _died(self) -> ChildDied:
         self._wait_exited(timeout_s=5)
         self.kill()
-        return ChildDied(f"process {describe_exit(self.process.returncode)}", self.log_tail())
+        code = self.process.returncode if self.process is not None else -9
+        if self.sandbox is not None and 128 < code < 128 + signal.NSIG:
+            code = 128 - code  # bwrap reports a child killed by signal N as status 128 + N
+        return ChildDied(f"process {describe_exit(code)}", self.log_tail())
 
     def _wait_exited(self, timeout_s: float) -> None:
         """Wait for the child to exit *without reaping it*, so its group id stays reserved."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while self.process is not None and time.monotonic() < deadline:
             try:
                 if os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
                     return
@@ -195,14 +287,22 @@ class SandboxChild:
 
     def kill(self) -> None:
         """Kill the child's whole process group (anything it spawned too), then reap it."""
-        if self.process.returncode is None:
+        if self.process is not None and self.process.returncode is None:
+            # Inside bwrap the child has a session of its own: kill the whole tree, not only
+            # the group, and wait until the sandboxed processes are gone, not merely doomed.
+            tree = _process_tree(self.process.pid)
+            for pid in tree[1:]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+            _wait_gone(tree[1:], timeout_s=5)
 
     def close(self) -> None:
         """Ask the child to exit, then make sure it has, and release the pipes."""
-        if self.process.returncode is None:
+        self._close_child_ends()  # still here when the child never started
+        if self.process is not None and self.process.returncode is None:
             with contextlib.suppress(OSError):
                 write_message(self._to_child_w, {"cmd": "exit"})
             self._wait_exited(timeout_s=5)
