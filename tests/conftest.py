@@ -95,7 +95,7 @@ def postgres_cluster(tmp_path_factory) -> str:
     service = PostgresService(config)
     service.start()
     try:
-        yield config.dsn
+        yield config.connect_dsn  # with the generated password: never print it
     finally:
         service.stop()
         service.remove_data()

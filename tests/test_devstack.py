@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 
 import asyncpg
+import pytest
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
 from conftest import private_stack, run_cli
-from infra.devstack import DevStack, PostgresService, StackConfig, TemporalService, pid_alive
+from infra.devstack import (
+    DevStack,
+    PostgresService,
+    StackConfig,
+    TemporalService,
+    database_password,
+    pid_alive,
+)
 
 
 def _config(tmp_path) -> StackConfig:
@@ -31,7 +40,7 @@ def test_up_is_idempotent_both_services_answer_and_down_leaves_nothing(tmp_path)
             info = await client.service_client.workflow_service.get_system_info(
                 GetSystemInfoRequest()
             )
-            conn = await asyncpg.connect(stack.config.dsn)
+            conn = await asyncpg.connect(stack.config.connect_dsn)
             try:
                 return info.server_version, await conn.fetchval("SELECT 1")
             finally:
@@ -72,7 +81,90 @@ def test_the_cli_reports_the_stack(tmp_path):
         assert up.returncode == 0 and "started: temporal, postgres" in up.stdout
         status = run_cli("dev", "status", env=env)
         assert status.stdout.count(" up ") == 2, status.stdout
+        password = database_password(config)
+        assert password not in status.stdout + status.stderr + up.stdout + up.stderr
     finally:
         down = run_cli("dev", "down", env=env)
+        DevStack(config).down()  # in case the command could not
         PostgresService(config).remove_data()
     assert "stopped: postgres, temporal" in down.stdout
+
+
+def _listening(pid: int) -> list[str]:
+    """The local addresses the process listens on (TCP), from ss."""
+    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if f"pid={pid}," in line]
+
+
+def test_postgres_wants_the_generated_password_and_both_services_listen_on_loopback(tmp_path):
+    config = _config(tmp_path)
+    stack = DevStack(config)
+    try:
+        stack.up()
+        secret = config.password_file
+        assert secret.stat().st_mode & 0o777 == 0o600
+        password = database_password(config)
+        assert password not in config.dsn and password in config.connect_dsn
+        assert str(DevStack(config).status()).count(password) == 0
+
+        async def attempts() -> tuple[int, list[str]]:
+            conn = await asyncpg.connect(config.connect_dsn)
+            try:
+                one = await conn.fetchval("SELECT 1")
+            finally:
+                await conn.close()
+            refused = []
+            socket_dir = str(stack.services[1].data / "socket")
+            for dsn, kwargs in (
+                (config.dsn, {}),  # TCP on loopback, no password
+                (config.dsn, {"password": "wrong"}),
+                (None, {"host": socket_dir, "port": config.postgres_port, "user": "postgres"}),
+            ):
+                with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
+                    await asyncpg.connect(
+                        dsn, database="postgres", passfile="/nonexistent", **kwargs
+                    )
+                refused.append(dsn or "socket")
+            return one, refused
+
+        one, refused = asyncio.run(attempts())
+        assert one == 1 and len(refused) == 3
+        for service in stack.services:
+            addresses = _listening(service.pid())
+            assert addresses and all(a.startswith("127.0.0.1:") for a in addresses), addresses
+    finally:
+        stack.down()
+        stack.services[1].remove_data()
+
+
+def test_a_cluster_made_with_trust_auth_is_put_under_the_password(tmp_path):
+    config = _config(tmp_path)
+    postgres = PostgresService(config)
+    try:
+        postgres.start()
+        postgres.stop()
+        hba = postgres.data / "pg_hba.conf"
+        hba.write_text(hba.read_text().replace("scram-sha-256", "trust"))  # as clusters were
+        assert postgres.trusts_anyone()
+        postgres.start()  # sets the password, rewrites pg_hba.conf, reloads
+        assert not postgres.trusts_anyone()
+
+        async def without_password() -> None:
+            await asyncpg.connect(config.dsn, passfile="/nonexistent")
+
+        with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
+            asyncio.run(without_password())
+
+        async def with_password() -> int:
+            conn = await asyncpg.connect(config.connect_dsn)
+            try:
+                return await conn.fetchval("SELECT 1")
+            finally:
+                await conn.close()
+
+        assert asyncio.run(with_password()) == 1
+        log = postgres.log.read_text()
+        assert database_password(config) not in log
+    finally:
+        postgres.stop()
+        postgres.remove_data()
