@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import tempfile
+import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+
+from nearmiss.runner.scratch import scratch_dir
 
 # Each migration runs once, in order, recorded in schema_migrations.
 MIGRATIONS: list[str] = [
@@ -288,8 +290,12 @@ class EventStore:
         a private temporary folder, for the engine to check or run; removed afterwards."""
         spec = await self.get_blob(spec_hash)
         source = await self.get_blob(candidate_hash)
-        with tempfile.TemporaryDirectory(prefix=f"nearmiss-{purpose}-") as tmp:
-            spec_path, candidate_path = Path(tmp) / "spec.py", Path(tmp) / candidate_name
+        # A scratch directory names its owner: if this worker is killed, the next one sweeps it.
+        tmp = scratch_dir(f"nearmiss-{purpose}-")
+        try:
+            spec_path, candidate_path = tmp / "spec.py", tmp / candidate_name
             spec_path.write_bytes(spec)
             candidate_path.write_bytes(source)
             yield spec_path, candidate_path
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
