@@ -18,19 +18,27 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from temporalio import activity
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
-from temporalio.worker import Worker
+from temporalio.worker import (
+    ActivityInboundInterceptor,
+    ExecuteActivityInput,
+    Interceptor,
+    Worker,
+)
 
 from activities.regenerate import RegenerateActivities
 from activities.repair import RepairActivities, make_fixer
 from infra.devstack import SEARCH_ATTRIBUTES, DevStack
 from kb.events import EventStore
+from kb.faults import as_activity_error, describe, is_infrastructure_error
 from kb.knowledge import load_seed
 from nearmiss.check import require_file
+from nearmiss.runner.scratch import sweep_orphans
 from nearmiss.settings import Settings
 from workflows.fleet import FleetWorkflow
 from workflows.loop import Guards
@@ -64,6 +72,25 @@ async def _ensure_search_attributes(client: Client, namespace: str) -> None:
         await client.operator_service.add_search_attributes(request)
 
 
+class _ClassifiedFailures(ActivityInboundInterceptor):
+    async def execute_activity(self, input: ExecuteActivityInput):
+        try:
+            return await self.next.execute_activity(input)
+        except Exception as exc:
+            failure = as_activity_error(exc, activity.info().attempt)
+            if failure is exc:
+                raise
+            raise failure from exc
+
+
+class ClassifiedFailures(Interceptor):
+    """Every activity's failures sorted at one boundary (``kb.faults``): the infrastructure's are
+    retried for minutes, the engine's own bugs fail at once, chosen errors pass as they are."""
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _ClassifiedFailures(next)
+
+
 def build_worker(
     client: Client,
     store: EventStore,
@@ -77,9 +104,17 @@ def build_worker(
         task_queue=TASK_QUEUE,
         workflows=[RepairWorkflow, FleetWorkflow, RegenerateWorkflow],
         activities=activities.all() + RegenerateActivities(store).all(),
+        interceptors=[ClassifiedFailures()],
         # In tests a workflow bug should fail the run, not retry its task forever.
         workflow_failure_exception_types=[Exception] if fail_workflows_on_error else [],
     )
+
+
+def sweep_scratch() -> None:
+    """Remove the scratch directories of workers that died (a worker is starting)."""
+    removed = sweep_orphans()
+    if removed:
+        _say(f"removed {removed} scratch director{'y' if removed == 1 else 'ies'} of dead workers")
 
 
 def session_id(kernel: str, candidate_hash: str) -> str:
@@ -117,6 +152,7 @@ async def services(settings: Settings, quiet: bool = False):
     if settings.embedded and not quiet:
         _say(f"starting the embedded dev stack (Temporal + PostgreSQL) under {settings.stack.home}")
     with stack:
+        sweep_scratch()
         store = await EventStore.connect(settings.database_url)
         try:
             await load_seed(store)
@@ -219,18 +255,64 @@ def _report(result: RepairResult, candidate: Path, final: str, out, as_json: boo
     return 0 if result.certified else 1
 
 
+async def _when_up(what: str, address: str, settings: Settings, attempt):
+    """``await attempt()`` until the service answers, for up to ``settings.reconnect_s``,
+    saying once that it waits; the last error if it never does."""
+    deadline = asyncio.get_running_loop().time() + settings.reconnect_s
+    delay, said = 0.5, False
+    while True:
+        try:
+            return await attempt()
+        except Exception as exc:
+            if not is_infrastructure_error(exc):
+                raise
+            if asyncio.get_running_loop().time() + delay > deadline:
+                raise
+            if not said:
+                _say(f"waiting for {what} at {address} ({describe(exc)})")
+                said = True
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 10.0)
+
+
 async def run_worker(settings: Settings) -> int:
-    """Serve repairs until interrupted (SIGINT/SIGTERM end it cleanly)."""
-    store = await EventStore.connect(settings.database_url)
+    """Serve repairs until interrupted (SIGINT/SIGTERM end it cleanly). Waits for its services at
+    start; rides out a Temporal restart (a worker that loses the server is started again)."""
+    sweep_scratch()
+    store = await _when_up(
+        "PostgreSQL",
+        "the configured database",
+        settings,
+        lambda: EventStore.connect(settings.database_url),
+    )
+    stopping = asyncio.Event()
+    current: list[Worker] = []
+
+    def stop() -> None:
+        stopping.set()
+        if current:
+            asyncio.ensure_future(current[-1].shutdown())
+
     try:
         await load_seed(store)
-        client = await connect(settings)
-        worker = build_worker(client, store)
+        client = await _when_up(
+            "Temporal", settings.temporal_address, settings, lambda: connect(settings)
+        )
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, lambda: asyncio.ensure_future(worker.shutdown()))
+            loop.add_signal_handler(signum, stop)
         _say(f"worker on {settings.temporal_address}, task queue {TASK_QUEUE}")
-        await worker.run()
+        while not stopping.is_set():
+            current.append(build_worker(client, store))
+            try:
+                await current[-1].run()
+            except Exception as exc:
+                if stopping.is_set() or not is_infrastructure_error(exc):
+                    raise
+                _say(f"worker lost Temporal ({describe(exc)}); starting it again")
+                await _when_up(
+                    "Temporal", settings.temporal_address, settings, lambda: connect(settings)
+                )
     finally:
         await store.close()
     return 0

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
@@ -30,11 +29,12 @@ with workflow.unsafe.imports_passed_through():
         ToolCall,
         ToolInput,
     )
+    from workflows.retries import infra_retry
 
 TOOL_OPTIONS = dict(
     start_to_close_timeout=timedelta(minutes=10),
     heartbeat_timeout=timedelta(seconds=15),
-    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10), maximum_attempts=3),
+    retry_policy=infra_retry(),
 )
 EXTRA_TURNS = 3  # model turns beyond one per allowed tool call (bad edits, malformed calls)
 RECORDED_CHARS = 600  # of a call's arguments and answer in its ToolCalled event

@@ -7,15 +7,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from workflows.loop import PlannedEvent
     from workflows.models import RecordInput
+    from workflows.retries import infra_retry
 
 RECORD_OPTIONS = dict(
     start_to_close_timeout=timedelta(seconds=30),
-    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10), maximum_attempts=30),
+    retry_policy=infra_retry(),  # the event store may be restarting: wait it out
 )
 
 

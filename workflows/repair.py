@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         is_replay_model,
     )
     from workflows.recording import record
+    from workflows.retries import infra_retry
 
 TASK_QUEUE = "nearmiss-repair"
 KERNEL_ATTRIBUTE = SearchAttributeKey.for_keyword("NearmissKernel")
@@ -38,23 +39,21 @@ VERDICT_ATTRIBUTE = SearchAttributeKey.for_keyword("NearmissVerdict")
 TOKENS_ATTRIBUTE = SearchAttributeKey.for_int("NearmissTokens")
 SEARCH_ATTRIBUTES = (KERNEL_ATTRIBUTE, VERDICT_ATTRIBUTE, TOKENS_ATTRIBUTE)
 
+# Every activity rides out the infrastructure for minutes (workflows.retries); the engine's own
+# bugs and unusable input fail at once.
 CHECK_OPTIONS = dict(
     start_to_close_timeout=timedelta(minutes=30),
     heartbeat_timeout=timedelta(seconds=15),
-    retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["UsageError"]),
+    retry_policy=infra_retry("UsageError"),
 )
 FIX_OPTIONS = dict(
     start_to_close_timeout=timedelta(minutes=10),
     heartbeat_timeout=timedelta(seconds=15),
-    retry_policy=RetryPolicy(
-        initial_interval=timedelta(seconds=1),
-        maximum_interval=timedelta(seconds=30),
-        maximum_attempts=6,
-    ),
+    retry_policy=infra_retry(),
 )
 RETRIEVE_OPTIONS = dict(
     start_to_close_timeout=timedelta(seconds=60),
-    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10), maximum_attempts=10),
+    retry_policy=infra_retry(),
 )
 
 
