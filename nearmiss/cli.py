@@ -11,7 +11,13 @@ from pathlib import Path
 
 from nearmiss import fleet_cli, kb_cli, replay_cli
 from nearmiss.check import SUITES, check
-from nearmiss.cli_options import add_session_options, guards_from, positive
+from nearmiss.cli_options import (
+    add_sandbox_option,
+    add_session_options,
+    apply_sandbox_option,
+    guards_from,
+    positive,
+)
 from nearmiss.errors import UsageError
 from nearmiss.experiment import cli as experiment_cli
 from nearmiss.integrity.gate import MODES
@@ -73,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     repair_cmd.add_argument("--out", type=Path, help="where to write the fixed kernel")
     repair_cmd.add_argument("--json", action="store_true", help="print one JSON object")
     fleet_cli.add_parsers(commands)
-    commands.add_parser("worker", help="run a repair worker against the configured services")
+    worker_cmd = commands.add_parser(
+        "worker", help="run a repair worker against the configured services"
+    )
     kb_cli.add_parser(commands)
     report_cli.add_parser(commands)
     experiment_cli.add_parser(commands)
@@ -90,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cmd.add_argument(
         "--all", action="store_true", help="the whole corpus, not one operator per category"
     )
+    # Commands that run candidate code, or serve sessions that do (repair, fleet and experiment
+    # have the option with their session guards).
+    for command in (check_cmd, worker_cmd, commands.choices["fleets"], demo_cmd):
+        add_sandbox_option(command)
     return parser
 
 
@@ -210,6 +222,7 @@ def _run_async(command, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    apply_sandbox_option(args)
     if args.command == "check":
         return run_check(args)
     if args.command == "corpus":

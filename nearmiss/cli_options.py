@@ -1,10 +1,12 @@
 """Command-line options shared by the commands that start repair sessions (repair, fleet,
-experiment)."""
+experiment), and the sandbox opt-out of every command that runs candidate code."""
 
 from __future__ import annotations
 
 import argparse
+import os
 
+from nearmiss.runner.environment import UNSAFE_ENV, UNSAFE_FLAG
 from workflows.loop import Guards
 
 
@@ -26,8 +28,28 @@ def add_session_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-kb", action="store_true", help="retrieve no knowledge (the ablation)")
 
 
+def add_sandbox_option(parser: argparse.ArgumentParser) -> None:
+    """``--unsafe-no-sandbox``, for commands that run candidate code (or a worker that does)."""
+    parser.add_argument(
+        UNSAFE_FLAG,
+        action="store_true",
+        dest="unsafe_no_sandbox",
+        help="run candidate code WITHOUT the bubblewrap sandbox: it can then read and change "
+        "anything you can. Only for machines where bwrap cannot run",
+    )
+
+
+def apply_sandbox_option(args: argparse.Namespace) -> None:
+    """Pass ``--unsafe-no-sandbox`` on as NEARMISS_UNSAFE_NO_SANDBOX=1 in this process's
+    environment, so the workers and children it starts inherit it (each unsandboxed candidate
+    child then warns on stderr)."""
+    if getattr(args, "unsafe_no_sandbox", False):
+        os.environ[UNSAFE_ENV] = "1"
+
+
 def add_guard_options(parser: argparse.ArgumentParser) -> None:
-    """The per-session guards, read back by ``guards_from``."""
+    """The per-session guards, read back by ``guards_from``, and the sandbox opt-out."""
+    add_sandbox_option(parser)
     parser.add_argument("--max-rounds", type=positive(int), default=Guards().max_rounds)
     parser.add_argument(
         "--token-budget",
