@@ -4,9 +4,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean
+.PHONY: setup sandbox demo test lint clean
 
-setup: $(STAMP)
+setup: $(STAMP) sandbox
+
+# Candidate code runs only under bubblewrap: install it where missing (as root; elsewhere say how).
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+	  else \
+	    echo "nearmiss: bubblewrap is missing: 'sudo apt-get install bubblewrap' (checks refuse candidates without it)" >&2; \
+	  fi; }
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
