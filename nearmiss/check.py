@@ -23,6 +23,7 @@ from nearmiss.forensics.classify import (
 from nearmiss.forensics.compare import LeafComparison, compare_outputs, structure_difference
 from nearmiss.forensics.errors import crash_evidence, headline, summarise_error
 from nearmiss.forensics.localise import localise
+from nearmiss.inputs import parse_source, read_source
 from nearmiss.integrity.gate import MODES, blocks_execution, judge, static_violations
 from nearmiss.models import CaseResult, CheckReport, ErrorInfo, IntegrityReport, Violation
 from nearmiss.runner.environment import isolation_level
@@ -35,9 +36,9 @@ def binds_kernel(source: str, name: str = "kernel") -> bool | None:
     """Whether the module binds a top-level ``name`` (``kernel``, or a probe's ``probe``); None
     when that cannot be told statically."""
     try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None  # a finding for the sandbox to report, not a usage error
+        tree = parse_source(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None  # a finding for the sandbox (or the static gate) to report, not a usage error
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             if node.name == name:
@@ -131,9 +132,10 @@ def case_evidence(raw: RawCase, candidate_name: str) -> tuple[CaseResult, LeafCo
     return base, worst
 
 
-def require_file(role: str, path: Path) -> None:
-    if not path.is_file():
-        raise UsageError(f"{role} file not found: {path}")
+def require_file(role: str, path: Path) -> str:
+    """The text of the ``role`` file at ``path``; UsageError (one line) unless it is a regular
+    UTF-8 ``.py`` file in the user's tree, within the size limit (``nearmiss.inputs``)."""
+    return read_source(role, path)
 
 
 def admit(
@@ -141,17 +143,14 @@ def admit(
 ) -> tuple[str, list[Violation], bool]:
     """(source, static violations, whether to execute) for a candidate about to run on a spec.
 
-    Raises UsageError (one-line reason) unless both are files and the candidate is readable text
-    that may define ``kernel``. ``label`` names the candidate in that last reason (its path by
-    default). ``integrity`` is a valid gate mode; "off" skips the static rules.
+    Raises UsageError (one-line reason) unless both are regular UTF-8 ``.py`` files in the
+    user's tree (``nearmiss.inputs.read_source``) and the candidate may define ``kernel``.
+    ``label`` names the candidate in that last reason (its path by default). ``integrity`` is a
+    valid gate mode; "off" skips the static rules.
     """
     spec, candidate = Path(spec), Path(candidate)
     require_file("spec", spec)
-    require_file("candidate", candidate)
-    try:
-        source = candidate.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read candidate {candidate}: {exc}") from exc
+    source = require_file("candidate", candidate)
     if binds_kernel(source) is False:
         raise UsageError(f"candidate {label or candidate} defines no `kernel`")
     # Static rules read the source before any candidate code runs. Most violations still let
