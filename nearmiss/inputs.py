@@ -8,10 +8,11 @@ regular, UTF-8 ``.py`` file of at most ``MAX_SOURCE_BYTES``:
   (``/dev/zero``) is refused before it is opened, and so is anything under ``/proc``, ``/sys`` or
   ``/dev`` (pseudo-files that report a size of 0 and read as anything);
 - a path whose last component is a symlink is followed (through any chain of links) only to a
-  file inside the user's tree: the current working directory, or the directory the path names
-  as the file's own (symlinked directories on the way are the user's choice and are trusted;
-  the filesystem root is no one's tree). A candidate that is a link to ``/etc/shadow`` or to a
-  file beside the engine's secrets is refused;
+  file inside the user's tree: the current working directory, the directory the path names
+  as the file's own, or a directory the caller names (a fleet's root); symlinked directories
+  on the way are the user's choice and are trusted; the filesystem root is no one's tree. A
+  candidate that is a link to ``/etc/shadow`` or to a file beside the engine's secrets is
+  refused;
 - both the name given and the file it resolves to end in ``.py`` (the interpreter loads nothing
   else as a module);
 - the bytes are UTF-8 (a UTF-8 byte-order mark is allowed, and stripped), contain no NUL, and
@@ -57,7 +58,7 @@ def _special(path: str) -> bool:
     return any(path == tree or path.startswith(tree + os.sep) for tree in SPECIAL_TREES)
 
 
-def _resolve(role: str, given: Path) -> str:
+def _resolve(role: str, given: Path, tree: str | Path | None) -> str:
     """The real path of ``given``, refused when it is a link leaving the user's tree."""
     try:
         link = stat.S_ISLNK(os.lstat(given).st_mode)
@@ -71,6 +72,8 @@ def _resolve(role: str, given: Path) -> str:
             os.path.realpath(os.getcwd()),
             os.path.realpath(os.path.dirname(os.path.abspath(given))),
         }
+        if tree is not None:
+            roots.add(os.path.realpath(tree))
         if not any(_inside(real, root) for root in roots):
             raise UsageError(
                 f"{role} {given} is a symlink to {real}, outside the working directory and "
@@ -155,10 +158,11 @@ def _decode(role: str, given: Path, data: bytes) -> str:
     return text
 
 
-def read_source(role: str, path: str | Path) -> str:
+def read_source(role: str, path: str | Path, *, tree: str | Path | None = None) -> str:
     """The text of the ``role`` file ("candidate", "spec") at ``path``, or UsageError with a
     one-line reason when it is not a regular UTF-8 ``.py`` file in the user's tree (see the
-    module docstring for the rules)."""
+    module docstring for the rules). ``tree`` adds a directory whose subtree also counts as
+    the user's (a fleet's directory, or its manifest's)."""
     given = Path(path)
     if given.suffix != ".py":
         if given.is_dir():
@@ -166,7 +170,7 @@ def read_source(role: str, path: str | Path) -> str:
         if not os.path.lexists(given):
             raise UsageError(f"{role} file not found: {given}")
         raise UsageError(f"{role} {given} is not a .py file")
-    real = _resolve(role, given)
+    real = _resolve(role, given, tree)
     if not real.endswith(".py"):
         raise UsageError(f"{role} {given} resolves to {real}, which is not a .py file")
     return _decode(role, given, _read(role, given, real))

@@ -175,3 +175,14 @@ def test_parse_source_is_safe_from_many_threads():
     for thread in threads:
         thread.join()
     assert errors == []
+
+
+def test_a_caller_may_widen_the_tree_to_a_fleet_root(tree):
+    (tree / "shared").mkdir()
+    (tree / "shared" / "kernel.py").write_text("def kernel(x):\n    return x\n")
+    (tree / "member").mkdir()
+    link = tree / "member" / "kernel.py"
+    link.symlink_to(Path("..") / "shared" / "kernel.py")
+    with pytest.raises(UsageError, match="outside"):
+        read_source("candidate", link)
+    assert read_source("candidate", link, tree=tree).startswith("def kernel")
