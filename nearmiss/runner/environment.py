@@ -109,6 +109,8 @@ UNSAFE_WARNING = (
     "it can read and change anything this user can, including secrets and the event log"
 )
 SANDBOX_UID = "65534"  # nobody
+TMPFS_BYTES = 256 * 1024**2  # the sandbox's /tmp (its TMPDIR is its home, on disk)
+OPTIONAL_FLAGS = ("--disable-userns", "--size")  # bwrap >= 0.8
 # Read-only from the host (where present): what the dynamic loader and Python need, no more.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
@@ -236,7 +238,7 @@ class Bubblewrap:
 
     executable: str
     seccomp: bytes | None
-    disable_userns: bool  # bwrap >= 0.8: no nested user namespaces either
+    supports: frozenset[str] = frozenset()  # of OPTIONAL_FLAGS, those this bwrap knows
 
     @property
     def level(self) -> str:
@@ -268,12 +270,15 @@ class Bubblewrap:
             "--cap-drop",
             "ALL",
         ]
-        if self.disable_userns:
+        if "--disable-userns" in self.supports:  # no nested user namespaces either
             args.append("--disable-userns")
         args.append("--clearenv")
         for name, value in env.items():
             args += ["--setenv", name, value]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        if "--size" in self.supports:  # memory a candidate fills there is no process's RSS
+            args += ["--size", str(TMPFS_BYTES)]
+        args += ["--tmpfs", "/tmp"]
         for name in SYSTEM_DIRS:
             if os.path.islink(name):
                 args += ["--symlink", os.readlink(name), name]
@@ -293,7 +298,8 @@ class Bubblewrap:
                     args += ["--dev-bind", node, node]
         for path in (home, *writable):
             args += ["--bind", str(path), str(path)]
-        args += ["--chdir", str(home)]
+        # The sandbox's own root and /dev are tmpfs: read-only, nothing can be hoarded there.
+        args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", str(home)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
         return [*args, "--", *argv]
@@ -318,7 +324,8 @@ def _probe(executable: str) -> Bubblewrap | str:
     """Bubblewrap if it runs the interpreter sandboxed here, else why not (one line)."""
     try:
         usage = subprocess.run([executable, "--help"], capture_output=True, text=True, timeout=30)
-        sandbox = Bubblewrap(executable, seccomp_program(), "--disable-userns" in usage.stdout)
+        supports = frozenset(flag for flag in OPTIONAL_FLAGS if flag in usage.stdout)
+        sandbox = Bubblewrap(executable, seccomp_program(), supports)
         with tempfile.TemporaryDirectory(prefix="nearmiss-probe-") as home:
             fd = seccomp_memfd(sandbox.seccomp) if sandbox.seccomp else None
             try:
