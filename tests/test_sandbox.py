@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -9,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import OPS, PLANTED, SOFTMAX_SPEC, check_json
+from conftest import OPS, PLANTED, SOFTMAX_SPEC, check_json, run_cli
 from nearmiss.check import check
-from nearmiss.runner.environment import child_environment, isolation_level
+from nearmiss.errors import UsageError
+from nearmiss.runner.environment import UNSAFE_ENV, child_environment, isolation_level
 from nearmiss.runner.sandbox import Limits
 
 
@@ -140,14 +142,13 @@ def run_secret_probe(env: dict) -> tuple[int, dict]:
 
 
 def test_a_secret_in_the_callers_environment_never_reaches_the_candidate():
-    if isolation_level() != "namespaces":
-        pytest.skip(
-            "without PID namespaces /proc/PPID/environ is readable; the static gate "
-            "(integrity) is then the line of defence"
-        )
     env = dict(os.environ, OPENAI_API_KEY=MARKER, DATABASE_URL=f"postgres://u:{MARKER}@h/db")
+    env.pop(UNSAFE_ENV, None)
     code, report = run_secret_probe(env)
-    assert report["isolation"] == "namespaces"
+    # The probe also reads every /proc/PID/environ: bubblewrap's own PID namespace hides the
+    # engine's. Without the sandbox the check would have refused to run the candidate.
+    assert report["isolation"] == isolation_level()
+    assert report["isolation"].startswith("bubblewrap")
     # The probe's output is not poisoned: it saw no secret.
     assert report["cases"][0]["passed"], report["diagnosis"]
     assert {v["rule"] for v in report["integrity"]["violations"]} >= {"forbidden_import"}
@@ -188,3 +189,55 @@ def test_forged_messages_on_the_engine_pipe_are_a_finding_not_a_crash():
         or "malformed" in case.diagnosis
         or "unusable result" in case.diagnosis
     )
+
+
+GOLDEN = OPS / "softmax_rows" / "golden.py"
+
+
+def without_bwrap(tmp_path: Path) -> dict[str, str]:
+    """An environment whose PATH has no bwrap, with its own temp dir."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "scratch").mkdir()
+    env = dict(os.environ, PATH=str(tmp_path / "bin"), TMPDIR=str(tmp_path / "scratch"))
+    env.pop(UNSAFE_ENV, None)
+    return env
+
+
+def test_without_bubblewrap_candidates_are_refused_in_one_line(tmp_path):
+    env = without_bwrap(tmp_path)
+    result = run_cli("check", SOFTMAX_SPEC, GOLDEN, "--suite", "compact", env=env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "bwrap" in lines[0] and "not installed" in lines[0]
+    assert "apt-get install bubblewrap" in lines[0] and "--unsafe-no-sandbox" in lines[0]
+    assert result.stdout == ""
+    assert list((tmp_path / "scratch").iterdir()) == []  # nothing left behind
+
+
+def test_a_bwrap_that_cannot_start_a_sandbox_is_refused_with_its_reason(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.delenv(UNSAFE_ENV, raising=False)
+    assert isolation_level() == "none"
+    with pytest.raises(UsageError) as refused:
+        check(SOFTMAX_SPEC, GOLDEN, "compact", 1)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "cannot start a sandbox here (bwrap: setting up uid map: Permission denied)" in message
+    assert "--unsafe-no-sandbox" in message
+
+
+def test_unsafe_no_sandbox_runs_candidates_unsandboxed_and_says_so(tmp_path):
+    env = without_bwrap(tmp_path)
+    result = run_cli(
+        "check", SOFTMAX_SPEC, GOLDEN, "--suite", "compact", "--json", "--unsafe-no-sandbox",
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["isolation"] == "none (unsafe)"
+    warnings = [line for line in result.stderr.splitlines() if "WARNING" in line]
+    assert warnings and "WITHOUT a sandbox" in warnings[0]

@@ -1,0 +1,260 @@
+"""Hostile candidates (tests/attacks) against the sandbox.
+
+Each attack reaches ``os`` past the static gate (run in ``report`` mode, so the gate does not stop
+it before the sandbox) and tries to leave a trace on the host, read a secret, reach a socket, take
+privileges or kill the engine. The tests look for the *effects* — files on the host, connections
+to the test's listeners, canaries in anything the candidate can send back, processes alive — and
+use what the attack says only as proof that it ran.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import select
+import shutil
+import socket
+import subprocess
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, SOFTMAX_SPEC, run_cli
+from nearmiss.check import check
+from nearmiss.models import CheckReport
+from nearmiss.runner import environment
+from nearmiss.runner.candidate_child import CANDIDATE_ENV
+from nearmiss.runner.sandbox import Limits, SandboxChild
+
+ATTACKS = Path(__file__).resolve().parent / "attacks"
+PLACEHOLDER = "TARGETS = {}"
+
+
+@pytest.fixture(autouse=True)
+def sandboxed(monkeypatch) -> str:
+    """The attacks are real (they unmount /proc, kill their parent): they run only sandboxed."""
+    monkeypatch.delenv(environment.UNSAFE_ENV, raising=False)
+    level = environment.isolation_level()
+    assert level.startswith("bubblewrap"), f"no sandbox here: {environment.find_sandbox()}"
+    return level
+
+
+def arm(attack: str, folder: Path, **targets) -> Path:
+    """A copy of the attack in ``folder`` with its targets written in."""
+    source = (ATTACKS / attack).read_text()
+    assert source.count(PLACEHOLDER) == 1
+    armed = folder / attack
+    armed.write_text(source.replace(PLACEHOLDER, f"TARGETS = {targets!r}"))
+    return armed
+
+
+def run_attack(candidate: Path, **limits) -> CheckReport:
+    return check(SOFTMAX_SPEC, candidate, "compact", 1, Limits(**limits), integrity="report")
+
+
+def outcomes(text: str) -> dict[str, str]:
+    """What the attack said it got: its ``ATTACK key=value ...`` line."""
+    found = re.search(r"ATTACK (.*)", text)
+    assert found, f"the attack did not run to its report: {text[:2000]}"
+    return dict(item.split("=", 1) for item in found.group(1).split())
+
+
+def said(report: CheckReport) -> dict[str, str]:
+    error = report.cases[0].error
+    assert error is not None, report.diagnosis
+    return outcomes(error.message)
+
+
+def canary() -> str:
+    return f"nearmiss-canary-{secrets.token_hex(8)}"
+
+
+def processes_under(folder: Path) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/cwd").startswith(str(folder)):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_files_planted_outside_the_sandbox_never_reach_the_host(tmp_path):
+    token = secrets.token_hex(6)
+    targets = {
+        "tmp": f"/tmp/nearmiss-attack-{token}/planted.txt",  # the host's /tmp
+        "tree": str(ROOT / f"nearmiss-attack-{token}.txt"),  # the project tree
+        "site": str(Path(sysconfig.get_paths()["purelib"]) / f"nearmiss_planted_{token}.py"),
+        "engine": str(environment.PACKAGE_DIR / f"planted_{token}.py"),  # the engine's package
+        "home": str(ROOT / ".nearmiss" / f"planted-{token}"),  # the default NEARMISS_HOME
+        "etc": f"/etc/nearmiss-planted-{token}",
+    }
+    planted = [Path(p) for path in targets.values() for p in (path, path + ".sh")]
+    try:
+        report = run_attack(arm("write_outside.py", tmp_path, **targets))
+        got = said(report)
+        assert got["own"] == "ok"  # it ran, and writes where it may: its own directory
+        assert [str(path) for path in planted if path.exists()] == []
+        assert not Path(f"/tmp/nearmiss-attack-{token}").exists()
+    finally:  # only if the sandbox failed
+        for path in planted:
+            path.unlink(missing_ok=True)
+        shutil.rmtree(f"/tmp/nearmiss-attack-{token}", ignore_errors=True)
+
+
+def secret_setting(tmp_path: Path) -> tuple[dict[str, str], dict[str, str], str, dict]:
+    """An engine environment and files holding canaries; (env, canaries, control, targets)."""
+    canaries = {name: canary() for name in ("api", "dsn", "file", "home")}
+    secret = tmp_path / "secret.txt"  # the host's /tmp: outside any bound path
+    secret.write_text(canaries["file"])
+    secret.chmod(0o600)
+    home = tmp_path / "nearmiss-home"
+    home.mkdir()
+    password = home / "postgres.password"
+    password.write_text(canaries["home"])
+    password.chmod(0o600)
+    control = canary()
+    env = dict(
+        os.environ,
+        OPENAI_API_KEY=canaries["api"],
+        NEARMISS_DATABASE_URL=f"postgresql://nearmiss:{canaries['dsn']}@127.0.0.1:5432/nearmiss",
+        NEARMISS_HOME=str(home),
+        TZ=control,  # allowlisted: it does reach the candidate, so the sweep must find it
+    )
+    env.pop(environment.UNSAFE_ENV, None)
+    files = {
+        "secret": str(secret),
+        "home": str(password),
+        "tree": str(ROOT / "pyproject.toml"),
+        "git": str(ROOT / ".git" / "HEAD"),
+    }
+    return env, canaries, control, {"files": files}
+
+
+def test_secrets_never_reach_anything_the_candidate_sends_back(tmp_path):
+    env, canaries, control, targets = secret_setting(tmp_path)
+    attack = arm("steal_secrets.py", tmp_path, **targets)
+    result = run_cli(
+        "check", SOFTMAX_SPEC, attack, "--json", "--suite", "compact", "--integrity", "report",
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    text = result.stdout + result.stderr
+    got = outcomes(text)
+    assert control in got["leaked"]  # the sweep works: what is passed through, it finds
+    for name, value in canaries.items():
+        assert value not in text, f"the {name} canary leaked"
+    assert got["secret"] == got["home"] == got["tree"] == got["git"] == "ENOENT"
+    assert not got["shadow"].startswith("read")
+
+
+def test_the_child_log_holds_no_secret(tmp_path, monkeypatch):
+    env, canaries, control, targets = secret_setting(tmp_path)
+    for name in ("OPENAI_API_KEY", "NEARMISS_DATABASE_URL", "NEARMISS_HOME", "TZ"):
+        monkeypatch.setenv(name, env[name])
+    home = tmp_path / "child"
+    home.mkdir()
+    attack = arm("steal_secrets.py", home, **targets)
+    child = SandboxChild(
+        "nearmiss.runner.candidate_child", home, Limits(), extra_env={CANDIDATE_ENV: str(attack)}
+    )
+    try:
+        assert child.receive(120)["event"] == "ready"  # the sweep ran at import
+        log = child.log_path.read_text()
+    finally:
+        child.close()
+    assert control in outcomes(log)["leaked"]
+    for name, value in canaries.items():
+        assert value not in log, f"the {name} canary reached the log"
+
+
+def test_no_socket_of_the_engine_is_reachable(tmp_path):
+    token = secrets.token_hex(6)
+    tcp = socket.create_server(("127.0.0.1", 0))
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(str(tmp_path / "engine.sock"))
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind(f"\0nearmiss-attack-{token}")
+    listeners = [tcp, unix, abstract]
+    for listener in listeners:
+        listener.listen(8)
+    try:
+        # Control: each listener does see a connection from here.
+        for listener in listeners:
+            with socket.socket(listener.family) as probe:
+                probe.connect(listener.getsockname())
+                listener.accept()[0].close()
+        targets = {
+            "tcp_port": tcp.getsockname()[1],
+            "unix_socket": str(tmp_path / "engine.sock"),
+            "abstract": f"nearmiss-attack-{token}",
+            "pg_globs": [
+                str(ROOT / ".nearmiss" / "*" / "socket" / ".s.PGSQL.*"),
+                "/var/run/postgresql/.s.PGSQL.*",
+                "/run/postgresql/.s.PGSQL.*",
+                str(tmp_path / "*.sock"),
+            ],
+            "engine_pid": os.getpid(),
+        }
+        got = said(run_attack(arm("network.py", tmp_path, **targets)))
+        pending, _, _ = select.select(listeners, [], [], 0.5)
+        assert pending == [], "a listener of the engine received a connection"
+    finally:
+        for listener in listeners:
+            listener.close()
+    assert got["pg_seen"] == "0"  # no socket file of the host is even visible
+    for name in ("tcp", "unix", "abstract", "setns", "setns_pid1", "tcp_after"):
+        assert got[name] != "ok", name
+    assert got["nsenter"] == "failed"
+
+
+def test_privileges_cannot_be_taken(tmp_path, sandboxed):
+    got = said(run_attack(arm("privileges.py", tmp_path)))
+    for name in ("umount", "mount", "unshare", "ptrace", "setuid", "chroot"):
+        assert got[name] != "ok", name
+    for name in ("umount_sh", "mount_sh", "unshare_sh", "nsenter_sh"):
+        assert got[name] == "failed", name
+    assert got["uid"] == environment.SANDBOX_UID
+    assert got["caps"] == "0000000000000000"
+    assert got["proc"] == "ok"  # its /proc is still there: nothing was unmounted
+    if sandboxed == "bubblewrap+seccomp":  # the filter answers before any other check
+        denied = ("umount", "mount", "unshare", "ptrace", "keyctl", "bpf", "perf", "userfaultfd")
+        for name in denied:
+            assert got[name] == "EPERM", name
+    assert Path("/proc/self/status").exists() and Path("/proc/1").exists()  # the host's /proc
+
+
+def test_killing_the_engine_kills_nothing(tmp_path):
+    bystander = subprocess.Popen(["sleep", "120"])
+    try:
+        attack = arm(
+            "kill_parent.py", tmp_path, engine_pid=os.getpid(), bystander_pid=bystander.pid
+        )
+        report = run_attack(attack)
+        assert report.cases[0].passed, report.diagnosis  # the child answered; we are alive
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_daemons_die_with_the_check(tmp_path, monkeypatch):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    report = run_attack(arm("fork_storm.py", tmp_path, daemons=4), case_timeout_s=8)
+    assert report.cases[0].failure_class in ("timeout", "runtime_error")
+    assert processes_under(scratch) == []
+    assert list(scratch.iterdir()) == []
+
+
+def test_the_sandbox_tmpfs_mounts_hold_no_hoard(tmp_path):
+    got = said(run_attack(arm("hoard_tmpfs.py", tmp_path, mb=512)))
+    written, error = got["tmp"].split(":")
+    assert error == "ENOSPC" and int(written) <= environment.TMPFS_BYTES // 1024**2
+    assert got["shm"].startswith("0:") and got["root"].startswith("0:")  # read-only
