@@ -1,4 +1,4 @@
-"""The dynamic integrity rules: the jaxpr audit's work model and the engine's judgement of it."""
+"""The dynamic integrity rules: the artifact audit's work model and the engine's judgement of it."""
 
 from __future__ import annotations
 
@@ -9,18 +9,26 @@ import pytest
 from jax.experimental import pallas as pl
 from pydantic import ValidationError
 
-from nearmiss.integrity.audit import audit_candidate, total_work
+from nearmiss.integrity.audit import KERNEL_LABEL, audit_module, parse_module, total_work
 from nearmiss.integrity.dynamic import (
-    JaxprAudit,
+    ArtifactAudit,
     Probe,
     audit_violations,
     merge,
     probe_violations,
 )
 from nearmiss.models import Violation
+from nearmiss.runner.artifact import (
+    ArtifactRejected,
+    export_traced,
+    label_pallas_calls,
+    refuse_unrunnable,
+)
+from nearmiss.runner.candidate_child import traced_callbacks
 from nearmiss.runner.interpret import force_interpret_on_cpu
 
 force_interpret_on_cpu()
+label_pallas_calls()  # as the candidate child does before it imports a candidate
 
 A = jnp.ones((32, 64), jnp.float32)
 B = jnp.ones((64, 16), jnp.float32)
@@ -34,29 +42,66 @@ def copy_kernel(x, **aliases):
     return pl.pallas_call(_copy, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), **aliases)(x)
 
 
+def lowered(fn, *args):
+    return jax.jit(fn).lower(*args).compiler_ir("stablehlo")
+
+
 def audit(fn, *args):
-    return audit_candidate(jax.jit(fn).trace(*args).jaxpr)
+    """The audit of ``fn``'s artifact, exported and parsed back as the executor does."""
+    exported = jax.export.deserialize(bytearray(export_traced(jax.jit(fn), args)))
+    module, _context = parse_module(exported.mlir_module())
+    return audit_module(module, kept=tuple(sorted(exported.module_kept_var_idx)))
 
 
 def test_a_matmul_costs_two_m_n_k_and_glue_costs_nothing():
-    assert total_work(jax.make_jaxpr(jnp.dot)(A, B)) == 2 * 32 * 16 * 64
-    glue = jax.make_jaxpr(
-        lambda x: jnp.pad(x, ((0, 8), (0, 0))).T.reshape(-1)[:100].astype(jnp.bfloat16)
-    )(A)
+    assert total_work(lowered(jnp.dot, A, B)) == 2 * 32 * 16 * 64
+    glue = lowered(
+        lambda x: jnp.pad(x, ((0, 8), (0, 0))).T.reshape(-1)[:100].astype(jnp.bfloat16), A
+    )
     assert total_work(glue) == 0
 
 
-def test_scan_bodies_count_once_per_step_and_cond_its_costliest_branch():
+def test_counted_loops_count_each_step_and_cond_its_costliest_branch():
     def scanned(x):
         return jax.lax.scan(lambda c, row: (c + jnp.exp(row).sum(), None), 0.0, x)[0]
 
-    # 32 steps × (exp over 64 + sum over 64 + one scalar add)
-    assert total_work(jax.make_jaxpr(scanned)(A)) == 32 * (64 + 64 + 1)
+    # 32 steps × (exp over 64 + sum over 64 + one scalar add), plus the loop's own counter
+    work = total_work(lowered(scanned, A))
+    assert 32 * (64 + 64 + 1) <= work <= 32 * (64 + 64 + 8)
 
     def branchy(x):
         return jax.lax.cond(x[0, 0] > 0, lambda: jnp.tanh(x).sum(), lambda: x[0, 0])
 
-    assert total_work(jax.make_jaxpr(branchy)(A)) == 1 + 2 * 32 * 64
+    assert 2 * 32 * 64 <= total_work(lowered(branchy, A)) <= 2 * 32 * 64 + 4
+
+
+def softmax_row_by_row(x, rows):
+    """A softmax computed one row per iteration by XLA, then copied by a pallas_call."""
+
+    def body(state):
+        i, out = state
+        row = jax.lax.dynamic_slice_in_dim(x, i, 1)
+        e = jnp.exp(row - row.max())
+        return i + 1, jax.lax.dynamic_update_slice_in_dim(out, e / e.sum(), i, 0)
+
+    _, out = jax.lax.while_loop(lambda s: s[0] < rows, body, (0, jnp.zeros_like(x)))
+    return copy_kernel(out)
+
+
+def test_a_loop_of_known_trip_count_counts_every_iteration():
+    found = audit(lambda x: softmax_row_by_row(x, x.shape[0]), A)
+    assert found["unbounded"] == []
+    assert found["outside_heavy"] >= 32 * 3 * 64  # exp, max and sum over every row
+
+
+def test_a_loop_of_unknown_trip_count_outside_the_kernel_is_unbounded():
+    # The trip count comes from the data: the audit cannot bound it, the loop can do anything.
+    found = audit(lambda x: softmax_row_by_row(x, jnp.int32(x.shape[0]) * (x[0, 0] == x[0, 0])), A)
+    assert found["pallas_calls"] == 1
+    assert {w["primitive"] for w in found["unbounded"]} >= {"exponential", "reduce"}
+    violations = audit_violations(ArtifactAudit.model_validate(found), 32 * 64 * 5)
+    assert [v.rule for v in violations] == ["wrapper_compute"]
+    assert "unknown trip count" in violations[0].detail
 
 
 def test_work_outside_a_kernel_is_found_through_nested_jit_and_custom_jvp():
@@ -69,7 +114,7 @@ def test_work_outside_a_kernel_is_found_through_nested_jit_and_custom_jvp():
     found = audit(lambda x: copy_kernel(jax.jit(hidden)(x)), A)
     assert found["pallas_calls"] == 1
     assert found["outside_heavy"] == 32 * 64
-    assert found["costliest"][0]["primitive"] == "exp"
+    assert found["costliest"][0]["primitive"] == "exponential"
     assert found["costliest"][0]["where"].startswith("test_integrity_dynamic.py:")
 
 
@@ -80,8 +125,18 @@ def test_kernel_bodies_are_the_kernels_own_work():
     found = audit(
         lambda x: pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x), A
     )
+    assert found["pallas_calls"] == 1
     assert found["outside_heavy"] == found["outside_light"] == 0
     assert found["callbacks"] == [] and found["aliased_inputs"] == []
+
+
+def test_a_function_merely_named_like_a_kernel_is_not_one():
+    def softmax(x):
+        return jax.nn.softmax(x, axis=-1)
+
+    softmax.__name__ = softmax.__qualname__ = KERNEL_LABEL  # a forged label, no grid loop
+    found = audit(jax.jit(softmax), A)
+    assert found["pallas_calls"] == 0 and found["outside_heavy"] > 0
 
 
 def test_aliasing_a_callers_input_is_found_but_aliasing_a_temporary_is_not():
@@ -95,19 +150,38 @@ def test_aliasing_a_callers_input_is_found_but_aliasing_a_temporary_is_not():
     assert temporary["aliased_inputs"] == []
 
 
-def test_callbacks_are_found_even_inside_kernel_bodies():
+def test_callbacks_are_named_by_the_tracer_even_inside_kernel_bodies():
     def body(x_ref, o_ref):
         jax.debug.callback(lambda v: None, x_ref[0, 0])
         o_ref[...] = x_ref[...]
 
-    found = audit(
-        lambda x: pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x), A
-    )
-    assert [c["primitive"] for c in found["callbacks"]] == ["debug_callback"]
+    def kernel(x):
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    assert traced_callbacks(jax.jit(kernel).trace(A).jaxpr.jaxpr) == ["debug_callback"]
+    with pytest.raises(NotImplementedError):  # JAX cannot export it: there is no artifact
+        export_traced(jax.jit(kernel), [A])
 
 
-def _audit(heavy=0, light=0, calls=1, **extra) -> JaxprAudit:
-    return JaxprAudit(
+FORGED_CALLBACK = """
+func.func public @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = stablehlo.custom_call @xla_ffi_python_cpu_callback(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+"""
+
+
+def test_an_artifact_that_calls_the_host_is_reported_and_never_run():
+    module, _context = parse_module(FORGED_CALLBACK)
+    assert [c["primitive"] for c in audit_module(module)["callbacks"]] == [
+        "xla_ffi_python_cpu_callback"
+    ]
+    with pytest.raises(ArtifactRejected, match="calls back into the host"):
+        refuse_unrunnable(module)
+
+
+def _audit(heavy=0, light=0, calls=1, **extra) -> ArtifactAudit:
+    return ArtifactAudit(
         pallas_calls=calls,
         outside_heavy=heavy,
         outside_light=light,
@@ -120,6 +194,7 @@ def _audit(heavy=0, light=0, calls=1, **extra) -> JaxprAudit:
                 "work": heavy,
             }
         ],
+        unbounded=extra.get("unbounded", []),
         callbacks=extra.get("callbacks", []),
         aliased_inputs=extra.get("aliased_inputs", []),
     )
@@ -169,7 +244,7 @@ def test_violations_say_what_was_found_and_where():
 def test_a_forged_audit_is_rejected(forged):
     good = _audit().model_dump()
     with pytest.raises(ValidationError):
-        JaxprAudit.model_validate({**good, **forged})
+        ArtifactAudit.model_validate({**good, **forged})
 
 
 def test_outputs_that_ignore_a_redrawn_input_are_input_independent():

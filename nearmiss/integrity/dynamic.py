@@ -1,13 +1,15 @@
-"""Dynamic integrity rules, judged by the engine on what the candidate's run revealed.
+"""Dynamic integrity rules, judged by the engine on what the candidate's artifact revealed.
 
-The candidate child audits the jaxpr it traced (``integrity.audit``) and runs probes; the engine
-validates that untrusted report here and applies the rules:
+The executor child audits the artifact it runs (``integrity.audit``) and runs probes on it; the
+engine validates that report here and applies the rules:
 
-- ``no_pallas_call``: the traced kernel holds no pallas_call at all.
-- ``wrapper_compute``: XLA outside the kernels does real work — a heavy primitive (matmul,
-  reduction, transcendental, gather) worth ``HEAVY_SHARE`` of the reference's work, or
-  ``TOTAL_SHARE`` counting elementwise arithmetic too. Layout glue costs nothing.
-- ``host_callback``: a callback primitive anywhere in the trace, kernels included.
+- ``no_pallas_call``: the artifact holds no kernel at all.
+- ``wrapper_compute``: XLA outside the kernels does real work — a heavy op (matmul, reduction,
+  transcendental, gather) worth ``HEAVY_SHARE`` of the reference's work, or ``TOTAL_SHARE``
+  counting elementwise arithmetic too; or a loop of unknown trip count outside the kernels does
+  work on every iteration (it can do as much as the data asks). Layout glue costs nothing.
+- ``host_callback``: a host callback anywhere, kernels included (JAX cannot export one, so the
+  tracing child names those it traced: a claim that can only count against the candidate).
 - ``input_mutation``: a pallas_call aliases one of the caller's inputs, or an input's bytes
   changed after the call.
 - ``input_independent``: with one input re-drawn, the reference's output changed but the
@@ -57,13 +59,14 @@ class Located(_Strict):
     input: int = Field(default=-1, ge=-1)
 
 
-class JaxprAudit(_Strict):
-    """The candidate child's account of its jaxpr; validated because the child is untrusted."""
+class ArtifactAudit(_Strict):
+    """The executor's account of an artifact; validated before it is believed."""
 
     pallas_calls: int = Field(ge=0)
     outside_heavy: int = Field(ge=0)
     outside_light: int = Field(ge=0)
     costliest: list[OutsideWork] = Field(max_length=64)
+    unbounded: list[OutsideWork] = Field(max_length=64)  # work per iteration
     callbacks: list[Located] = Field(max_length=64)
     aliased_inputs: list[Located] = Field(max_length=64)
 
@@ -85,7 +88,7 @@ def _percent(share: float) -> str:
     return f"{share:.0%}" if share >= 0.01 else f"{share:.1%}"
 
 
-def audit_violations(audit: JaxprAudit, reference_work: int) -> list[Violation]:
+def audit_violations(audit: ArtifactAudit, reference_work: int) -> list[Violation]:
     """Violations read from one case's jaxpr audit; ``reference_work`` is never below 1."""
     found = []
     if audit.pallas_calls == 0:
@@ -111,6 +114,16 @@ def audit_violations(audit: JaxprAudit, reference_work: int) -> list[Violation]:
                 f"{_percent(outside / reference_work)} of the reference's: {items}",
             )
         )
+    looped = [w for w in audit.unbounded if w.kind == "heavy" or w.work >= MIN_WORK]
+    if looped:
+        items = "; ".join(f"{w.primitive} over {w.operand}{_at(w.where)}" for w in looped[:3])
+        found.append(
+            Violation(
+                rule="wrapper_compute",
+                detail="a loop of unknown trip count outside the pallas_call computes on every "
+                f"iteration, so it can do any share of the work: {items}",
+            )
+        )
     for callback in audit.callbacks:
         found.append(
             Violation(
@@ -128,6 +141,17 @@ def audit_violations(audit: JaxprAudit, reference_work: int) -> list[Violation]:
             )
         )
     return found
+
+
+def callback_violations(traced: list[str]) -> list[Violation]:
+    return [
+        Violation(
+            rule="host_callback",
+            detail=f"`{name}` in the traced kernel: the host computes, and the kernel cannot be "
+            "exported",
+        )
+        for name in traced
+    ]
 
 
 def mutation_violations(changed: list[int]) -> list[Violation]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from nearmiss.integrity.dynamic import (
     DYNAMIC_RULES,
     audit_violations,
+    callback_violations,
     merge,
     mutation_violations,
     probe_violations,
@@ -35,7 +36,7 @@ def _case_violations(raw: RawCase) -> list[Violation]:
         found = [
             Violation(
                 rule="wrapper_compute",
-                detail="the traced kernel could not be audited, so the work outside it is "
+                detail="the kernel's artifact could not be audited, so the work outside it is "
                 f"unknown ({raw.audit_error})",
             )
         ]
@@ -52,7 +53,10 @@ def judge(static: list[Violation], cases: list[RawCase], mode: str) -> Integrity
     if mode == "off":
         return IntegrityReport(ok=True, mode=mode)
     audited = [raw for raw in cases if raw.audited and raw.outputs is not None]
-    dynamic = merge([(raw.info.key, _case_violations(raw)) for raw in audited])
+    dynamic = merge(
+        [(raw.info.key, _case_violations(raw)) for raw in audited]
+        + [(raw.info.key, callback_violations(raw.traced_callbacks)) for raw in cases]
+    )
     violations = static + dynamic
     return IntegrityReport(
         ok=not violations,

@@ -20,7 +20,7 @@ def dtype_name(dtype: np.dtype) -> str:
     return np.dtype(dtype).name
 
 
-def _restore_dtype(name: str) -> np.dtype:
+def restore_dtype(name: str) -> np.dtype:
     if hasattr(ml_dtypes, name):
         return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)
@@ -49,6 +49,6 @@ def load_arrays(path: str | Path) -> tuple[list[np.ndarray], dict]:
         arrays = []
         for index, name in enumerate(meta["dtypes"]):
             raw = data[f"a{index}"]
-            dtype = _restore_dtype(name)
+            dtype = restore_dtype(name)
             arrays.append(raw.view(dtype) if raw.dtype != dtype else raw)
     return arrays, meta.get("extra", {})

@@ -1,8 +1,11 @@
-"""Sandbox child that imports the candidate and runs it on the cases the engine sends.
+"""Sandbox child that imports the candidate and exports it for each case the engine sends.
 
-Untrusted code runs only here. Each ``run`` request names a case directory holding the inputs; the
-child jits the candidate, records the phase it reached (trace, compile, run) and writes the
-outputs to ``output.npz``. Comparison with the reference happens in the engine, not here.
+Untrusted code runs only here, and only to trace. Each ``run`` request gives a case directory and
+the inputs' shapes and dtypes — never their values. The child jits the candidate, exports the
+traced computation to ``artifact.bin`` (``runner.artifact``) and records the phase it reached
+(trace, compile). The executor child runs the artifact; comparison happens in the engine.
+``Stages``, ``load_case_inputs`` and ``serve`` also serve the fix agent's probe and lowering
+children, which run untrusted code on real inputs but never certify.
 """
 
 from __future__ import annotations
@@ -35,15 +38,13 @@ class Stages:
     def __init__(self) -> None:
         self.phase = "trace"
 
-    def run(self, function, args, result: dict, on_traced=None):
+    def run(self, function, args, result: dict):
         """(compiled, output) of ``function(*args)``; timings go into ``result``."""
         import jax
 
         self.phase = "trace"
         started = time.perf_counter()
         traced = jax.jit(function).trace(*args)
-        if on_traced is not None:
-            on_traced(traced)
         self.phase = "compile"
         compiled = traced.lower().compile()
         result["compile_s"] = time.perf_counter() - started
@@ -65,49 +66,62 @@ def load_case_inputs(request: dict):
     return case_dir, inputs, [jnp.asarray(a) for a in inputs], extra
 
 
-def run_case(kernel, request: dict) -> dict:
+def avals_of(request: dict) -> list:
+    """The case's inputs as shapes and dtypes: a tracing child never sees their values."""
     import jax
-    import numpy as np
+    import jax.numpy as jnp
 
-    from nearmiss.runner.arrays import save_arrays
+    from nearmiss.runner.arrays import restore_dtype
 
-    case_dir, inputs, args, _ = load_case_inputs(request)
+    return [
+        jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(restore_dtype(dtype)))
+        for shape, dtype in request["avals"]
+    ]
+
+
+def traced_callbacks(jaxpr) -> list[str]:
+    """Host callbacks in a traced program (they cannot be exported; the engine is told why)."""
+    from nearmiss.integrity.audit import CALLBACK_PRIMITIVES
+    from nearmiss.runner.geometry import iter_eqns
+
+    return sorted(
+        {e.primitive.name for e in iter_eqns(jaxpr, into_pallas=True)} & CALLBACK_PRIMITIVES
+    )
+
+
+def export_case(kernel, request: dict) -> dict:
+    """Trace the kernel on the case's shapes and export it to ``artifact.bin`` in the case dir.
+
+    The executor child runs the artifact; nothing here produces an output. Timings and the
+    kernel geometry are hints for forensics, never evidence.
+    """
+    import jax
+
+    from nearmiss.runner.artifact import ARTIFACT_FILE, export_traced
+
     result: dict = {"event": "case_done", "suite": request["suite"], "name": request["name"]}
-
-    def examine(traced) -> None:
+    phase = "trace"
+    started = time.perf_counter()
+    try:
+        avals = avals_of(request)
+        jitted = jax.jit(kernel)
+        traced = jitted.trace(*avals)
         try:
             result["geometry"] = kernel_geometry(traced.jaxpr)
         except Exception:  # geometry is a forensic hint; never fail a case over it
             result["geometry"] = []
-        if request.get("audit"):
-            result["audit"], result["audit_error"] = _audit(traced.jaxpr)
-
-    stages = Stages()
-    try:
-        compiled, output = stages.run(kernel, args, result, on_traced=examine)
-        leaves, treedef = jax.tree_util.tree_flatten(output)
-        save_arrays(case_dir / "output.npz", [np.asarray(leaf) for leaf in leaves])
-        result.update(ok=True, treedef=str(treedef))
+        result["callbacks"] = traced_callbacks(traced.jaxpr.jaxpr)
+        phase = "compile"
+        artifact = export_traced(jitted, avals)
+        (Path(request["dir"]) / ARTIFACT_FILE).write_bytes(artifact)
+        result["compile_s"] = time.perf_counter() - started
+        result.update(ok=True)
     except (Exception, SystemExit) as exc:
-        result.update(ok=False, error=describe_exception(exc, stages.phase))
-        return result
-    if request.get("audit"):
-        result["inputs_changed"] = _changed_inputs(args, inputs)
-        result["probes_done"] = _run_probes(compiled, request.get("probes", []))
+        result.update(ok=False, error=describe_exception(exc, phase))
     return result
 
 
-def _audit(jaxpr) -> tuple[dict | None, str]:
-    """The jaxpr audit, or None and why: the engine judges a missing audit as unverified."""
-    from nearmiss.integrity.audit import audit_candidate
-
-    try:
-        return audit_candidate(jaxpr), ""
-    except Exception as exc:
-        return None, f"{type(exc).__name__}: {exc}"[:200]
-
-
-def _changed_inputs(args, originals) -> list[int]:
+def changed_inputs(args, originals) -> list[int]:
     """Indices of inputs whose bytes differ after the call (or that the call consumed)."""
     import numpy as np
 
@@ -122,7 +136,7 @@ def _changed_inputs(args, originals) -> list[int]:
     return changed
 
 
-def _run_probes(compiled, probes: list[dict]) -> list[int]:
+def run_probes(compiled, probes: list[dict]) -> list[int]:
     """Run the compiled kernel on the probe inputs (one input re-drawn each); return those done."""
     import jax
     import jax.numpy as jnp
@@ -144,12 +158,14 @@ def _run_probes(compiled, probes: list[dict]) -> list[int]:
     return done
 
 
-def serve(entry: str, run, *, interpret: bool = True) -> None:
+def serve(entry: str, run, *, interpret: bool = True, label_kernels: bool = False) -> None:
     """The life of a child that runs untrusted code: import the file, find its ``entry``
     function, then answer each ``run`` request with ``run(function, request)``.
 
     With ``interpret`` (every child that executes kernels) pallas_calls run in interpret mode on
-    CPU; a child that only lowers must see the real lowering instead.
+    CPU; a child that only lowers must see the real lowering instead. With ``label_kernels``
+    every pallas_call lowers into a labelled function (``runner.artifact``), before the
+    candidate is imported.
     """
     channel = start_child()
     import jax
@@ -157,6 +173,10 @@ def serve(entry: str, run, *, interpret: bool = True) -> None:
     from nearmiss.runner.interpret import force_interpret_on_cpu
 
     platform = force_interpret_on_cpu() if interpret else jax.default_backend()
+    if label_kernels:
+        from nearmiss.runner.artifact import label_pallas_calls
+
+        label_pallas_calls()
     try:
         module = import_candidate(os.environ[CANDIDATE_ENV])
     except (Exception, SystemExit) as exc:
@@ -177,7 +197,7 @@ def serve(entry: str, run, *, interpret: bool = True) -> None:
 
 
 def main() -> None:
-    serve("kernel", run_case)
+    serve("kernel", export_case, label_kernels=True)
 
 
 if __name__ == "__main__":

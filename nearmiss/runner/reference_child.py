@@ -26,11 +26,12 @@ def case_key(jax, seed: int, suite: str, name: str):
 
 
 def reference_work(jax, spec, inputs) -> int | None:
-    """The reference's total work, the yardstick for work a candidate does outside its kernel."""
+    """The reference's total work, the yardstick for work a candidate does outside its kernel:
+    measured on its StableHLO by the same audit that measures the candidate's artifact."""
     from nearmiss.integrity.audit import total_work
 
     try:
-        return total_work(jax.make_jaxpr(spec.reference)(*inputs))
+        return total_work(jax.jit(spec.reference).lower(*inputs).compiler_ir("stablehlo"))
     except Exception:
         return None
 

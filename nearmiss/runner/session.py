@@ -20,13 +20,16 @@ import numpy as np
 from pydantic import ValidationError
 
 from nearmiss.errors import UsageError
-from nearmiss.integrity.dynamic import JaxprAudit, Probe
-from nearmiss.runner.arrays import load_arrays
+from nearmiss.integrity.audit import CALLBACK_PRIMITIVES
+from nearmiss.integrity.dynamic import ArtifactAudit, Probe
+from nearmiss.runner.arrays import dtype_name, load_arrays
+from nearmiss.runner.artifact import ARTIFACT_FILE
 from nearmiss.runner.candidate_child import CANDIDATE_ENV
 from nearmiss.runner.sandbox import ChildFailure, ChildTimeout, Limits, SandboxChild
 
 REFERENCE_MODULE = "nearmiss.runner.reference_child"
 CANDIDATE_MODULE = "nearmiss.runner.candidate_child"
+EXECUTOR_MODULE = "nearmiss.runner.executor_child"
 # The reference is engine-owned code; it gets a generous, fixed budget per case.
 REFERENCE_TIMEOUT_S = 300.0
 
@@ -39,9 +42,11 @@ class Entry:
     module: str = CANDIDATE_MODULE
     function: str = "kernel"
     request: dict[str, Any] = field(default_factory=dict)
+    # The child only exports an artifact, which the executor child runs (certifying runs).
+    artifact: bool = False
 
 
-KERNEL = Entry()
+KERNEL = Entry(artifact=True)
 
 
 @dataclass
@@ -77,10 +82,12 @@ class RawCase:
     geometry: list[dict[str, Any]] = field(default_factory=list)
     compile_s: float | None = None
     run_s: float | None = None
-    # Integrity evidence (only when the run audits): the jaxpr audit — None when the child sent
-    # none or a malformed one — the reference's work, inputs changed by the call, and probes.
+    # Integrity evidence (only when the run audits): the artifact's audit — None when the
+    # executor sent none or a malformed one — the reference's work, inputs changed by the call,
+    # probes, and host callbacks the tracing child saw (they leave no artifact to audit).
     audited: bool = False
-    audit: JaxprAudit | None = None
+    audit: ArtifactAudit | None = None
+    traced_callbacks: list[str] = field(default_factory=list)
     audit_error: str = ""
     reference_work: int | None = None
     inputs_changed: list[int] = field(default_factory=list)
@@ -155,7 +162,7 @@ def _checked_geometry(value: Any) -> list[dict[str, Any]]:
 def _record_integrity(raw: RawCase, message: dict[str, Any], case_dir: Path) -> None:
     """The integrity evidence of a successful case, each part checked before it is believed."""
     try:
-        raw.audit = JaxprAudit.model_validate(message.get("audit"))
+        raw.audit = ArtifactAudit.model_validate(message.get("audit"))
     except ValidationError as exc:
         raw.audit = None  # judged as "could not be verified", never as clean
         error = message.get("audit_error")
@@ -172,28 +179,155 @@ def _record_integrity(raw: RawCase, message: dict[str, Any], case_dir: Path) -> 
             probe.outputs, _ = load_arrays(case_dir / f"probe-{probe.input}" / "output.npz")
 
 
-class _CandidateRunner:
-    """Keeps one candidate child alive across cases; replaces it after a timeout or crash."""
+class _Child:
+    """One restartable sandbox child: started ahead, replaced after a timeout or a crash."""
 
-    def __init__(self, candidate: Path, limits: Limits, platform: str, entry: Entry) -> None:
-        self.candidate = candidate
+    def __init__(self, module: str, prefix: str, limits: Limits, platform: str) -> None:
+        self.module = module
+        self.prefix = prefix
         self.limits = limits
         self.platform = platform
-        self.entry = entry
         self.child: SandboxChild | None = None
+
+    def start(self, files: tuple[Path, ...] = (), env: dict[str, str] | None = None) -> None:
+        """Start the child in a fresh home holding copies of ``files``; ``env`` values may
+        name paths in it as ``{home}``."""
+        home = Path(tempfile.mkdtemp(prefix=self.prefix))
+        for path in files:
+            shutil.copy(path, home / path.name)
+        env = {name: value.format(home=home) for name, value in (env or {}).items()}
+        self.child = SandboxChild(self.module, home, self.limits, self.platform, extra_env=env)
+
+    def case_dir(self, raw: RawCase) -> Path:
+        assert self.child is not None
+        path = self.child.home / "cases" / raw.info.key
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def ask(self, raw: RawCase, **request: Any) -> dict[str, Any] | None:
+        """The child's answer for one case, or None with the child's failure put on ``raw``."""
+        assert self.child is not None
+        try:
+            self.child.send(cmd="run", suite=raw.info.suite, name=raw.info.name, **request)
+            message = self.child.receive(self.limits.case_timeout_s)
+        except ChildFailure as exc:
+            raw.failure = "timeout" if isinstance(exc, ChildTimeout) else "died"
+            raw.failure_detail = str(exc)
+            raw.log_tail = exc.log_tail
+            self.stop()
+            return None
+        if message["event"] != "case_done" or message.get("name") != raw.info.name:
+            self.unusable(raw, ValueError(f"unexpected message {message['event']!r}"))
+            return None
+        return message
+
+    def unusable(self, raw: RawCase, exc: Exception) -> None:
+        """The child is untrusted: a forged message or a corrupt file ends it and the case."""
+        raw.outputs = raw.error = None
+        raw.failure, raw.failure_detail = "died", f"unusable result from the child: {exc!r}"
+        self.stop()
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.close()
+            shutil.rmtree(self.child.home, ignore_errors=True)
+            self.child = None
+
+
+def _record_outputs(raw: RawCase, message: dict[str, Any], case_dir: Path) -> None:
+    """Outputs (or the error) of a run, as the executor — or a tool's child — filed them."""
+    if message.get("ok"):
+        raw.outputs, raw.output_extra = load_arrays(case_dir / "output.npz")
+        raw.output_tree = str(message["treedef"])
+        if raw.audited:
+            _record_integrity(raw, message, case_dir)
+    else:
+        error = message["error"]
+        if error.get("phase") not in ("trace", "compile", "run"):
+            raise ValueError("error record without a valid phase")
+        raw.error = error
+
+
+class _Executor(_Child):
+    """Runs candidates' artifacts: engine code only, the candidate never imported."""
+
+    def __init__(self, limits: Limits, platform: str) -> None:
+        super().__init__(EXECUTOR_MODULE, "nearmiss-executor-", limits, platform)
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        assert self.child is not None
+        self.child.receive(self.limits.startup_timeout_s)  # "ready": engine code, no finding
+        self.ready = True
+
+    def run(self, raw: RawCase, artifact: Path, inputs: Path, probe_dirs: dict[int, Path]) -> None:
+        if self.child is None:
+            self.start()
+        if not self.ready:
+            try:
+                self.wait_ready()
+            except ChildFailure as exc:
+                raw.failure, raw.failure_detail = "died", f"the executor did not start: {exc}"
+                raw.log_tail = exc.log_tail
+                self.stop()
+                return
+        case_dir = self.case_dir(raw)
+        shutil.copy(artifact, case_dir / ARTIFACT_FILE)
+        shutil.copy(inputs, case_dir / "inputs.npz")
+        probes = _copy_probes(case_dir, probe_dirs)
+        message = self.ask(raw, dir=str(case_dir), audit=raw.audited, probes=probes)
+        if message is None:
+            return
+        try:
+            compile_s = _seconds(message.get("compile_s"))
+            if compile_s is not None:
+                raw.compile_s = (raw.compile_s or 0.0) + compile_s
+            raw.run_s = _seconds(message.get("run_s"))
+            _record_outputs(raw, message, case_dir)
+        except Exception as exc:
+            self.unusable(raw, exc)
+
+    def stop(self) -> None:
+        super().stop()
+        self.ready = False
+
+
+def _copy_probes(case_dir: Path, probe_dirs: dict[int, Path]) -> list[dict[str, Any]]:
+    probes = []
+    for index, source in probe_dirs.items():
+        (case_dir / f"probe-{index}").mkdir(exist_ok=True)
+        shutil.copy(source / "inputs.npz", case_dir / f"probe-{index}" / "inputs.npz")
+        probes.append({"input": index, "dir": str(case_dir / f"probe-{index}")})
+    return probes
+
+
+def _avals(inputs: Path) -> list[list[Any]]:
+    """[shape, dtype] of each input: all a tracing child learns about the case's data."""
+    arrays, _ = load_arrays(inputs)
+    return [[list(a.shape), dtype_name(a.dtype)] for a in arrays]
+
+
+class _CandidateRunner(_Child):
+    """Keeps one candidate child alive across cases; replaces it after a timeout or crash.
+
+    For the kernel entry the child only traces and exports; the executor runs the artifact.
+    Other entries (the fix agent's probes and lowerings) run in the child itself: they never
+    certify.
+    """
+
+    def __init__(
+        self, candidate: Path, limits: Limits, platform: str, entry: Entry, executor: _Executor
+    ) -> None:
+        super().__init__(entry.module, "nearmiss-candidate-", limits, platform)
+        self.candidate = candidate
+        self.entry = entry
+        self.executor = executor
         # Set when the candidate cannot even be imported: every case gets the same finding.
         self.import_problem: dict[str, Any] | None = None
 
-    def start(self) -> None:
-        home = Path(tempfile.mkdtemp(prefix="nearmiss-candidate-"))
-        shutil.copy(self.candidate, home / self.candidate.name)
-        self.child = SandboxChild(
-            self.entry.module,
-            home,
-            self.limits,
-            self.platform,
-            extra_env={CANDIDATE_ENV: str(home / self.candidate.name)},
-        )
+    def start(self) -> None:  # type: ignore[override]
+        candidate = "{home}/" + self.candidate.name.replace("{", "{{").replace("}", "}}")
+        super().start(files=(self.candidate,), env={CANDIDATE_ENV: candidate})
 
     def wait_ready(self) -> None:
         assert self.child is not None
@@ -231,62 +365,47 @@ class _CandidateRunner:
             for name, value in self.import_problem.items():
                 setattr(raw, name, value)
             return
-        assert self.child is not None
-        case_dir = self.child.home / "cases" / raw.info.key
-        case_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy(inputs, case_dir / "inputs.npz")
-        probes = []
-        for index, source in probe_dirs.items():
-            (case_dir / f"probe-{index}").mkdir(exist_ok=True)
-            shutil.copy(source / "inputs.npz", case_dir / f"probe-{index}" / "inputs.npz")
-            probes.append({"input": index, "dir": str(case_dir / f"probe-{index}")})
-        try:
-            self.child.send(
-                cmd="run",
-                suite=raw.info.suite,
-                name=raw.info.name,
-                dir=str(case_dir),
-                audit=raw.audited,
-                probes=probes,
-                **self.entry.request,
+        case_dir = self.case_dir(raw)
+        if self.entry.artifact:
+            message = self.ask(raw, dir=str(case_dir), avals=_avals(inputs), **self.entry.request)
+        else:
+            shutil.copy(inputs, case_dir / "inputs.npz")
+            probes = _copy_probes(case_dir, probe_dirs)
+            message = self.ask(
+                raw, dir=str(case_dir), audit=raw.audited, probes=probes, **self.entry.request
             )
-            message = self.child.receive(self.limits.case_timeout_s)
-        except ChildFailure as exc:
-            raw.failure = "timeout" if isinstance(exc, ChildTimeout) else "died"
-            raw.failure_detail = str(exc)
-            raw.log_tail = exc.log_tail
-            self.stop()
+        if message is None:
             return
         try:
-            self._record(raw, message, case_dir)
-        except Exception as exc:  # the child is untrusted: a forged message or a corrupt file
-            raw.outputs = raw.error = None
-            raw.failure, raw.failure_detail = "died", f"unusable result from the child: {exc!r}"
-            self.stop()
+            raw.geometry = _checked_geometry(message.get("geometry"))
+            raw.compile_s = _seconds(message.get("compile_s"))
+            raw.run_s = _seconds(message.get("run_s"))
+            if not self.entry.artifact:
+                _record_outputs(raw, message, case_dir)
+                return
+            artifact = self._artifact(raw, message, case_dir)
+        except Exception as exc:
+            self.unusable(raw, exc)
+            return
+        if artifact is not None:
+            self.executor.run(raw, artifact, inputs, probe_dirs)
 
     @staticmethod
-    def _record(raw: RawCase, message: dict[str, Any], case_dir: Path) -> None:
-        if message["event"] != "case_done" or message.get("name") != raw.info.name:
-            raise ValueError(f"unexpected message {message['event']!r}")
-        raw.geometry = _checked_geometry(message.get("geometry"))
-        raw.compile_s = _seconds(message.get("compile_s"))
-        raw.run_s = _seconds(message.get("run_s"))
-        if message.get("ok"):
-            raw.outputs, raw.output_extra = load_arrays(case_dir / "output.npz")
-            raw.output_tree = str(message["treedef"])
-            if raw.audited:
-                _record_integrity(raw, message, case_dir)
-        else:
+    def _artifact(raw: RawCase, message: dict[str, Any], case_dir: Path) -> Path | None:
+        """The exported artifact, or None with the trace/compile error put on ``raw``."""
+        callbacks = message.get("callbacks", [])
+        if isinstance(callbacks, list):  # a hint that can only count against the candidate
+            raw.traced_callbacks = sorted({c for c in callbacks if c in CALLBACK_PRIMITIVES})
+        if not message.get("ok"):
             error = message["error"]
-            if error.get("phase") not in ("trace", "compile", "run"):
+            if error.get("phase") not in ("trace", "compile"):
                 raise ValueError("error record without a valid phase")
             raw.error = error
-
-    def stop(self) -> None:
-        if self.child is not None:
-            self.child.close()
-            shutil.rmtree(self.child.home, ignore_errors=True)
-            self.child = None
+            return None
+        artifact = case_dir / ARTIFACT_FILE
+        if artifact.is_symlink() or not artifact.is_file():
+            raise ValueError("the child filed no artifact")
+        return artifact
 
 
 def run_sandboxed(
@@ -313,7 +432,8 @@ def run_sandboxed(
     spec, candidate = spec.resolve(), candidate.resolve()
     workdir = Path(tempfile.mkdtemp(prefix="nearmiss-reference-"))
     reference = SandboxChild(REFERENCE_MODULE, workdir / "home", limits, platform)
-    runner = _CandidateRunner(candidate, limits, platform, entry)
+    executor = _Executor(limits, platform)
+    runner = _CandidateRunner(candidate, limits, platform, entry, executor)
     feed: _ReferenceFeed | None = None
     try:
         reference.send(
@@ -327,7 +447,9 @@ def run_sandboxed(
         )
         feed = _ReferenceFeed(reference)
         if execute:
-            runner.start()  # overlaps the candidate's JAX import with the reference's work
+            runner.start()  # overlaps the candidates's JAX import with the reference's work
+            if entry.artifact:
+                executor.start()
         described = feed.next("spec")
         if execute:
             runner.wait_ready()
@@ -364,6 +486,7 @@ def run_sandboxed(
         )
     finally:
         runner.stop()
+        executor.stop()
         if feed is not None:
             # The reference child may still be working (an early return or a usage error). Kill
             # it and let the feed thread see the end of its pipe *before* the pipe is closed:
