@@ -115,7 +115,7 @@ OPTIONAL_FLAGS = ("--disable-userns", "--size")  # bwrap >= 0.8
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 # Accelerator device nodes, for children that run on one (never needed on CPU).
-DEVICE_PATTERNS = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/accel*", "/dev/vfio")
+DEVICE_PATTERNS = ("/dev/nvidia*", "/dev/accel*", "/dev/vfio")
 # Answered with EPERM inside the sandbox: debugging other processes, mounts and namespaces,
 # keyrings, bpf, perf, userfaultfd, kernel images and modules, other processes' memory, file
 # handles (the classic container escape), io_uring, clocks, swap, reboot, accounting.
@@ -211,7 +211,8 @@ def _covered(path: Path, by: Iterable[Path]) -> bool:
     return any(path == other or path.is_relative_to(other) for other in by)
 
 
-def interpreter_paths() -> list[Path]:
+@functools.cache
+def interpreter_paths() -> tuple[Path, ...]:
     """What the interpreter needs read-only: its installation, the virtual environment and any
     site directory outside both — never a folder that holds the project tree or $HOME."""
     wanted = [Path(sys.base_prefix), Path(sys.prefix), Path(sys.executable).resolve().parent]
@@ -229,7 +230,7 @@ def interpreter_paths() -> list[Path]:
             if any(p == path or p.is_relative_to(path) for p in protected):
                 continue
             kept.append(path)
-    return kept[len(SYSTEM_DIRS) :]
+    return tuple(kept[len(SYSTEM_DIRS) :])
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,7 @@ class Bubblewrap:
 
 def seccomp_memfd(program: bytes) -> int:
     """A file descriptor bwrap reads the filter from (it closes it before the child runs)."""
-    fd = os.memfd_create("nearmiss-seccomp", 0)  # inheritable only through pass_fds
+    fd = os.memfd_create("nearmiss-seccomp")  # close-on-exec: inherited only via pass_fds
     os.write(fd, program)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd

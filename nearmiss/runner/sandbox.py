@@ -286,7 +286,7 @@ class SandboxChild:
         return "\n".join(text.strip().splitlines()[-lines:])
 
     def kill(self) -> None:
-        """Kill the child's whole process group (anything it spawned too), then reap it."""
+        """Kill the child's process tree and group (anything it spawned too), then reap it."""
         if self.process is not None and self.process.returncode is None:
             # Inside bwrap the child has a session of its own: kill the whole tree, not only
             # the group, and wait until the sandboxed processes are gone, not merely doomed.
