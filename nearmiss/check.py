@@ -191,7 +191,7 @@ def check(
         raise UsageError(
             f"unknown integrity mode {integrity!r}; expected one of {', '.join(MODES)}"
         )
-    _, static, execute = admit(spec, candidate, integrity)
+    source, static, execute = admit(spec, candidate, integrity)
     seed = secrets.randbelow(2**31) if seed is None else seed
     raw = run_sandboxed(
         spec,
@@ -201,6 +201,7 @@ def check(
         limits or Limits(),
         audit=integrity != "off",
         execute=execute,
+        source=source,
     )
     verdict = judge(static, raw.cases, integrity)
     cases = [case_result(r, candidate.name) for r in raw.cases]

@@ -316,10 +316,17 @@ class _CandidateRunner(_Child):
     """
 
     def __init__(
-        self, candidate: Path, limits: Limits, platform: str, entry: Entry, executor: _Executor
+        self,
+        candidate: Path,
+        limits: Limits,
+        platform: str,
+        entry: Entry,
+        executor: _Executor,
+        shown: Path,
     ) -> None:
         super().__init__(entry.module, "nearmiss-candidate-", limits, platform)
         self.candidate = candidate
+        self.shown = shown  # the user's path, for messages
         self.entry = entry
         self.executor = executor
         # Set when the candidate cannot even be imported: every case gets the same finding.
@@ -343,9 +350,7 @@ class _CandidateRunner(_Child):
             return
         if message["event"] == "no_kernel":
             self.stop()
-            raise UsageError(
-                f"candidate {self.candidate} defines no callable `{self.entry.function}`"
-            )
+            raise UsageError(f"candidate {self.shown} defines no callable `{self.entry.function}`")
         if message["event"] == "import_failed" and isinstance(message.get("error"), dict):
             self.import_problem = {"error": {**message["error"], "phase": "import"}}
             self.stop()
@@ -419,6 +424,7 @@ def run_sandboxed(
     execute: bool = True,
     select: dict[str, Any] | None = None,
     entry: Entry = KERNEL,
+    source: str | None = None,
 ) -> RawRun:
     """Run the spec's cases of ``suite`` against the candidate, each side in its own child.
 
@@ -427,13 +433,22 @@ def run_sandboxed(
     the first case. Without ``execute`` only the spec is read: the candidate never starts.
     ``select`` picks one named or custom case instead of the suite (see ``selection``; a request
     the spec does not allow is a UsageError saying what it allows); ``entry`` says what the
-    untrusted child does with each case — run the kernel by default.
+    untrusted child does with each case — run the kernel by default. ``source`` is the
+    candidate's text as admitted; every child that runs it gets that text (or, without it, one
+    copy of the file taken now), never the path again, which could have changed since.
     """
     spec, candidate = spec.resolve(), candidate.resolve()
     workdir = Path(tempfile.mkdtemp(prefix="nearmiss-reference-"))
+    snapshot = workdir / "candidate" / candidate.name
+    snapshot.parent.mkdir()
+    if source is None:
+        shutil.copyfile(candidate, snapshot)
+    else:
+        snapshot.write_text(source)
+    shown, candidate = candidate, snapshot
     reference = SandboxChild(REFERENCE_MODULE, workdir / "home", limits, platform)
     executor = _Executor(limits, platform)
-    runner = _CandidateRunner(candidate, limits, platform, entry, executor)
+    runner = _CandidateRunner(candidate, limits, platform, entry, executor, shown)
     feed: _ReferenceFeed | None = None
     try:
         reference.send(
