@@ -77,21 +77,20 @@ def export_traced(jitted: Any, avals: list[Any]) -> bytes:
     Host callbacks cannot be serialized at all; JAX refuses them here, which surfaces as a
     compile-phase error of the candidate (the engine also hears which callbacks were traced).
     """
-    import jax
     from jax import export
 
     checks = [export.DisabledSafetyCheck.custom_call(t) for t in KERNEL_TARGETS]
-    exported = export.export(jitted, platforms=[jax.default_backend()], disabled_checks=checks)(
-        *avals
-    )
+    platform = export.default_export_platform()  # 'cuda', not 'gpu': export's own names
+    exported = export.export(jitted, platforms=[platform], disabled_checks=checks)(*avals)
     return bytes(exported.serialize())
 
 
 # -- the executor child's side --------------------------------------------------------------------
 
 
-def load_artifact(path: Path, inputs: list[Any], backend: str) -> Any:
-    """The deserialized ``Exported``, checked against the case; ArtifactRejected otherwise."""
+def load_artifact(path: Path, inputs: list[Any]) -> Any:
+    """The deserialized ``Exported``, checked against the case and this process's platform;
+    ArtifactRejected otherwise."""
     import numpy as np
     from jax import export
 
@@ -102,8 +101,9 @@ def load_artifact(path: Path, inputs: list[Any], backend: str) -> Any:
         exported = export.deserialize(bytearray(path.read_bytes()))
     except Exception as exc:  # a forged or corrupt file: whatever the parser says
         raise ArtifactRejected(f"the artifact does not deserialize: {type(exc).__name__}") from exc
-    if tuple(exported.platforms) != (backend,):
-        raise ArtifactRejected(f"the artifact is for {exported.platforms}, not {backend}")
+    platform = export.default_export_platform()
+    if tuple(exported.platforms) != (platform,):
+        raise ArtifactRejected(f"the artifact is for {exported.platforms}, not {platform}")
     if exported.nr_devices != 1 or exported.ordered_effects or exported.unordered_effects:
         raise ArtifactRejected("the artifact needs several devices or has side effects")
     expected = [(tuple(a.shape), np.dtype(a.dtype)) for a in inputs]

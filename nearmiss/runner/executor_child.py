@@ -28,7 +28,7 @@ def _audit(module, exported) -> tuple[dict | None, str]:
         return None, f"{type(exc).__name__}: {exc}"[:200]
 
 
-def run_artifact(request: dict, backend: str) -> dict:
+def run_artifact(request: dict) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -43,7 +43,7 @@ def run_artifact(request: dict, backend: str) -> dict:
     phase = "compile"
     try:
         inputs, _ = load_arrays(case_dir / "inputs.npz")
-        exported = load_artifact(case_dir / ARTIFACT_FILE, inputs, backend)
+        exported = load_artifact(case_dir / ARTIFACT_FILE, inputs)
         module, _context = parse_module(exported.mlir_module())
         if request.get("audit"):
             result["audit"], result["audit_error"] = _audit(module, exported)
@@ -75,13 +75,12 @@ def main() -> None:
     channel = start_child()
     import jax
 
-    backend = jax.default_backend()
-    channel.send(event="ready", platform=backend, jax_version=jax.__version__)
+    channel.send(event="ready", platform=jax.default_backend(), jax_version=jax.__version__)
     while True:
         request = channel.receive()
         if request.get("cmd") != "run":
             break
-        channel.send(**run_artifact(request, backend))
+        channel.send(**run_artifact(request))
     sys.stdout.flush()
     os._exit(0)
 
