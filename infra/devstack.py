@@ -506,11 +506,13 @@ class PostgresService(_Service):
         if exists.stdout.strip() != "1":
             self._run(*psql, "-c", f"CREATE DATABASE {DATABASE}")
 
-    def stop(self) -> bool:
+    def stop(self, mode: str = "fast") -> bool:
+        """Stop if running; ``mode`` is pg_ctl's: "fast", or "immediate" as a crash would
+        (no checkpoint; the next start recovers from the log)."""
         pid = self.pid()
         if pid is None:
             return False
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop", check=False)
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
         if not wait_exit(pid, STOP_TIMEOUT_S):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

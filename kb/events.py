@@ -170,7 +170,10 @@ class EventStore:
         self.pool = pool
 
     @classmethod
-    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 4) -> EventStore:
+    async def connect(cls, dsn: str, *, min_size: int = 0, max_size: int = 4) -> EventStore:
+        """A pool on ``dsn``; connections are made when needed (no floor kept: while the
+        database restarts, nothing reconnects in the background, and the caller's retry
+        policy decides)."""
         pool = await asyncpg.create_pool(
             dsn, min_size=min_size, max_size=max_size, init=_init_connection
         )

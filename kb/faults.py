@@ -96,7 +96,7 @@ def as_activity_error(exc: Exception, attempt: int) -> Exception:
     retryable one stops being retried after ``OTHER_ATTEMPTS``; Temporal's own errors (a
     cancellation) pass; anything else is a bug of the engine: non-retryable, with its type.
     """
-    from temporalio.exceptions import ApplicationError, TemporalError
+    from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, TemporalError
 
     from workflows.retries import OTHER_ATTEMPTS
 
@@ -112,5 +112,8 @@ def as_activity_error(exc: Exception, attempt: int) -> Exception:
     if isinstance(exc, TemporalError):
         return exc
     if is_infrastructure_error(exc):
-        return ApplicationError(describe(exc), type=INFRASTRUCTURE)
+        # Benign: expected now and then, retried; the SDK logs it without a traceback.
+        return ApplicationError(
+            describe(exc), type=INFRASTRUCTURE, category=ApplicationErrorCategory.BENIGN
+        )
     return ApplicationError(describe(exc), type=type(exc).__name__, non_retryable=True)

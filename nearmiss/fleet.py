@@ -8,7 +8,9 @@ manifest is JSON: a list of ``{"spec": PATH, "candidate": PATH, "name": optional
 The fleet runs as a FleetWorkflow; this module starts it, draws a live table of the sessions in
 flight, and ends with a summary and the HTML report. Ctrl-C cancels the fleet (what finished is
 kept). A fleet whose command died resumes as soon as any worker runs: `nearmiss fleets FLEET
---follow` serves it from here and follows it to the end.
+--follow` serves it from here and follows it to the end. A command that loses Temporal waits for
+it (saying so in one line) for ``Settings.reconnect_s``; past that it gives up with
+``TemporalLost``, whose message says how to follow the fleet, which goes on regardless.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from kb.events import EventStore
+from kb.faults import describe, is_infrastructure_error
 from nearmiss.errors import UsageError
 from nearmiss.render import table
 from nearmiss.spec import load_spec
@@ -35,6 +38,7 @@ from workflows.loop import Guards
 from workflows.repair import TASK_QUEUE, Progress, RepairWorkflow
 
 POLL_S = 1.0
+RECONNECT_POLL_MAX_S = 10.0
 NOT_MEMBERS = {"spec.py", "golden.py", "__init__.py"}
 
 
@@ -79,20 +83,42 @@ def _from_manifest(path: Path) -> list[MemberFile]:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path} is not a JSON manifest: {exc}") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
     entries = data.get("members") if isinstance(data, dict) else data
     if not isinstance(entries, list) or not entries:
         raise UsageError(f'{path}: expected a non-empty list of {{"spec", "candidate"}} entries')
-    members = []
-    for number, entry in enumerate(entries, start=1):
-        if not isinstance(entry, dict) or not {"spec", "candidate"} <= entry.keys():
-            raise UsageError(f'{path}: entry {number} needs "spec" and "candidate"')
-        spec, candidate = (path.parent / entry["spec"], path.parent / entry["candidate"])
-        for role, file in (("spec", spec), ("candidate", candidate)):
-            if not file.is_file():
-                raise UsageError(f"{path}: entry {number}: {role} file not found: {file}")
-        name = entry.get("name") or f"{spec.parent.name}/{candidate.stem}"
-        members.append(MemberFile(str(name), spec, candidate))
-    return members
+    return [_manifest_member(path, number, entry) for number, entry in enumerate(entries, 1)]
+
+
+def _shown(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _manifest_member(path: Path, number: int, entry) -> MemberFile:
+    """One manifest entry as a member; UsageError naming the entry when it is malformed."""
+    where = f"{path}: entry {number}"
+    if not isinstance(entry, dict) or not {"spec", "candidate"} <= entry.keys():
+        raise UsageError(f'{where} needs "spec" and "candidate"')
+    files = {}
+    for role in ("spec", "candidate"):
+        value = entry[role]
+        if not isinstance(value, str) or not value.strip() or "\0" in value:
+            raise UsageError(f"{where}: {role} must be a file path (a string), not {_shown(value)}")
+        file = path.parent / value
+        try:
+            found = file.is_file()
+        except OSError as exc:
+            raise UsageError(f"{where}: {role} {value!r}: {exc.strerror or exc}") from exc
+        if not found:
+            raise UsageError(f"{where}: {role} file not found: {file}")
+        files[role] = file
+    name = entry.get("name")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise UsageError(f"{where}: name must be a non-empty string, not {_shown(name)}")
+    name = name or f"{files['spec'].parent.name}/{files['candidate'].stem}"
+    return MemberFile(name, files["spec"], files["candidate"])
 
 
 async def start_fleet(
@@ -189,35 +215,88 @@ def counts_line(progress: FleetProgress) -> str:
     )
 
 
-async def follow(client: Client, handle: WorkflowHandle, quiet: bool = False) -> FleetResult | None:
+class TemporalLost(Exception):
+    """Temporal stayed out of reach for longer than the command waits; the fleet goes on."""
+
+    def __init__(self, fleet_id: str, address: str, waited_s: float) -> None:
+        super().__init__(
+            f"lost Temporal at {address} for {waited_s:.0f} s; fleet {fleet_id} goes on without "
+            f"this command: follow it with `nearmiss fleets {fleet_id} --follow`"
+        )
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+async def wait_for_temporal(client: Client, handle: WorkflowHandle, error, reconnect_s: float):
+    """Temporal went away (``error``): say so once, then try again with backoff until it
+    answers; TemporalLost after ``reconnect_s``."""
+    address = client.service_client.config.target_host
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    _say(
+        f"lost Temporal at {address} ({describe(error)}); waiting up to {reconnect_s:.0f} s for "
+        f"it — fleet {handle.id} goes on regardless (`nearmiss fleets {handle.id} --follow`)"
+    )
+    delay = 1.0
+    while True:
+        try:
+            await handle.describe()
+        except Exception as exc:
+            if not is_infrastructure_error(exc):
+                raise
+        else:
+            _say(f"Temporal is back after {loop.time() - started:.0f} s")
+            return
+        if loop.time() + delay - started > reconnect_s:
+            raise TemporalLost(handle.id, address, loop.time() - started)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, RECONNECT_POLL_MAX_S)
+
+
+async def follow(
+    client: Client, handle: WorkflowHandle, quiet: bool = False, reconnect_s: float = 300.0
+) -> FleetResult | None:
     """Show progress until the fleet ends; the first Ctrl-C cancels it (the rest wait).
-    None when the fleet did not finish (cancelled): its events hold what did."""
+    None when the fleet did not finish (cancelled): its events hold what did. Rides out a
+    Temporal restart of up to ``reconnect_s``; TemporalLost beyond."""
     view = LiveView(client)
-    result_task = asyncio.ensure_future(handle.result())
     loop = asyncio.get_running_loop()
     cancelling = False
+
+    async def cancel_fleet() -> None:
+        try:
+            await handle.cancel()
+        except RPCError as exc:
+            _say(f"could not cancel the fleet: {describe(exc)}")
 
     def cancel() -> None:
         nonlocal cancelling
         if not cancelling:
             cancelling = True
             print("\ncancelling the fleet (finished sessions are kept)...", file=sys.stderr)
-            asyncio.ensure_future(handle.cancel())
+            asyncio.ensure_future(cancel_fleet())
 
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, cancel)
     try:
-        while not result_task.done():
-            if not quiet:
-                with contextlib.suppress(RPCError):
-                    await view.update(await handle.query(FleetWorkflow.progress))
-            await asyncio.wait({result_task}, timeout=POLL_S)
+        while True:
+            result_task = asyncio.ensure_future(handle.result())
+            while not result_task.done():
+                if not quiet:
+                    with contextlib.suppress(RPCError):
+                        await view.update(await handle.query(FleetWorkflow.progress))
+                await asyncio.wait({result_task}, timeout=POLL_S)
+            error = result_task.exception()
+            if error is None:
+                return result_task.result()
+            if not is_infrastructure_error(error):
+                return None  # the fleet failed or was cancelled
+            await wait_for_temporal(client, handle, error, reconnect_s)
     finally:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
-    with contextlib.suppress(Exception):
-        return result_task.result()
-    return None
 
 
 # --- reading fleets back from the event store ---------------------------------------------------

@@ -1,6 +1,9 @@
 """`nearmiss fleet DIR|MANIFEST` (run one) and `nearmiss fleets [FLEET]` (list, show, follow,
 cancel, report). The logic lives in ``nearmiss.fleet``; this module parses and prints, and
 imports the Temporal machinery only when a fleet command runs (every command builds its parser).
+Exit 0: the fleet ran to its end; 1: it did not (cancelled); 2: bad input; 3: Temporal or the
+database stayed out of reach longer than NEARMISS_RECONNECT_S — the fleet goes on, and one line
+says how to follow it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from nearmiss.render import table
 from nearmiss.settings import Settings
 
 EXIT_DONE, EXIT_NOT_DONE, EXIT_USAGE = 0, 1, 2
+EXIT_LOST = 3  # Temporal or the database stayed out of reach; the fleet itself goes on
 
 
 def add_parsers(commands) -> None:
@@ -78,14 +82,38 @@ def _print_summary(summary: dict, report: Path | None, as_json: bool) -> None:
         print(f"report: {report}")
 
 
+async def _out_of_reach(work, fleet: list[str]) -> int:
+    """``await work``; when Temporal or the database stays out of reach, one line (how to follow
+    the fleet, once ``fleet`` names it) and EXIT_LOST instead of a traceback."""
+    from kb.faults import describe, is_infrastructure_error
+    from nearmiss.fleet import TemporalLost
+
+    try:
+        return await work
+    except TemporalLost as exc:
+        _say(f"nearmiss: {exc}")
+    except Exception as exc:
+        if not is_infrastructure_error(exc):
+            raise
+        how = f"; fleet {fleet[0]} goes on: follow it with `nearmiss fleets {fleet[0]} --follow`"
+        _say(f"nearmiss: services out of reach ({describe(exc)}){how if fleet else ''}")
+    return EXIT_LOST
+
+
 async def run_fleet(args: argparse.Namespace) -> int:
     from activities.repair import make_fixer
-    from nearmiss.fleet import discover, fleet_summary, follow, start_fleet
-    from nearmiss.service import services
+    from nearmiss.fleet import discover
 
     files = discover(args.target)
     make_fixer(args.model)  # a bad --model is a usage error before anything starts
-    settings = Settings.from_env()
+    started: list[str] = []  # the fleet's id, once it runs
+    return await _out_of_reach(_run_fleet(args, files, Settings.from_env(), started), started)
+
+
+async def _run_fleet(args, files, settings: Settings, started: list[str]) -> int:
+    from nearmiss.fleet import fleet_summary, follow, start_fleet
+    from nearmiss.service import services
+
     async with services(settings, quiet=args.json) as (client, store):
         handle = await start_fleet(
             client,
@@ -96,8 +124,9 @@ async def run_fleet(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             use_kb=not args.no_kb,
         )
+        started.append(handle.id)
         _say(f"fleet {handle.id}: {len(files)} kernels, {args.model}, {args.concurrency} at a time")
-        await follow(client, handle, quiet=args.json)
+        await follow(client, handle, quiet=args.json, reconnect_s=settings.reconnect_s)
         summary = await fleet_summary(store, handle.id)
         report = await _write_report(store, summary, _report_dir(settings, handle.id, args.report))
     _print_summary(summary, report, args.json)
@@ -105,26 +134,40 @@ async def run_fleet(args: argparse.Namespace) -> int:
 
 
 async def run_fleets(args: argparse.Namespace) -> int:
-    from nearmiss.fleet import fleet_summary, follow
-
     settings = Settings.from_env()
     if args.fleet_id is None:
         return await _list(settings, args.json)
     if args.follow or args.cancel:
-        from nearmiss.service import services
+        return await _out_of_reach(_follow_fleet(args, settings), [args.fleet_id])
+    from nearmiss.fleet import fleet_summary
+    from nearmiss.kb_cli import open_event_store
 
-        async with services(settings, quiet=args.json) as (client, store):
-            if await fleet_summary(store, args.fleet_id) is None:
-                raise UsageError(f"no fleet {args.fleet_id}")
-            handle = client.get_workflow_handle(args.fleet_id)
-            if args.cancel:
-                await handle.cancel()
-            await follow(client, handle, quiet=args.json or args.cancel)
-            summary = await fleet_summary(store, args.fleet_id)
-            out = _report_dir(settings, args.fleet_id, args.report)
-            report = await _write_report(store, summary, out)
-        _print_summary(summary, report, args.json)
-        return EXIT_DONE if summary["state"] == "finished" else EXIT_NOT_DONE
+    async with open_event_store(settings) as store:
+        summary = await fleet_summary(store, args.fleet_id)
+        if summary is None:
+            raise UsageError(f"no fleet {args.fleet_id}")
+        report = await _write_report(store, summary, args.report) if args.report else None
+    _print_summary(summary, report, args.json)
+    return EXIT_DONE
+
+
+async def _follow_fleet(args: argparse.Namespace, settings: Settings) -> int:
+    from nearmiss.fleet import fleet_summary, follow
+    from nearmiss.service import services
+
+    async with services(settings, quiet=args.json) as (client, store):
+        if await fleet_summary(store, args.fleet_id) is None:
+            raise UsageError(f"no fleet {args.fleet_id}")
+        handle = client.get_workflow_handle(args.fleet_id)
+        if args.cancel:
+            await handle.cancel()
+        quiet = args.json or args.cancel
+        await follow(client, handle, quiet=quiet, reconnect_s=settings.reconnect_s)
+        summary = await fleet_summary(store, args.fleet_id)
+        out = _report_dir(settings, args.fleet_id, args.report)
+        report = await _write_report(store, summary, out)
+    _print_summary(summary, report, args.json)
+    return EXIT_DONE if summary["state"] == "finished" else EXIT_NOT_DONE
     from nearmiss.kb_cli import open_event_store
 
     async with open_event_store(settings) as store:

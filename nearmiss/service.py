@@ -12,6 +12,7 @@ import contextlib
 import difflib
 import gc
 import json
+import logging
 import signal
 import sys
 import uuid
@@ -23,6 +24,7 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError
 from temporalio.worker import (
     ActivityInboundInterceptor,
@@ -35,7 +37,7 @@ from activities.regenerate import RegenerateActivities
 from activities.repair import RepairActivities, make_fixer
 from infra.devstack import SEARCH_ATTRIBUTES, DevStack
 from kb.events import EventStore
-from kb.faults import as_activity_error, describe, is_infrastructure_error
+from kb.faults import INFRASTRUCTURE, as_activity_error, describe, is_infrastructure_error
 from kb.knowledge import load_seed
 from nearmiss.check import require_file
 from nearmiss.runner.scratch import sweep_orphans
@@ -46,13 +48,27 @@ from workflows.regenerate import RegenerateWorkflow
 from workflows.repair import TASK_QUEUE, Progress, RepairRequest, RepairResult, RepairWorkflow
 
 PROGRESS_POLL_S = 0.5
+_log = logging.getLogger("nearmiss.worker")
 
 
-async def connect(settings: Settings) -> Client:
+_QUIET_RUNTIME: list[Runtime] = []
+
+
+def quiet_runtime() -> Runtime:
+    """The SDK runtime of interactive commands: the SDK core's own warnings (every retried poll
+    while Temporal restarts) stay out of the terminal; the command says what matters itself."""
+    if not _QUIET_RUNTIME:
+        logging = LoggingConfig(filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))
+        _QUIET_RUNTIME.append(Runtime(telemetry=TelemetryConfig(logging=logging)))
+    return _QUIET_RUNTIME[0]
+
+
+async def connect(settings: Settings, runtime: Runtime | None = None) -> Client:
     client = await Client.connect(
         settings.temporal_address,
         namespace=settings.namespace,
         data_converter=pydantic_data_converter,
+        runtime=runtime,
     )
     await _ensure_search_attributes(client, settings.namespace)
     return client
@@ -77,9 +93,18 @@ class _ClassifiedFailures(ActivityInboundInterceptor):
         try:
             return await self.next.execute_activity(input)
         except Exception as exc:
-            failure = as_activity_error(exc, activity.info().attempt)
+            info = activity.info()
+            failure = as_activity_error(exc, info.attempt)
             if failure is exc:
                 raise
+            if getattr(failure, "type", None) == INFRASTRUCTURE:
+                _log.warning(
+                    "%s of %s, attempt %d: %s; Temporal tries it again",
+                    info.activity_type,
+                    info.workflow_id,
+                    info.attempt,
+                    failure.message,
+                )
             raise failure from exc
 
 
@@ -147,17 +172,24 @@ async def _follow(handle: WorkflowHandle, quiet: bool) -> RepairResult:
 
 @contextlib.asynccontextmanager
 async def services(settings: Settings, quiet: bool = False):
-    """(client, store) with a worker running; the embedded stack when nothing is configured."""
+    """(client, store) with a worker running; the embedded stack when nothing is configured.
+    Waits for each service (up to ``settings.reconnect_s``); the worker rides out a Temporal
+    restart."""
     stack = DevStack(settings.stack) if settings.embedded else contextlib.nullcontext()
     if settings.embedded and not quiet:
         _say(f"starting the embedded dev stack (Temporal + PostgreSQL) under {settings.stack.home}")
     with stack:
         sweep_scratch()
-        store = await EventStore.connect(settings.database_url)
+        store = await _open_store(settings)
         try:
             await load_seed(store)
-            client = await connect(settings)
-            async with build_worker(client, store):
+            client = await _when_up(
+                "Temporal",
+                settings.temporal_address,
+                settings,
+                lambda: connect(settings, quiet_runtime()),
+            )
+            async with serving(client, store, settings):
                 yield client, store
         finally:
             await store.close()
@@ -255,38 +287,86 @@ def _report(result: RepairResult, candidate: Path, final: str, out, as_json: boo
     return 0 if result.certified else 1
 
 
-async def _when_up(what: str, address: str, settings: Settings, attempt):
+async def _when_up(what: str, address: str, settings: Settings, attempt, stopping=None):
     """``await attempt()`` until the service answers, for up to ``settings.reconnect_s``,
-    saying once that it waits; the last error if it never does."""
-    deadline = asyncio.get_running_loop().time() + settings.reconnect_s
+    saying once that it waits; the last error if it never does. None once ``stopping`` is set."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.reconnect_s
     delay, said = 0.5, False
     while True:
         try:
             return await attempt()
         except Exception as exc:
-            if not is_infrastructure_error(exc):
-                raise
-            if asyncio.get_running_loop().time() + delay > deadline:
+            if not is_infrastructure_error(exc) or loop.time() + delay > deadline:
                 raise
             if not said:
                 _say(f"waiting for {what} at {address} ({describe(exc)})")
                 said = True
-        await asyncio.sleep(delay)
+        if stopping is None:
+            await asyncio.sleep(delay)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), delay)
+            if stopping.is_set():
+                return None
         delay = min(delay * 2, 10.0)
+
+
+async def _open_store(settings: Settings) -> EventStore:
+    where = "the embedded database" if settings.embedded_database else "the configured database"
+    return await _when_up(
+        "PostgreSQL", where, settings, lambda: EventStore.connect(settings.database_url)
+    )
+
+
+async def _serve(client: Client, store: EventStore, settings: Settings, stopping, current: list):
+    """Run a worker until ``stopping`` is set; one that loses Temporal is started again."""
+    while not stopping.is_set():
+        current.append(build_worker(client, store))
+        try:
+            await current[-1].run()
+        except Exception as exc:
+            if stopping.is_set() or not is_infrastructure_error(exc):
+                raise
+            _say(f"the worker lost Temporal ({describe(exc)}); starting it again")
+            health = client.service_client.check_health
+            await _when_up("Temporal", settings.temporal_address, settings, health, stopping)
+
+
+@contextlib.asynccontextmanager
+async def serving(client: Client, store: EventStore, settings: Settings):
+    """A worker in the background for the duration of the block (``_serve``); a worker that
+    fails for a reason other than the infrastructure cancels the block and is raised."""
+    stopping, current = asyncio.Event(), []
+    body = asyncio.current_task()
+
+    async def supervise() -> None:
+        try:
+            await _serve(client, store, settings, stopping, current)
+        except BaseException:
+            if not stopping.is_set():
+                body.cancel()
+            raise
+
+    task = asyncio.create_task(supervise())
+    try:
+        yield
+    finally:
+        stopping.set()
+        if current:
+            await current[-1].shutdown()
+        await asyncio.wait({task}, timeout=5.0)
+        task.cancel()  # (done by now, but for a worker that will not start again)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def run_worker(settings: Settings) -> int:
     """Serve repairs until interrupted (SIGINT/SIGTERM end it cleanly). Waits for its services at
-    start; rides out a Temporal restart (a worker that loses the server is started again)."""
+    start; rides out a Temporal restart."""
     sweep_scratch()
-    store = await _when_up(
-        "PostgreSQL",
-        "the configured database",
-        settings,
-        lambda: EventStore.connect(settings.database_url),
-    )
-    stopping = asyncio.Event()
-    current: list[Worker] = []
+    store = await _open_store(settings)
+    stopping, current = asyncio.Event(), []
 
     def stop() -> None:
         stopping.set()
@@ -302,17 +382,7 @@ async def run_worker(settings: Settings) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop)
         _say(f"worker on {settings.temporal_address}, task queue {TASK_QUEUE}")
-        while not stopping.is_set():
-            current.append(build_worker(client, store))
-            try:
-                await current[-1].run()
-            except Exception as exc:
-                if stopping.is_set() or not is_infrastructure_error(exc):
-                    raise
-                _say(f"worker lost Temporal ({describe(exc)}); starting it again")
-                await _when_up(
-                    "Temporal", settings.temporal_address, settings, lambda: connect(settings)
-                )
+        await _serve(client, store, settings, stopping, current)
     finally:
         await store.close()
     return 0

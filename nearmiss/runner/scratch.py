@@ -20,8 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-# The prefixes the engine's scratch directories use (checkouts, candidate and reference runs).
-KINDS = ("check", "candidate", "reference", "tool", "audit", "probe")
+# The prefixes the engine's scratch directories have used (checkouts, candidate, reference and
+# sandbox runs): what an ownerless directory must be named to be swept once old.
+KINDS = ("check", "candidate", "reference", "executor", "tool", "audit", "probe")
 _OWNED = re.compile(r"^nearmiss-(?P<kind>[a-z]+)-p(?P<pid>\d+)s(?P<start>\d+)b(?P<boot>[0-9a-f]+)-")
 _OWNERLESS = re.compile(rf"^nearmiss-(?:{'|'.join(KINDS)})-[a-z0-9_]+$")
 # An ownerless directory (made before owners were recorded) may belong to a live process; none
@@ -92,7 +93,7 @@ def sweep_orphans(root: Path | None = None) -> int:
             continue
         owned = _OWNED.match(entry.name)
         if owned is not None:
-            orphan = owned["kind"] in KINDS and not _owner_alive(owned, boot)
+            orphan = not _owner_alive(owned, boot)
         else:
             orphan = bool(_OWNERLESS.match(entry.name)) and now - info.st_mtime > OWNERLESS_AGE_S
         if orphan:
