@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 
+import asyncpg
 import pytest
 
-from kb.events import EventConflict, NewEvent, content_hash
+from kb.events import EventConflict, EventStore, NewEvent, content_hash
+from kb.faults import INFRASTRUCTURE, as_activity_error, is_infrastructure_error
 
 
 def stream() -> str:
@@ -70,3 +73,52 @@ async def test_blobs_are_stored_once_by_content_hash(store):
 def test_unknown_event_types_are_refused():
     with pytest.raises(ValueError, match="unknown event type"):
         NewEvent("SomethingHappened", {})
+
+
+async def test_a_checkout_lives_in_a_scratch_directory_that_names_its_owner_and_goes(store):
+    spec, candidate = await store.put_blob(b"SPEC = 1\n"), await store.put_blob(b"k = 2\n")
+    async with store.checkout(spec, candidate, "kernel.py", "check") as (spec_path, cand_path):
+        folder = spec_path.parent
+        assert cand_path.read_text() == "k = 2\n" and cand_path.parent == folder
+        assert folder.name.startswith(f"nearmiss-check-p{os.getpid()}s")
+    assert not folder.exists()
+
+
+async def test_the_database_going_away_is_the_infrastructure_and_a_bug_is_not(postgres_cluster):
+    from conftest import free_port
+
+    closed = postgres_cluster.rsplit("@", 1)[0] + f"@127.0.0.1:{free_port()}/nearmiss"
+    with pytest.raises(OSError) as refused:
+        await EventStore.connect(closed)
+    assert is_infrastructure_error(refused.value)
+    try:
+        raise RuntimeError("while storing") from refused.value
+    except RuntimeError as wrapped:
+        assert is_infrastructure_error(wrapped)  # raised from a refused connection
+    for bug in (KeyError("sha256:0"), EventConflict("v2"), TypeError("x"), FileNotFoundError(2)):
+        assert not is_infrastructure_error(bug)
+    assert is_infrastructure_error(asyncpg.CannotConnectNowError("starting up"))
+
+
+def test_activity_failures_are_sorted_retry_for_the_infrastructure_at_once_for_bugs():
+    from temporalio.exceptions import ApplicationError
+
+    from workflows.retries import INFRA_ATTEMPTS, OTHER_ATTEMPTS, infra_retry
+
+    infra = as_activity_error(ConnectionRefusedError(111, "Connect call failed"), attempt=7)
+    assert infra.type == INFRASTRUCTURE and not infra.non_retryable
+    bug = as_activity_error(KeyError("sha256:0"), attempt=1)
+    assert bug.type == "KeyError" and bug.non_retryable
+    chosen = ApplicationError("no", type="UsageError", non_retryable=True)
+    assert as_activity_error(chosen, attempt=1) is chosen
+    rate_limited = ApplicationError("429", type="FixerRetry")
+    assert as_activity_error(rate_limited, attempt=OTHER_ATTEMPTS - 1) is rate_limited
+    spent = as_activity_error(rate_limited, attempt=OTHER_ATTEMPTS)
+    assert spent.type == "FixerRetry" and spent.non_retryable
+    policy = infra_retry("UsageError")
+    waited = sum(
+        min(policy.initial_interval.total_seconds() * 2**i, policy.maximum_interval.seconds)
+        for i in range(INFRA_ATTEMPTS - 1)
+    )
+    assert policy.maximum_attempts == INFRA_ATTEMPTS and 600 <= waited <= 660  # ten minutes
+    assert policy.non_retryable_error_types == ["UsageError"]

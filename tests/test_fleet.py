@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -61,6 +62,33 @@ def test_a_manifest_resolves_paths_relative_to_itself_and_bad_ones_are_named(tmp
         discover(manifest)
     with pytest.raises(UsageError, match="not found"):
         discover(tmp_path / "missing")
+
+
+GOOD_ENTRY = {"spec": str(MATMUL.spec), "candidate": str(MATMUL.candidate)}
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"spec": 3}, "entry 2: spec must be a file path (a string), not 3"),
+        ({"candidate": ["a"]}, 'entry 2: candidate must be a file path (a string), not ["a"]'),
+        ({"spec": None}, "entry 2: spec must be a file path (a string), not null"),
+        ({"spec": "a\u0000b"}, "entry 2: spec must be a file path (a string), not 'a\\x00b'"),
+        ({"spec": " "}, "entry 2: spec must be a file path (a string), not ' '"),
+        ({"name": 7}, "entry 2: name must be a non-empty string, not 7"),
+        ("matmul/spec.py", 'entry 2 needs "spec" and "candidate"'),
+    ],
+)
+def test_a_malformed_manifest_entry_is_named_not_a_traceback(tmp_path, entry, message):
+    if isinstance(entry, dict):
+        entry = {**GOOD_ENTRY, **entry}
+    manifest = tmp_path / "fleet.json"
+    manifest.write_text(json.dumps([GOOD_ENTRY, entry]))
+    with pytest.raises(UsageError, match=re.escape(message)):
+        discover(manifest)
+    ran = run_cli("fleet", manifest, env=dict(os.environ, NEARMISS_HOME=str(tmp_path / "home")))
+    assert ran.returncode == 2, ran.stderr
+    assert ran.stderr.strip().splitlines() == [f"nearmiss: error: {manifest}: {message}"]
 
 
 async def test_a_fleet_runs_every_member_under_its_limit_and_continues_as_new(client, seeded_store):
