@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections import Counter
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout",
         type=positive(float),
         default=Limits.case_timeout_s,
-        help="seconds per case (default %(default)s)",
+        help="seconds per case (default %(default)s); also bounds the candidate's import and "
+        "the spec's work on each case, plus 30 s for starting Python and JAX",
     )
     check_cmd.add_argument(
         "--memory-mb",
@@ -223,6 +225,17 @@ def _run_async(command, args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     apply_sandbox_option(args)
+    try:
+        return _dispatch(args)
+    except BrokenPipeError:
+        # The reader went away (`nearmiss dev up | head -1`): the work is done, the rest of the
+        # output has nowhere to go. Point stdout at /dev/null so the exit flush cannot fail too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _dispatch(args) -> int:
     if args.command == "check":
         return run_check(args)
     if args.command == "corpus":

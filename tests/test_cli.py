@@ -185,3 +185,22 @@ def test_session_options_become_guards_and_bad_values_are_usage_errors(capsys):
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(["repair", "s", "c", "--tool-calls-per-round", "-1"])
     assert exit_.value.code == 2 and "must be 0 or more" in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly():
+    """`nearmiss ... | head -1`: no BrokenPipeError traceback once the reader has gone."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nearmiss.cli", "corpus", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    process.stdout.close()  # the reader is gone before the first line
+    _, stderr = process.communicate(timeout=120)
+    assert b"Traceback" not in stderr and b"BrokenPipe" not in stderr
+    assert process.returncode == 0
