@@ -241,3 +241,37 @@ def test_unsafe_no_sandbox_runs_candidates_unsandboxed_and_says_so(tmp_path):
     assert json.loads(result.stdout)["isolation"] == "none (unsafe)"
     warnings = [line for line in result.stderr.splitlines() if "WARNING" in line]
     assert warnings and "WITHOUT a sandbox" in warnings[0]
+
+
+HANGING_SPEC = """
+import jax
+from nearmiss.spec import Case, OpSpec
+
+
+def reference(x):
+    while True:  # a spec bug: the reference never returns
+        pass
+
+
+def make_inputs(case, key):
+    return (jax.random.normal(key, (8, 128)),)
+
+
+SPEC = OpSpec(name="hangs", category="other", reference=reference, make_inputs=make_inputs,
+              compact=[Case("base", {})])
+"""
+
+
+def test_the_timeout_bounds_the_candidates_import_and_the_specs_work(private_tmp, tmp_path):
+    limits = Limits(case_timeout_s=2, startup_allowance_s=3)
+    started = time.monotonic()
+    report = check(
+        SOFTMAX_SPEC, PLANTED / "hang_at_import.py", "compact", 1, limits, integrity="report"
+    )
+    assert [c.failure_class for c in report.cases] == ["timeout"]
+    assert "within 5 s" in report.cases[0].diagnosis
+    spec = tmp_path / "hanging_spec.py"
+    spec.write_text(HANGING_SPEC)
+    with pytest.raises(UsageError, match="the spec's child failed: no answer within 5 s"):
+        check(spec, OPS / "softmax_rows" / "golden.py", "compact", 1, limits)
+    assert time.monotonic() - started < 60

@@ -46,11 +46,28 @@ REQUEST_BINDS = {"nearmiss.runner.reference_child": {"spec": False, "workdir": T
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits for candidate code."""
+    """Resource limits for candidate code (and for the spec's child, which runs a user's spec).
 
-    case_timeout_s: float = 60.0  # one case: trace + compile + run
-    startup_timeout_s: float = 120.0  # interpreter, JAX and the candidate's import
+    ``case_timeout_s`` (``--timeout``) bounds everything a child does on the code's behalf: one
+    case's trace, compile and run; the candidate's import; the spec's work on one case. Starting
+    an interpreter and JAX is the engine's own cost, allowed ``startup_allowance_s`` on top.
+    """
+
+    case_timeout_s: float = 60.0
+    startup_timeout_s: float | None = None  # the candidate's import; default: derived as above
     memory_mb: int = 4096
+    startup_allowance_s: float = 30.0
+
+    @property
+    def import_timeout_s(self) -> float:
+        if self.startup_timeout_s is not None:
+            return self.startup_timeout_s
+        return self.case_timeout_s + self.startup_allowance_s
+
+    @property
+    def reference_timeout_s(self) -> float:
+        """How long the spec's child may take for one message (the first includes start-up)."""
+        return self.case_timeout_s + self.startup_allowance_s
 
 
 class ChildFailure(Exception):

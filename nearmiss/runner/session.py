@@ -30,8 +30,6 @@ from nearmiss.runner.sandbox import ChildFailure, ChildTimeout, Limits, SandboxC
 REFERENCE_MODULE = "nearmiss.runner.reference_child"
 CANDIDATE_MODULE = "nearmiss.runner.candidate_child"
 EXECUTOR_MODULE = "nearmiss.runner.executor_child"
-# The reference is engine-owned code; it gets a generous, fixed budget per case.
-REFERENCE_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -116,7 +114,7 @@ class _ReferenceFeed:
     def _pump(self) -> None:
         while True:
             try:
-                message = self.child.receive(REFERENCE_TIMEOUT_S)
+                message = self.child.receive(self.child.limits.reference_timeout_s)
             except ChildFailure as exc:
                 tail = f" — {exc.log_tail.splitlines()[-1]}" if exc.log_tail else ""
                 message = {
@@ -257,7 +255,7 @@ class _Executor(_Child):
 
     def wait_ready(self) -> None:
         assert self.child is not None
-        self.child.receive(self.limits.startup_timeout_s)  # "ready": engine code, no finding
+        self.child.receive(self.limits.import_timeout_s)  # "ready": engine code, no finding
         self.ready = True
 
     def run(self, raw: RawCase, artifact: Path, inputs: Path, probe_dirs: dict[int, Path]) -> None:
@@ -339,7 +337,7 @@ class _CandidateRunner(_Child):
     def wait_ready(self) -> None:
         assert self.child is not None
         try:
-            message = self.child.receive(self.limits.startup_timeout_s)
+            message = self.child.receive(self.limits.import_timeout_s)
         except ChildFailure as exc:
             self.import_problem = {
                 "failure": "timeout" if isinstance(exc, ChildTimeout) else "died",
