@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import functools
 import gc
 import json
 import logging
@@ -51,16 +52,13 @@ PROGRESS_POLL_S = 0.5
 _log = logging.getLogger("nearmiss.worker")
 
 
-_QUIET_RUNTIME: list[Runtime] = []
-
-
+@functools.cache
 def quiet_runtime() -> Runtime:
-    """The SDK runtime of interactive commands: the SDK core's own warnings (every retried poll
-    while Temporal restarts) stay out of the terminal; the command says what matters itself."""
-    if not _QUIET_RUNTIME:
-        logging = LoggingConfig(filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))
-        _QUIET_RUNTIME.append(Runtime(telemetry=TelemetryConfig(logging=logging)))
-    return _QUIET_RUNTIME[0]
+    """The SDK runtime of interactive commands (one per process): the SDK core's own warnings
+    (every retried poll while Temporal restarts) stay out of the terminal; the command says
+    what matters itself."""
+    errors_only = LoggingConfig(filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))
+    return Runtime(telemetry=TelemetryConfig(logging=errors_only))
 
 
 async def connect(settings: Settings, runtime: Runtime | None = None) -> Client:
