@@ -1,8 +1,9 @@
 """Sandbox child that runs the spec: inputs and reference outputs for every case.
 
-It never sees the candidate, so a candidate cannot tamper with the ground truth. For each case it
-writes ``inputs.npz`` and ``reference.npz`` under the engine's work directory and reports
-``case_ready``; anything wrong with the spec itself is reported as ``spec_error``.
+It never sees the candidate, so a candidate cannot tamper with the ground truth. It first draws
+every case's inputs (``inputs.npz``, reported as ``case_inputs`` with their shapes, so tracing can
+start), then computes each reference (``reference.npz``, reported as ``case_ready``) under the
+engine's work directory; anything wrong with the spec itself is reported as ``spec_error``.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def prepare(channel: Channel, request: dict) -> None:
     import jax
     import numpy as np
 
-    from nearmiss.runner.arrays import save_arrays
+    from nearmiss.runner.arrays import dtype_name, save_arrays
     from nearmiss.runner.selection import SelectionError, select_cases
     from nearmiss.spec import SpecError, load_spec
 
@@ -132,7 +133,10 @@ def prepare(channel: Channel, request: dict) -> None:
     workdir = Path(request["workdir"])
     integrity = bool(request.get("integrity"))
     parameters = parameter_names(spec)  # the signature once; a case may have fewer inputs
-    for position, (suite, case) in enumerate(cases):
+    # Every case's inputs first: a tracing child needs only their shapes and can start at once,
+    # while this child goes on to the references.
+    drawn = []
+    for suite, case in cases:
         label = f"{suite} case {case.name!r}"
         key = case_key(jax, request["seed"], suite, case.name)
         try:
@@ -151,6 +155,24 @@ def prepare(channel: Channel, request: dict) -> None:
                 f"(got {type(inputs).__name__}) on {label}",
             )
             return
+        case_dir = workdir / f"{suite}-{case.name}"
+        case_dir.mkdir(parents=True, exist_ok=True)
+        # The inputs carry their names: a probe's reference expressions refer to them by name.
+        names = input_names(parameters, len(arrays))
+        save_arrays(case_dir / "inputs.npz", arrays, {"names": names})
+        channel.send(
+            event="case_inputs",
+            suite=suite,
+            name=case.name,
+            dir=str(case_dir),
+            avals=[[list(a.shape), dtype_name(a.dtype)] for a in arrays],
+            inputs=[
+                f"{name}: {a.dtype.name}{list(a.shape)}"
+                for name, a in zip(names, arrays, strict=True)
+            ],
+        )
+        drawn.append((suite, case, label, key, inputs, arrays, case_dir))
+    for position, (suite, case, label, key, inputs, arrays, case_dir) in enumerate(drawn):
         started = time.perf_counter()
         try:
             reference = jax.block_until_ready(spec.reference(*inputs))
@@ -169,11 +191,6 @@ def prepare(channel: Channel, request: dict) -> None:
                 message=f"reference returned non-array values on {label}: {treedef}",
             )
             return
-        case_dir = workdir / f"{suite}-{case.name}"
-        case_dir.mkdir(parents=True, exist_ok=True)
-        # The inputs carry their names: a probe's reference expressions refer to them by name.
-        names = input_names(parameters, len(arrays))
-        save_arrays(case_dir / "inputs.npz", arrays, {"names": names})
         save_arrays(case_dir / "reference.npz", ref_arrays, {"treedef": str(treedef)})
         reference_s = time.perf_counter() - started
         work, probes = None, []
@@ -197,10 +214,6 @@ def prepare(channel: Channel, request: dict) -> None:
             reference_s=reference_s,
             reference_work=work,
             probes=probes,
-            inputs=[
-                f"{name}: {a.dtype.name}{list(a.shape)}"
-                for name, a in zip(names, arrays, strict=True)
-            ],
         )
     channel.send(event="done")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import queue
 import shutil
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +21,11 @@ from pydantic import ValidationError
 from nearmiss.errors import UsageError
 from nearmiss.integrity.audit import CALLBACK_PRIMITIVES
 from nearmiss.integrity.dynamic import ArtifactAudit, Probe
-from nearmiss.runner.arrays import dtype_name, load_arrays
-from nearmiss.runner.artifact import ARTIFACT_FILE
+from nearmiss.runner.arrays import load_arrays
+from nearmiss.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES
 from nearmiss.runner.candidate_child import CANDIDATE_ENV
 from nearmiss.runner.sandbox import ChildFailure, ChildTimeout, Limits, SandboxChild
+from nearmiss.runner.scratch import scratch_dir
 
 REFERENCE_MODULE = "nearmiss.runner.reference_child"
 CANDIDATE_MODULE = "nearmiss.runner.candidate_child"
@@ -190,7 +190,7 @@ class _Child:
     def start(self, files: tuple[Path, ...] = (), env: dict[str, str] | None = None) -> None:
         """Start the child in a fresh home holding copies of ``files``; ``env`` values may
         name paths in it as ``{home}``."""
-        home = Path(tempfile.mkdtemp(prefix=self.prefix))
+        home = scratch_dir(self.prefix)
         for path in files:
             shutil.copy(path, home / path.name)
         env = {name: value.format(home=home) for name, value in (env or {}).items()}
@@ -247,11 +247,41 @@ def _record_outputs(raw: RawCase, message: dict[str, Any], case_dir: Path) -> No
 
 
 class _Executor(_Child):
-    """Runs candidates' artifacts: engine code only, the candidate never imported."""
+    """Runs candidates' artifacts: engine code only, the candidate never imported.
+
+    It works on its own thread, a stage of a pipeline: while it runs one case's artifact the
+    candidate child exports the next and the spec's child computes references.
+    """
 
     def __init__(self, limits: Limits, platform: str) -> None:
         super().__init__(EXECUTOR_MODULE, "nearmiss-executor-", limits, platform)
         self.ready = False
+        self.work: queue.Queue[tuple[RawCase, Path, Path, dict[int, Path]] | None] = queue.Queue()
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def submit(self, raw: RawCase, artifact: Path, inputs: Path, probes: dict[int, Path]) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._serve, daemon=True)
+            self.thread.start()
+        self.work.put((raw, artifact, inputs, probes))
+
+    def finish(self) -> None:
+        """Wait until every submitted case has run; re-raise what the thread could not handle."""
+        if self.thread is not None:
+            self.work.put(None)
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            raise self.error
+
+    def _serve(self) -> None:
+        while (item := self.work.get()) is not None:
+            try:
+                self.run(*item)
+            except BaseException as exc:  # surfaced by finish(), in the caller's thread
+                self.error = exc
+                return
 
     def wait_ready(self) -> None:
         assert self.child is not None
@@ -299,12 +329,6 @@ def _copy_probes(case_dir: Path, probe_dirs: dict[int, Path]) -> list[dict[str, 
     return probes
 
 
-def _avals(inputs: Path) -> list[list[Any]]:
-    """[shape, dtype] of each input: all a tracing child learns about the case's data."""
-    arrays, _ = load_arrays(inputs)
-    return [[list(a.shape), dtype_name(a.dtype)] for a in arrays]
-
-
 class _CandidateRunner(_Child):
     """Keeps one candidate child alive across cases; replaces it after a timeout or crash.
 
@@ -314,19 +338,12 @@ class _CandidateRunner(_Child):
     """
 
     def __init__(
-        self,
-        candidate: Path,
-        limits: Limits,
-        platform: str,
-        entry: Entry,
-        executor: _Executor,
-        shown: Path,
+        self, candidate: Path, limits: Limits, platform: str, entry: Entry, shown: Path
     ) -> None:
         super().__init__(entry.module, "nearmiss-candidate-", limits, platform)
         self.candidate = candidate
         self.shown = shown  # the user's path, for messages
         self.entry = entry
-        self.executor = executor
         # Set when the candidate cannot even be imported: every case gets the same finding.
         self.import_problem: dict[str, Any] | None = None
 
@@ -360,38 +377,67 @@ class _CandidateRunner(_Child):
             }
             self.stop()
 
-    def run(self, raw: RawCase, inputs: Path, probe_dirs: dict[int, Path]) -> None:
+    def _available(self, raw: RawCase) -> bool:
+        """Start the child if needed; False (the import's finding put on ``raw``) if it cannot
+        even import the candidate."""
         if self.import_problem is None and self.child is None:
             self.start()
             self.wait_ready()
         if self.import_problem is not None:
             for name, value in self.import_problem.items():
                 setattr(raw, name, value)
-            return
+            return False
+        return True
+
+    def _answer(self, raw: RawCase, **request: Any) -> tuple[dict[str, Any], Path] | None:
+        if not self._available(raw):
+            return None
         case_dir = self.case_dir(raw)
-        if self.entry.artifact:
-            message = self.ask(raw, dir=str(case_dir), avals=_avals(inputs), **self.entry.request)
-        else:
-            shutil.copy(inputs, case_dir / "inputs.npz")
-            probes = _copy_probes(case_dir, probe_dirs)
-            message = self.ask(
-                raw, dir=str(case_dir), audit=raw.audited, probes=probes, **self.entry.request
-            )
+        message = self.ask(raw, dir=str(case_dir), **request, **self.entry.request)
         if message is None:
-            return
+            return None
         try:
             raw.geometry = _checked_geometry(message.get("geometry"))
             raw.compile_s = _seconds(message.get("compile_s"))
             raw.run_s = _seconds(message.get("run_s"))
-            if not self.entry.artifact:
-                _record_outputs(raw, message, case_dir)
-                return
-            artifact = self._artifact(raw, message, case_dir)
         except Exception as exc:
             self.unusable(raw, exc)
+            return None
+        return message, case_dir
+
+    def export(self, raw: RawCase, avals: list[list[Any]], keep: Path) -> Path | None:
+        """The case's artifact, exported by the child from the inputs' shapes alone and moved
+        at once to ``keep`` (out of the child's reach, and safe from its restarts); None with
+        the finding on ``raw`` when there is none."""
+        answer = self._answer(raw, avals=avals)
+        if answer is None:
+            return None
+        try:
+            artifact = self._artifact(raw, *answer)
+            if artifact is None:
+                return None
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(artifact, keep)
+            artifact.unlink()
+            return keep
+        except Exception as exc:
+            self.unusable(raw, exc)
+            return None
+
+    def run(self, raw: RawCase, inputs: Path, probe_dirs: dict[int, Path]) -> None:
+        """A tool's run: the child itself runs the case on its inputs (it never certifies)."""
+        if not self._available(raw):
             return
-        if artifact is not None:
-            self.executor.run(raw, artifact, inputs, probe_dirs)
+        case_dir = self.case_dir(raw)
+        shutil.copy(inputs, case_dir / "inputs.npz")
+        probes = _copy_probes(case_dir, probe_dirs)
+        answer = self._answer(raw, audit=raw.audited, probes=probes)
+        if answer is None:
+            return
+        try:
+            _record_outputs(raw, *answer)
+        except Exception as exc:
+            self.unusable(raw, exc)
 
     @staticmethod
     def _artifact(raw: RawCase, message: dict[str, Any], case_dir: Path) -> Path | None:
@@ -408,6 +454,8 @@ class _CandidateRunner(_Child):
         artifact = case_dir / ARTIFACT_FILE
         if artifact.is_symlink() or not artifact.is_file():
             raise ValueError("the child filed no artifact")
+        if artifact.stat().st_size > MAX_ARTIFACT_BYTES:
+            raise ValueError(f"an artifact of more than {MAX_ARTIFACT_BYTES} bytes")
         return artifact
 
 
@@ -436,7 +484,7 @@ def run_sandboxed(
     copy of the file taken now), never the path again, which could have changed since.
     """
     spec, candidate = spec.resolve(), candidate.resolve()
-    workdir = Path(tempfile.mkdtemp(prefix="nearmiss-reference-"))
+    workdir = scratch_dir("nearmiss-reference-")
     snapshot = workdir / "candidate" / candidate.name
     snapshot.parent.mkdir()
     if source is None:
@@ -446,7 +494,7 @@ def run_sandboxed(
     shown, candidate = candidate, snapshot
     reference = SandboxChild(REFERENCE_MODULE, workdir / "home", limits, platform)
     executor = _Executor(limits, platform)
-    runner = _CandidateRunner(candidate, limits, platform, entry, executor, shown)
+    runner = _CandidateRunner(candidate, limits, platform, entry, shown)
     feed: _ReferenceFeed | None = None
     try:
         reference.send(
@@ -466,19 +514,26 @@ def run_sandboxed(
         described = feed.next("spec")
         if execute:
             runner.wait_ready()
-        cases = []
+        cases, artifacts = [], []
+        # The spec's child files every case's inputs before any reference: the candidate child
+        # exports each case from its shapes while the references are computed.
         for item in described["cases"] if execute else []:
             atol, rtol = item.pop("tolerance")
-            info = CaseInfo(atol=atol, rtol=rtol, **item)
-            ready = feed.next("case_ready")
-            reference_arrays, extra = load_arrays(Path(ready["dir"]) / "reference.npz")
+            filed = feed.next("case_inputs")
             raw = RawCase(
-                info,
-                reference_arrays,
-                extra["treedef"],
-                inputs=list(ready.get("inputs", [])),
+                CaseInfo(atol=atol, rtol=rtol, **item),
+                reference=[],
+                reference_tree="",
+                inputs=list(filed.get("inputs", [])),
                 audited=audit,
             )
+            cases.append(raw)
+            keep = workdir / "artifacts" / f"{raw.info.key}.bin"
+            artifacts.append(runner.export(raw, filed["avals"], keep) if entry.artifact else None)
+        for raw, artifact in zip(cases, artifacts, strict=True):
+            ready = feed.next("case_ready")
+            raw.reference, extra = load_arrays(Path(ready["dir"]) / "reference.npz")
+            raw.reference_tree = extra["treedef"]
             probe_dirs = {}
             if audit:
                 raw.reference_work = ready.get("reference_work")
@@ -487,8 +542,12 @@ def run_sandboxed(
                     probe_ref, _ = load_arrays(probe_dir / "reference.npz")
                     raw.probes.append(Probe(probe["input"], probe_ref))
                     probe_dirs[probe["input"]] = probe_dir
-            runner.run(raw, Path(ready["dir"]) / "inputs.npz", probe_dirs)
-            cases.append(raw)
+            inputs = Path(ready["dir"]) / "inputs.npz"
+            if not entry.artifact:
+                runner.run(raw, inputs, probe_dirs)
+            elif artifact is not None:
+                executor.submit(raw, artifact, inputs, probe_dirs)
+        executor.finish()
         return RawRun(
             op=described["name"],
             category=described["category"],
@@ -499,6 +558,9 @@ def run_sandboxed(
         )
     finally:
         runner.stop()
+        executor.work.put(None)  # an early exit: let the thread end before its child goes
+        if executor.thread is not None:
+            executor.thread.join(timeout=60)
         executor.stop()
         if feed is not None:
             # The reference child may still be working (an early return or a usage error). Kill
