@@ -57,9 +57,9 @@ SESSIONS = {
 async def main() -> None:
     with tempfile.TemporaryDirectory() as home:
         config = private_stack(Path(home))
-        settings = Settings(config.temporal_address, config.dsn, True, config)
+        settings = Settings(config.temporal_address, config.connect_dsn, True, config)
         with DevStack(config):
-            store = await EventStore.connect(config.dsn)
+            store = await EventStore.connect(config.connect_dsn)
             await load_seed(store)
             client = await connect(settings)
             for name, (candidate, script, guards) in SESSIONS.items():
