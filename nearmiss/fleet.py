@@ -21,7 +21,7 @@ import json
 import signal
 import sys
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from temporalio.service import RPCError
 from kb.events import EventStore
 from kb.faults import describe, is_infrastructure_error
 from nearmiss.errors import UsageError
+from nearmiss.inputs import read_source
 from nearmiss.render import table
 from nearmiss.spec import load_spec
 from workflows.fleet import FleetMember, FleetProgress, FleetRequest, FleetResult, FleetWorkflow
@@ -47,6 +48,8 @@ class MemberFile:
     name: str
     spec: Path
     candidate: Path
+    # The fleet's directory (or its manifest's): symlinks may point anywhere inside it.
+    tree: Path | None = field(default=None, compare=False)
 
 
 def discover(target: Path) -> list[MemberFile]:
@@ -74,7 +77,7 @@ def _from_directory(root: Path) -> list[MemberFile]:
                 continue
             label = spec.parent.relative_to(root).as_posix()
             label = label if label != "." else spec.parent.name
-            members.append(MemberFile(f"{label}/{candidate.stem}", spec, candidate))
+            members.append(MemberFile(f"{label}/{candidate.stem}", spec, candidate, root))
     return members
 
 
@@ -108,17 +111,17 @@ def _manifest_member(path: Path, number: int, entry) -> MemberFile:
             raise UsageError(f"{where}: {role} must be a file path (a string), not {_shown(value)}")
         file = path.parent / value
         try:
-            found = file.is_file()
+            read_source(role, file, tree=path.parent)
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc}") from exc
         except OSError as exc:
             raise UsageError(f"{where}: {role} {value!r}: {exc.strerror or exc}") from exc
-        if not found:
-            raise UsageError(f"{where}: {role} file not found: {file}")
         files[role] = file
     name = entry.get("name")
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise UsageError(f"{where}: name must be a non-empty string, not {_shown(name)}")
     name = name or f"{files['spec'].parent.name}/{files['candidate'].stem}"
-    return MemberFile(name, files["spec"], files["candidate"])
+    return MemberFile(name, files["spec"], files["candidate"], path.parent)
 
 
 async def start_fleet(
@@ -143,8 +146,11 @@ async def start_fleet(
             FleetMember(
                 name=f.name,
                 kernel=kernels[f.spec],
-                spec_hash=await store.put_blob(f.spec.read_bytes()),
-                candidate_hash=await store.put_blob(f.candidate.read_bytes()),
+                # What is stored is the text read_source admits, never raw bytes of a path.
+                spec_hash=await store.put_blob(read_source("spec", f.spec, tree=f.tree).encode()),
+                candidate_hash=await store.put_blob(
+                    read_source("candidate", f.candidate, tree=f.tree).encode()
+                ),
                 candidate_name=f.candidate.name,
             )
         )

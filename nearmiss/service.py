@@ -41,6 +41,7 @@ from kb.events import EventStore
 from kb.faults import INFRASTRUCTURE, as_activity_error, describe, is_infrastructure_error
 from kb.knowledge import load_seed
 from nearmiss.check import require_file
+from nearmiss.inputs import read_source
 from nearmiss.runner.scratch import sweep_orphans
 from nearmiss.settings import Settings
 from workflows.fleet import FleetWorkflow
@@ -209,8 +210,9 @@ async def start_session(
 
     op = load_spec(spec).name
     request = RepairRequest(
-        spec_hash=await store.put_blob(spec.read_bytes()),
-        candidate_hash=await store.put_blob(candidate.read_bytes()),
+        # What is stored is the text read_source admits, never raw bytes of a path.
+        spec_hash=await store.put_blob(read_source("spec", spec).encode()),
+        candidate_hash=await store.put_blob(read_source("candidate", candidate).encode()),
         candidate_name=candidate.name,
         kernel=op,
         model=model,
@@ -247,7 +249,7 @@ async def repair(
 
 
 def _report(result: RepairResult, candidate: Path, final: str, out, as_json: bool) -> int:
-    original = candidate.read_text()
+    original = read_source("candidate", candidate)
     diff = "".join(
         difflib.unified_diff(
             original.splitlines(keepends=True),

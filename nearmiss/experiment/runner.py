@@ -21,6 +21,7 @@ from temporalio.client import Client, WorkflowFailureError
 from kb.events import EventStore, NewEvent
 from nearmiss.experiment.audit import AuditTarget, run_audits
 from nearmiss.experiment.config import ARMS, Arm, ExperimentConfig, NearMiss
+from nearmiss.inputs import read_source
 from workflows.models import TokenUsage
 from workflows.regenerate import RegenerateRequest, RegenerateWorkflow
 from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
@@ -64,15 +65,15 @@ async def upload(store: EventStore, jobs: list[Job]) -> None:
     """Store each spec and candidate the jobs need once, by hash, and give the jobs the hashes."""
     hashes: dict[Path, str] = {}
 
-    async def put(path: Path) -> str:
-        if path not in hashes:
-            hashes[path] = await store.put_blob(path.read_bytes())
+    async def put(role: str, path: Path) -> str:
+        if path not in hashes:  # the text read_source admits, never raw bytes of a path
+            hashes[path] = await store.put_blob(read_source(role, path).encode())
         return hashes[path]
 
     for job in jobs:
-        job.spec_hash = await put(job.near_miss.spec)
+        job.spec_hash = await put("spec", job.near_miss.spec)
         if job.arm.kind == "debug":
-            job.candidate_hash = await put(job.near_miss.candidate)
+            job.candidate_hash = await put("candidate", job.near_miss.candidate)
 
 
 def _request(config: ExperimentConfig, job: Job):
