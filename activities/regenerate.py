@@ -22,6 +22,7 @@ from activities.fixers.edits import EditError, full_file, summary_line
 from activities.fixers.openai_fixer import complete, make_client, prompt_text
 from activities.repair import stored_outcome, with_heartbeats
 from kb.events import EventStore
+from nearmiss.inputs import parse_source
 from workflows.models import FixResult, is_chat_model
 from workflows.regenerate import GeneratedKernel, GenerateInput
 
@@ -32,7 +33,7 @@ def spec_fields(spec_source: str) -> dict[str, str]:
     Read from the source so the worker never imports the spec (nor JAX) to write a prompt.
     """
     try:
-        tree = ast.parse(spec_source)
+        tree = parse_source(spec_source)
     except SyntaxError:
         return {}
     for node in ast.walk(tree):

@@ -17,9 +17,10 @@ for the next prompt; garbage in never crashes.
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass
+
+from nearmiss.inputs import parse_source
 
 _SEARCH = re.compile(r"^\s*<{5,9}\s*SEARCH\s*$")
 _DIVIDER = re.compile(r"^\s*={5,9}\s*$")
@@ -149,7 +150,7 @@ def full_file(answer: str) -> str:
 def check_result(source: str, result: str) -> str:
     """``result`` when it parses as Python and differs from ``source``; else an EditError."""
     try:
-        ast.parse(result)
+        parse_source(result)
     except SyntaxError as exc:
         where = f"line {exc.lineno}" if exc.lineno else "unknown line"
         text = (exc.text or "").strip()

@@ -10,7 +10,6 @@ summarises — it never certifies anything, and its result never enters a verdic
 
 from __future__ import annotations
 
-import ast
 import tempfile
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import numpy as np
 from nearmiss.check import binds_kernel, case_result, require_file
 from nearmiss.errors import UsageError
 from nearmiss.forensics.compare import compare_leaf
+from nearmiss.inputs import parse_source
 from nearmiss.integrity.static import static_violations
 from nearmiss.models import Violation
 from nearmiss.runner.session import Entry, Limits, RawCase
@@ -51,7 +51,7 @@ def admit_probe(source: str, reference: dict[str, str]) -> list[Violation]:
         if len(expression) > MAX_EXPRESSION_CHARS:
             raise Refused(f"reference {name!r} is longer than {MAX_EXPRESSION_CHARS} characters")
         try:
-            ast.parse(expression, mode="eval")
+            parse_source(expression, mode="eval")
         except SyntaxError as exc:
             raise Refused(f"reference {name!r} is not one Python expression: {exc.msg}") from exc
         violations += static_violations(expression, f"reference[{name}]")

@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from nearmiss.inputs import parse_source
 from workflows.models import Evidence
 
 # ----------------------------------------------------------------------------------------------
@@ -93,7 +94,7 @@ class _Module:
 
 def _module(source: str) -> _Module | None:
     try:
-        tree = ast.parse(source)
+        tree = parse_source(source)
     except SyntaxError:
         return None
     np_names, pl_names = {"jax.numpy"}, {"jax.experimental.pallas"}
