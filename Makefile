@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup sandbox demo test lint clean
+.PHONY: setup sandbox demo test test-fast lint clean
 
 setup: $(STAMP) sandbox
 
@@ -29,6 +29,15 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n 2 --durations=15
+
+# The engine's own tests: no Temporal, no PostgreSQL, no corpus sweep.
+FAST_TESTS := tests/test_integrity_static.py tests/test_integrity_dynamic.py tests/test_inputs.py \
+	tests/test_forgeries.py tests/test_loop.py tests/test_edits.py tests/test_spec.py \
+	tests/test_forensics.py tests/test_heatmap.py tests/test_agent_conversation.py tests/test_cli.py
+
+test-fast: setup
+	$(BIN)/ruff check .
+	$(BIN)/pytest -n 2 $(FAST_TESTS)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -1,6 +1,7 @@
 """How much does `check` cost on top of the work itself?
 
-For a few bundled kernels, times a full sandboxed ``check`` (two child processes, JAX start-up,
+For a few bundled kernels, times a full sandboxed ``check`` (three bubblewrap children: the
+spec's, the tracing candidate's and the artifact executor; JAX start-up,
 file exchange, forensics) against the intrinsic cost: the same reference + compile + run of every
 case in one warm in-process loop (JAX imported, caches cleared so compilation is counted).
 Prints the ratio; no target is set yet.
