@@ -88,17 +88,19 @@ def export_traced(jitted: Any, avals: list[Any]) -> bytes:
 # -- the executor child's side --------------------------------------------------------------------
 
 
-def load_artifact(path: Path, inputs: list[Any]) -> Any:
-    """The deserialized ``Exported``, checked against the case and this process's platform;
-    ArtifactRejected otherwise."""
-    import numpy as np
-    from jax import export
-
+def read_artifact(path: Path) -> bytes:
     size = path.stat().st_size
     if size > MAX_ARTIFACT_BYTES:
         raise ArtifactRejected(f"the artifact is {size} bytes (at most {MAX_ARTIFACT_BYTES})")
+    return path.read_bytes()
+
+
+def load_artifact(data: bytes) -> Any:
+    """The deserialized ``Exported`` for this process's platform; ArtifactRejected otherwise."""
+    from jax import export
+
     try:
-        exported = export.deserialize(bytearray(path.read_bytes()))
+        exported = export.deserialize(bytearray(data))
     except Exception as exc:  # a forged or corrupt file: whatever the parser says
         raise ArtifactRejected(f"the artifact does not deserialize: {type(exc).__name__}") from exc
     platform = export.default_export_platform()
@@ -106,11 +108,17 @@ def load_artifact(path: Path, inputs: list[Any]) -> Any:
         raise ArtifactRejected(f"the artifact is for {exported.platforms}, not {platform}")
     if exported.nr_devices != 1 or exported.ordered_effects or exported.unordered_effects:
         raise ArtifactRejected("the artifact needs several devices or has side effects")
+    return exported
+
+
+def check_signature(exported: Any, inputs: list[Any]) -> None:
+    """The artifact must take exactly the case's inputs (shapes and dtypes)."""
+    import numpy as np
+
     expected = [(tuple(a.shape), np.dtype(a.dtype)) for a in inputs]
     actual = [(tuple(a.shape), np.dtype(a.dtype)) for a in exported.in_avals]
     if expected != actual:
         raise ArtifactRejected(f"the artifact takes {actual}, the case gives {expected}")
-    return exported
 
 
 def refuse_unrunnable(module: Any) -> None:

@@ -89,12 +89,19 @@ def traced_callbacks(jaxpr) -> list[str]:
     )
 
 
+# Exports by input shapes: cases with the same shapes get the same artifact, as a jit cache
+# would give them the same executable.
+_EXPORTED: dict[str, tuple[list, list[str], bytes]] = {}
+
+
 def export_case(kernel, request: dict) -> dict:
     """Trace the kernel on the case's shapes and export it to ``artifact.bin`` in the case dir.
 
     The executor child runs the artifact; nothing here produces an output. Timings and the
     kernel geometry are hints for forensics, never evidence.
     """
+    import json
+
     import jax
 
     from nearmiss.runner.artifact import ARTIFACT_FILE, export_traced
@@ -103,17 +110,22 @@ def export_case(kernel, request: dict) -> dict:
     phase = "trace"
     started = time.perf_counter()
     try:
-        avals = avals_of(request)
-        jitted = jax.jit(kernel)
-        traced = jitted.trace(*avals)
-        try:
-            result["geometry"] = kernel_geometry(traced.jaxpr)
-        except Exception:  # geometry is a forensic hint; never fail a case over it
-            result["geometry"] = []
-        result["callbacks"] = traced_callbacks(traced.jaxpr.jaxpr)
-        phase = "compile"
-        artifact = export_traced(jitted, avals)
+        key = json.dumps(request["avals"])
+        if key not in _EXPORTED:
+            avals = avals_of(request)
+            jitted = jax.jit(kernel)
+            traced = jitted.trace(*avals)
+            try:
+                geometry = kernel_geometry(traced.jaxpr)
+            except Exception:  # geometry is a forensic hint; never fail a case over it
+                geometry = []
+            callbacks = traced_callbacks(traced.jaxpr.jaxpr)
+            result.update(geometry=geometry, callbacks=callbacks)
+            phase = "compile"
+            _EXPORTED[key] = (geometry, callbacks, export_traced(jitted, avals))
+        geometry, callbacks, artifact = _EXPORTED[key]
         (Path(request["dir"]) / ARTIFACT_FILE).write_bytes(artifact)
+        result.update(geometry=geometry, callbacks=callbacks)
         result["compile_s"] = time.perf_counter() - started
         result.update(ok=True)
     except (Exception, SystemExit) as exc:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import queue
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -249,25 +251,26 @@ def _record_outputs(raw: RawCase, message: dict[str, Any], case_dir: Path) -> No
 class _Executor(_Child):
     """Runs candidates' artifacts: engine code only, the candidate never imported.
 
-    It works on its own thread, a stage of a pipeline: while it runs one case's artifact the
-    candidate child exports the next and the spec's child computes references.
+    It works on its own thread, a stage of a pipeline: it runs a case as soon as its artifact
+    and inputs exist, while the candidate child exports the next and the spec's child computes
+    references; the input-independence probes follow once their references are drawn.
     """
 
     def __init__(self, limits: Limits, platform: str) -> None:
         super().__init__(EXECUTOR_MODULE, "nearmiss-executor-", limits, platform)
         self.ready = False
-        self.work: queue.Queue[tuple[RawCase, Path, Path, dict[int, Path]] | None] = queue.Queue()
+        self.work: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
-    def submit(self, raw: RawCase, artifact: Path, inputs: Path, probes: dict[int, Path]) -> None:
+    def submit(self, job: Callable[[], None]) -> None:
         if self.thread is None:
             self.thread = threading.Thread(target=self._serve, daemon=True)
             self.thread.start()
-        self.work.put((raw, artifact, inputs, probes))
+        self.work.put(job)
 
     def finish(self) -> None:
-        """Wait until every submitted case has run; re-raise what the thread could not handle."""
+        """Wait until every submitted job has run; re-raise what the thread could not handle."""
         if self.thread is not None:
             self.work.put(None)
             self.thread.join()
@@ -276,34 +279,41 @@ class _Executor(_Child):
             raise self.error
 
     def _serve(self) -> None:
-        while (item := self.work.get()) is not None:
+        while (job := self.work.get()) is not None:
             try:
-                self.run(*item)
+                job()
             except BaseException as exc:  # surfaced by finish(), in the caller's thread
                 self.error = exc
                 return
 
-    def wait_ready(self) -> None:
-        assert self.child is not None
-        self.child.receive(self.limits.import_timeout_s)  # "ready": engine code, no finding
-        self.ready = True
-
-    def run(self, raw: RawCase, artifact: Path, inputs: Path, probe_dirs: dict[int, Path]) -> None:
+    def _started(self) -> str:
+        """'' once the child is up, else why it could not start."""
         if self.child is None:
             self.start()
-        if not self.ready:
-            try:
-                self.wait_ready()
-            except ChildFailure as exc:
-                raw.failure, raw.failure_detail = "died", f"the executor did not start: {exc}"
-                raw.log_tail = exc.log_tail
-                self.stop()
-                return
+        if self.ready:
+            return ""
+        assert self.child is not None
+        try:
+            self.child.receive(self.limits.import_timeout_s)  # "ready": engine code, no finding
+        except ChildFailure as exc:
+            self.stop()
+            return f"the executor did not start: {exc}"
+        self.ready = True
+        return ""
+
+    def _stage(self, raw: RawCase, artifact: Path, inputs: Path) -> Path:
         case_dir = self.case_dir(raw)
         shutil.copy(artifact, case_dir / ARTIFACT_FILE)
         shutil.copy(inputs, case_dir / "inputs.npz")
-        probes = _copy_probes(case_dir, probe_dirs)
-        message = self.ask(raw, dir=str(case_dir), audit=raw.audited, probes=probes)
+        return case_dir
+
+    def run(self, raw: RawCase, artifact: Path, inputs: Path) -> None:
+        problem = self._started()
+        if problem:
+            raw.failure, raw.failure_detail = "died", problem
+            return
+        case_dir = self._stage(raw, artifact, inputs)
+        message = self.ask(raw, dir=str(case_dir), audit=raw.audited, probes=[])
         if message is None:
             return
         try:
@@ -314,6 +324,27 @@ class _Executor(_Child):
             _record_outputs(raw, message, case_dir)
         except Exception as exc:
             self.unusable(raw, exc)
+
+    def probe(self, raw: RawCase, artifact: Path, inputs: Path, probe_dirs: dict[int, Path]):
+        """The artifact on the probe inputs. A probe left unanswered (the child failed, or
+        answered nonsense) is judged by the engine as the kernel giving no output."""
+        if raw.outputs is None or self._started():
+            return
+        assert self.child is not None
+        case_dir = self._stage(raw, artifact, inputs)
+        probes = _copy_probes(case_dir, probe_dirs)
+        try:
+            self.child.send(cmd="probe", suite=raw.info.suite, name=raw.info.name, probes=probes)
+            message = self.child.receive(self.limits.case_timeout_s)
+            done = message.get("probes_done")
+            if message["event"] != "probes_done" or not _int_list(done):
+                raise ValueError(f"unexpected message {message['event']!r}")
+            for probe in raw.probes:
+                if probe.input in done:
+                    path = case_dir / f"probe-{probe.input}" / "output.npz"
+                    probe.outputs, _ = load_arrays(path)
+        except (ChildFailure, ValueError, OSError, KeyError):
+            self.stop()
 
     def stop(self) -> None:
         super().stop()
@@ -528,8 +559,14 @@ def run_sandboxed(
                 audited=audit,
             )
             cases.append(raw)
-            keep = workdir / "artifacts" / f"{raw.info.key}.bin"
-            artifacts.append(runner.export(raw, filed["avals"], keep) if entry.artifact else None)
+            artifact = None
+            if entry.artifact:
+                keep = workdir / "artifacts" / f"{raw.info.key}.bin"
+                artifact = runner.export(raw, filed["avals"], keep)
+                if artifact is not None:  # runs at once: an artifact needs no reference
+                    inputs = Path(filed["dir"]) / "inputs.npz"
+                    executor.submit(partial(executor.run, raw, artifact, inputs))
+            artifacts.append(artifact)
         for raw, artifact in zip(cases, artifacts, strict=True):
             ready = feed.next("case_ready")
             raw.reference, extra = load_arrays(Path(ready["dir"]) / "reference.npz")
@@ -545,8 +582,8 @@ def run_sandboxed(
             inputs = Path(ready["dir"]) / "inputs.npz"
             if not entry.artifact:
                 runner.run(raw, inputs, probe_dirs)
-            elif artifact is not None:
-                executor.submit(raw, artifact, inputs, probe_dirs)
+            elif artifact is not None and probe_dirs:
+                executor.submit(partial(executor.probe, raw, artifact, inputs, probe_dirs))
         executor.finish()
         return RawRun(
             op=described["name"],
