@@ -540,11 +540,11 @@ def run_sandboxed(
         feed = _ReferenceFeed(reference)
         if execute:
             runner.start()  # overlaps the candidates's JAX import with the reference's work
-            if entry.artifact:
-                executor.start()
         described = feed.next("spec")
         if execute:
             runner.wait_ready()
+            if entry.artifact:  # now, not with the others: three JAX start-ups on two cores
+                executor.start()  # would slow all three; the first artifact is a while off
         cases, artifacts = [], []
         # The spec's child files every case's inputs before any reference: the candidate child
         # exports each case from its shapes while the references are computed.
