@@ -50,7 +50,7 @@ def softmax_spec() -> Path:
 
 SWEEP_KINDS = {
     "test_golden_certifies": "goldens certified",
-    "test_variant_fails_with_its_label": "variants failing with their labelled class",
+    "test_playbook_over_the_corpus": "variants failing with their labelled class (then repaired)",
     "test_integrity_case": "integrity cases (cheats rejected with their rule, honest clean)",
 }
 
@@ -60,7 +60,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
     tally: dict[str, list[int]] = {}
     for outcome in ("passed", "failed"):
         for report in terminalreporter.stats.get(outcome, []):
-            if report.when != "call" or "test_corpus_sweep.py::" not in report.nodeid:
+            swept = ("test_corpus_sweep.py::", "test_playbook.py::test_playbook_over_the_corpus")
+            if report.when != "call" or not any(part in report.nodeid for part in swept):
                 continue
             name = report.nodeid.split("::", 1)[1].split("[", 1)[0]
             counts = tally.setdefault(name, [0, 0])

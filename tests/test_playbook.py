@@ -15,6 +15,7 @@ from activities.fixers.playbook import RECIPES, PlaybookFixer
 from nearmiss.check import check
 from nearmiss.models import FAILURE_CLASSES
 from pallas_ops.catalog import operators
+from pallas_ops.verify import first_failing_suite
 from workflows.models import Evidence, FixRequest
 
 HEADER = """import functools
@@ -887,8 +888,13 @@ def test_expected_repairs_name_corpus_variants():
 
 @pytest.mark.parametrize(("op", "variant"), VARIANTS, ids=[variant_id(op, v) for op, v in VARIANTS])
 async def test_playbook_over_the_corpus(op, variant, tmp_path: Path, record_property):
+    # The corpus sweep's check of this variant: its labelled class on its labelled suite, and
+    # a bug, not a cheat. Then the playbook repairs it from that evidence.
     report = check(op.spec, variant.path, seed=0)
     assert not report.certified
+    got = (report.failure_class, first_failing_suite(report))
+    assert got == (variant.failure_class, variant.fails_on), report.diagnosis
+    assert report.integrity.ok, report.integrity.violations
     source, tried, steps = variant.path.read_text(), [], []
     fixer, candidate = PlaybookFixer(), tmp_path / variant.path.name
     for round_ in range(1, ROUNDS + 1):
