@@ -168,15 +168,6 @@ async def _follow_fleet(args: argparse.Namespace, settings: Settings) -> int:
         report = await _write_report(store, summary, out)
     _print_summary(summary, report, args.json)
     return EXIT_DONE if summary["state"] == "finished" else EXIT_NOT_DONE
-    from nearmiss.kb_cli import open_event_store
-
-    async with open_event_store(settings) as store:
-        summary = await fleet_summary(store, args.fleet_id)
-        if summary is None:
-            raise UsageError(f"no fleet {args.fleet_id}")
-        report = await _write_report(store, summary, args.report) if args.report else None
-    _print_summary(summary, report, args.json)
-    return EXIT_DONE
 
 
 async def _list(settings: Settings, as_json: bool) -> int:

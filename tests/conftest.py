@@ -77,6 +77,19 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.write_line(f"accuracy: {right}/{total} = {right / total:.1%}")
 
 
+def processes_under(folder: Path) -> list[int]:
+    """PIDs whose working directory lies under ``folder``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/cwd").startswith(str(folder)):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
 def free_port() -> int:
     import socket
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SOFTMAX_SPEC, run_cli
+from conftest import ROOT, SOFTMAX_SPEC, processes_under, run_cli
 from nearmiss.check import check
 from nearmiss.models import CheckReport
 from nearmiss.runner import environment
@@ -70,18 +70,6 @@ def said(report: CheckReport) -> dict[str, str]:
 
 def canary() -> str:
     return f"nearmiss-canary-{secrets.token_hex(8)}"
-
-
-def processes_under(folder: Path) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.readlink(f"/proc/{entry}/cwd").startswith(str(folder)):
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 def test_files_planted_outside_the_sandbox_never_reach_the_host(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import OPS, PLANTED, SOFTMAX_SPEC, check_json, run_cli
+from conftest import OPS, PLANTED, SOFTMAX_SPEC, check_json, processes_under, run_cli
 from nearmiss.check import check
 from nearmiss.errors import UsageError
 from nearmiss.runner.environment import UNSAFE_ENV, child_environment, isolation_level
@@ -22,19 +22,6 @@ def private_tmp(tmp_path, monkeypatch) -> Path:
     """Sandbox homes go under tmp_path, so a test can see whether anything was left behind."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     return tmp_path
-
-
-def processes_under(folder: Path) -> list[int]:
-    """PIDs whose working directory lies under ``folder``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.readlink(f"/proc/{entry}/cwd").startswith(str(folder)):
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 def compact(candidate: str, **limits) -> tuple:
