@@ -319,10 +319,8 @@ class _Walker:
 
     # -- the walk ------------------------------------------------------------------------------
     def _arg_of(self, value: Any) -> int | None:
-        ir = _ir()
-        if isinstance(value.owner, ir.Block) and value.owner == self._block:
-            return ir.BlockArgument(value).arg_number
-        return None
+        """The argument number when ``value`` is an argument of the function being walked."""
+        return _block_arg(value, self._block)
 
     def walk_function(self, name: str, times: int | None, inputs: dict[int, int], depth: int):
         function = self.functions[name]
