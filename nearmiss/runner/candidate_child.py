@@ -133,43 +133,6 @@ def export_case(kernel, request: dict) -> dict:
     return result
 
 
-def changed_inputs(args, originals) -> list[int]:
-    """Indices of inputs whose bytes differ after the call (or that the call consumed)."""
-    import numpy as np
-
-    changed = []
-    for index, (arg, original) in enumerate(zip(args, originals, strict=True)):
-        try:
-            same = np.asarray(arg).tobytes() == original.tobytes()
-        except Exception:  # a deleted (donated) buffer cannot be read back
-            same = False
-        if not same:
-            changed.append(index)
-    return changed
-
-
-def run_probes(compiled, probes: list[dict]) -> list[int]:
-    """Run the compiled kernel on the probe inputs (one input re-drawn each); return those done."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from nearmiss.runner.arrays import load_arrays, save_arrays
-
-    done = []
-    for probe in probes:
-        probe_dir = Path(probe["dir"])
-        try:
-            inputs, _ = load_arrays(probe_dir / "inputs.npz")
-            output = jax.block_until_ready(compiled(*[jnp.asarray(a) for a in inputs]))
-            leaves = jax.tree_util.tree_leaves(output)
-            save_arrays(probe_dir / "output.npz", [np.asarray(leaf) for leaf in leaves])
-        except Exception:  # an unanswered probe is judged by the engine
-            continue
-        done.append(probe["input"])
-    return done
-
-
 def serve(entry: str, run, *, interpret: bool = True, label_kernels: bool = False) -> None:
     """The life of a child that runs untrusted code: import the file, find its ``entry``
     function, then answer each ``run`` request with ``run(function, request)``.

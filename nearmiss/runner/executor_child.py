@@ -34,6 +34,43 @@ def _audit(module, exported) -> tuple[dict | None, str]:
         return None, f"{type(exc).__name__}: {exc}"[:200]
 
 
+def changed_inputs(args, originals) -> list[int]:
+    """Indices of inputs whose bytes differ after the call (or that the call consumed)."""
+    import numpy as np
+
+    changed = []
+    for index, (arg, original) in enumerate(zip(args, originals, strict=True)):
+        try:
+            same = np.asarray(arg).tobytes() == original.tobytes()
+        except Exception:  # a deleted (donated) buffer cannot be read back
+            same = False
+        if not same:
+            changed.append(index)
+    return changed
+
+
+def run_probes(compiled, probes: list[dict]) -> list[int]:
+    """Run the compiled kernel on the probe inputs (one input re-drawn each); return those done."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from nearmiss.runner.arrays import load_arrays, save_arrays
+
+    done = []
+    for probe in probes:
+        probe_dir = Path(probe["dir"])
+        try:
+            inputs, _ = load_arrays(probe_dir / "inputs.npz")
+            output = jax.block_until_ready(compiled(*[jnp.asarray(a) for a in inputs]))
+            leaves = jax.tree_util.tree_leaves(output)
+            save_arrays(probe_dir / "output.npz", [np.asarray(leaf) for leaf in leaves])
+        except Exception:  # an unanswered probe is judged by the engine
+            continue
+        done.append(probe["input"])
+    return done
+
+
 class _Prepared:
     """An artifact deserialized, audited, vetted and compiled: cases with the same artifact
     (the same shapes) reuse it, as a jit cache would."""
@@ -65,7 +102,6 @@ def run_artifact(request: dict) -> dict:
     import numpy as np
 
     from nearmiss.runner.arrays import load_arrays, save_arrays
-    from nearmiss.runner.candidate_child import changed_inputs, run_probes
 
     case_dir = Path(request["dir"])
     result: dict = {"event": "case_done", "suite": request["suite"], "name": request["name"]}
@@ -108,7 +144,6 @@ def probe_artifact(request: dict) -> dict:
     import jax.numpy as jnp
 
     from nearmiss.runner.arrays import load_arrays
-    from nearmiss.runner.candidate_child import run_probes
 
     result: dict = {"event": "probes_done", "suite": request["suite"], "name": request["name"]}
     try:
