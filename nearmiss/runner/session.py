@@ -189,14 +189,20 @@ class _Child:
         self.platform = platform
         self.child: SandboxChild | None = None
 
-    def start(self, files: tuple[Path, ...] = (), env: dict[str, str] | None = None) -> None:
-        """Start the child in a fresh home holding copies of ``files``; ``env`` values may
-        name paths in it as ``{home}``."""
+    def start(self) -> None:
+        """Start the child in a fresh home holding copies of ``files()``."""
         home = scratch_dir(self.prefix)
-        for path in files:
+        for path in self.files():
             shutil.copy(path, home / path.name)
-        env = {name: value.format(home=home) for name, value in (env or {}).items()}
+        env = self.environment(home)
         self.child = SandboxChild(self.module, home, self.limits, self.platform, extra_env=env)
+
+    def files(self) -> tuple[Path, ...]:
+        return ()
+
+    def environment(self, home: Path) -> dict[str, str]:
+        """Variables the child needs beyond the sandbox's own, given its home."""
+        return {}
 
     def case_dir(self, raw: RawCase) -> Path:
         assert self.child is not None
@@ -302,9 +308,12 @@ class _Executor(_Child):
         return ""
 
     def _stage(self, raw: RawCase, artifact: Path, inputs: Path) -> Path:
+        """The case's directory in this child's home, holding its artifact and inputs (already
+        there when this child ran the case, before its probes)."""
         case_dir = self.case_dir(raw)
-        shutil.copy(artifact, case_dir / ARTIFACT_FILE)
-        shutil.copy(inputs, case_dir / "inputs.npz")
+        if not (case_dir / ARTIFACT_FILE).is_file():
+            shutil.copy(artifact, case_dir / ARTIFACT_FILE)
+            shutil.copy(inputs, case_dir / "inputs.npz")
         return case_dir
 
     def run(self, raw: RawCase, artifact: Path, inputs: Path) -> None:
@@ -378,9 +387,11 @@ class _CandidateRunner(_Child):
         # Set when the candidate cannot even be imported: every case gets the same finding.
         self.import_problem: dict[str, Any] | None = None
 
-    def start(self) -> None:  # type: ignore[override]
-        candidate = "{home}/" + self.candidate.name.replace("{", "{{").replace("}", "}}")
-        super().start(files=(self.candidate,), env={CANDIDATE_ENV: candidate})
+    def files(self) -> tuple[Path, ...]:
+        return (self.candidate,)
+
+    def environment(self, home: Path) -> dict[str, str]:
+        return {CANDIDATE_ENV: str(home / self.candidate.name)}
 
     def wait_ready(self) -> None:
         assert self.child is not None
