@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 BR, BC = 8, 128
 
@@ -32,5 +33,5 @@ def kernel(x):
         in_specs=[pl.BlockSpec((BR, BC), lambda i, j: (i, j))],
         out_specs=pl.BlockSpec((BR, BC), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        scratch_shapes=[pl.ANY((BR, 1), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((BR, 1), jnp.float32)],
     )(x)

@@ -4,6 +4,7 @@ including earlier blocks, so a block forgets every maximum seen before the previ
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 BR, BC = 8, 128
 
@@ -33,5 +34,5 @@ def kernel(x):
         in_specs=[pl.BlockSpec((BR, BC), lambda i, j: (i, j))],
         out_specs=pl.BlockSpec((BR, BC), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        scratch_shapes=[pl.ANY((BR, 1), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((BR, 1), jnp.float32)],
     )(x)
