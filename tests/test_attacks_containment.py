@@ -27,6 +27,7 @@ from nearmiss.check import check
 from nearmiss.models import CheckReport
 from nearmiss.runner import environment
 from nearmiss.runner.candidate_child import CANDIDATE_ENV
+from nearmiss.runner.compile_cache import reference_cache_dir
 from nearmiss.runner.sandbox import Limits, SandboxChild
 
 ATTACKS = Path(__file__).resolve().parent / "attacks"
@@ -81,6 +82,8 @@ def test_files_planted_outside_the_sandbox_never_reach_the_host(tmp_path):
         "engine": str(environment.PACKAGE_DIR / f"planted_{token}.py"),  # the engine's package
         "home": str(ROOT / ".nearmiss" / f"planted-{token}"),  # the default NEARMISS_HOME
         "etc": f"/etc/nearmiss-planted-{token}",
+        # The spec's child's compilation cache: writable for it, never seen by candidates.
+        "cache": str(reference_cache_dir() / f"planted-{token}"),
     }
     planted = [Path(p) for path in targets.values() for p in (path, path + ".sh")]
     try:

@@ -262,3 +262,17 @@ def test_the_timeout_bounds_the_candidates_import_and_the_specs_work(private_tmp
     with pytest.raises(UsageError, match="the spec's child failed: no answer within 5 s"):
         check(spec, OPS / "softmax_rows" / "golden.py", "compact", 1, limits)
     assert time.monotonic() - started < 60
+
+
+def test_the_specs_child_keeps_its_compiled_programs_for_the_next_check(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("NEARMISS_CACHE_DIR", str(cache))
+    first = check(SOFTMAX_SPEC, OPS / "softmax_rows" / "golden.py", "compact", 0)
+    stored = sorted(p.name for p in (cache / "jax-reference").iterdir())
+    assert first.certified
+    assert any(name.endswith("-cache") for name in stored), stored  # JAX's entries
+    again = check(SOFTMAX_SPEC, OPS / "softmax_rows" / "golden.py", "compact", 0)
+    assert again.certified
+    assert again.cases[0].leaves == first.cases[0].leaves  # same inputs, same numbers
+    monkeypatch.setenv("NEARMISS_CACHE_DIR", "off")
+    assert check(SOFTMAX_SPEC, OPS / "softmax_rows" / "golden.py", "compact", 0).certified

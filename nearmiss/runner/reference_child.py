@@ -102,6 +102,10 @@ def prepare(channel: Channel, request: dict) -> None:
     from nearmiss.runner.selection import SelectionError, select_cases
     from nearmiss.spec import SpecError, load_spec
 
+    if request.get("cache"):
+        from nearmiss.runner.compile_cache import enable_persistent_cache
+
+        enable_persistent_cache(jax, request["cache"])
     try:
         spec = load_spec(request["spec"])
         cases = select_cases(spec, request["suite"], request.get("select"))

@@ -41,7 +41,9 @@ POLL_S = 0.05
 TRUSTED_MODULES = frozenset({"nearmiss.runner.reference_child"})
 # A child that learns from its first request which host paths it needs: it starts with that
 # request, seeing those fields' paths read-only (False) or writable (True).
-REQUEST_BINDS = {"nearmiss.runner.reference_child": {"spec": False, "workdir": True}}
+REQUEST_BINDS = {
+    "nearmiss.runner.reference_child": {"spec": False, "workdir": True, "cache": True},
+}
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,11 @@ class SandboxChild:
         env[MEMORY_ENV] = str(self.limits.memory_mb)
         # XLA on CPU works under an address-space limit; CUDA reserves huge virtual ranges.
         env[ADDRESS_LIMIT_ENV] = "1" if self.platform_hint == "cpu" else "0"
+        if self.platform_hint == "cpu":
+            # Only the CPU backend: JAX would otherwise also start every accelerator plugin it
+            # finds (libtpu, installed for compile-only TPU targets, aborts in the sandbox and
+            # costs half a second where it does not).
+            env.setdefault("JAX_PLATFORMS", "cpu")
         argv = [sys.executable, "-m", self.module]
         pass_fds = list(self._child_ends)
         seccomp_fd = None

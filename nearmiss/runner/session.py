@@ -26,6 +26,7 @@ from nearmiss.integrity.dynamic import ArtifactAudit, Probe
 from nearmiss.runner.arrays import load_arrays
 from nearmiss.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES
 from nearmiss.runner.candidate_child import CANDIDATE_ENV
+from nearmiss.runner.compile_cache import reference_cache_dir
 from nearmiss.runner.sandbox import ChildFailure, ChildTimeout, Limits, SandboxChild
 from nearmiss.runner.scratch import scratch_dir
 
@@ -547,6 +548,7 @@ def run_sandboxed(
             workdir=str(workdir / "cases"),
             integrity=audit,
             select=select,
+            cache=str(reference_cache_dir() or ""),
         )
         feed = _ReferenceFeed(reference)
         if execute:
