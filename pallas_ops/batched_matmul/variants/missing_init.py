@@ -7,7 +7,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-BM, BN, BK = 64, 64, 128
+# TPU blocks: the last two dims a multiple of (8, 128) — (16, 128) for bfloat16 — or the
+# array's whole dim; min() takes the whole dim of an array smaller than one block
+# (K keeps BK: its ragged tail is masked).
+BM, BN, BK = 128, 128, 128
 
 
 def _bmm_body(a_ref, b_ref, o_ref, *, k_size):
@@ -25,13 +28,14 @@ def _bmm_body(a_ref, b_ref, o_ref, *, k_size):
 def kernel(a, b):
     bsz, m, k = a.shape
     n = b.shape[2]
+    bm, bn = min(BM, m), min(BN, n)
     return pl.pallas_call(
         functools.partial(_bmm_body, k_size=k),
-        grid=(bsz, pl.cdiv(m, BM), pl.cdiv(n, BN), pl.cdiv(k, BK)),
+        grid=(bsz, pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, BK)),
         in_specs=[
-            pl.BlockSpec((1, BM, BK), lambda bi, i, j, kk: (bi, i, kk)),
-            pl.BlockSpec((1, BK, BN), lambda bi, i, j, kk: (bi, kk, j)),
+            pl.BlockSpec((1, bm, BK), lambda bi, i, j, kk: (bi, i, kk)),
+            pl.BlockSpec((1, BK, bn), lambda bi, i, j, kk: (bi, kk, j)),
         ],
-        out_specs=pl.BlockSpec((1, BM, BN), lambda bi, i, j, kk: (bi, i, j)),
+        out_specs=pl.BlockSpec((1, bm, bn), lambda bi, i, j, kk: (bi, i, j)),
         out_shape=jax.ShapeDtypeStruct((bsz, m, n), jnp.float32),
     )(a, b)
