@@ -7,7 +7,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-BM, BN, BK = 64, 64, 128
+# TPU blocks: the last two dims a multiple of (8, 128) — (16, 128) for bfloat16 — or the
+# array's whole dim; min() takes the whole dim of an array smaller than one block
+# (K keeps BK: its ragged tail is masked).
+BM, BN, BK = 128, 128, 128
 
 
 def _matmul_bias_relu_body(a_ref, b_ref, bias_ref, o_ref, *, k_size):
@@ -33,14 +36,15 @@ def _matmul_bias_relu_body(a_ref, b_ref, bias_ref, o_ref, *, k_size):
 def kernel(a, b, bias):
     m, k = a.shape
     n = b.shape[1]
+    bm, bn = min(BM, m), min(BN, n)
     return pl.pallas_call(
         functools.partial(_matmul_bias_relu_body, k_size=k),
-        grid=(pl.cdiv(m, BM), pl.cdiv(n, BN), pl.cdiv(k, BK)),
+        grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, BK)),
         in_specs=[
-            pl.BlockSpec((BM, BK), lambda i, j, kk: (i, kk)),
-            pl.BlockSpec((BK, BN), lambda i, j, kk: (kk, j)),
-            pl.BlockSpec((1, BN), lambda i, j, kk: (0, i)),
+            pl.BlockSpec((bm, BK), lambda i, j, kk: (i, kk)),
+            pl.BlockSpec((BK, bn), lambda i, j, kk: (kk, j)),
+            pl.BlockSpec((1, bn), lambda i, j, kk: (0, i)),
         ],
-        out_specs=pl.BlockSpec((BM, BN), lambda i, j, kk: (i, j)),
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
     )(a, b, bias.reshape(1, n))
