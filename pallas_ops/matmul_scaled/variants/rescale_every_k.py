@@ -6,7 +6,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-BM, BN, BK = 64, 64, 128
+# TPU blocks: the last two dims a multiple of (8, 128) — (16, 128) for bfloat16 — or the
+# array's whole dim; min() takes the whole dim of an array smaller than one block.
+BM, BN, BK = 128, 128, 128
 
 
 def _matmul_scaled_body(a_ref, b_ref, s_ref, o_ref):
@@ -24,14 +26,15 @@ def _matmul_scaled_body(a_ref, b_ref, s_ref, o_ref):
 def kernel(a, b, scale):
     m, k = a.shape
     n = b.shape[1]
+    bm, bn, bk = min(BM, m), min(BN, n), min(BK, k)
     return pl.pallas_call(
         _matmul_scaled_body,
-        grid=(pl.cdiv(m, BM), pl.cdiv(n, BN), pl.cdiv(k, BK)),
+        grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)),
         in_specs=[
-            pl.BlockSpec((BM, BK), lambda i, j, kk: (i, kk)),
-            pl.BlockSpec((BK, BN), lambda i, j, kk: (kk, j)),
+            pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+            pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
             pl.BlockSpec((1, 1), lambda i, j, kk: (0, 0)),
         ],
-        out_specs=pl.BlockSpec((BM, BN), lambda i, j, kk: (i, j)),
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
     )(a, b, scale.reshape(1, 1))
