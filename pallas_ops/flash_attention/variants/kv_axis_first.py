@@ -10,6 +10,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 BQ, BK = 32, 32
 MASK_VALUE = -1e30
@@ -63,8 +64,8 @@ def kernel(q, k, v):
         out_specs=pl.BlockSpec((None, BQ, dim), lambda h, j, i: (h, i, 0)),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         scratch_shapes=[
-            pl.MemorySpace.ANY((BQ, 1), jnp.float32),
-            pl.MemorySpace.ANY((BQ, 1), jnp.float32),
-            pl.MemorySpace.ANY((BQ, dim), jnp.float32),
+            pltpu.VMEM((BQ, 1), jnp.float32),
+            pltpu.VMEM((BQ, 1), jnp.float32),
+            pltpu.VMEM((BQ, dim), jnp.float32),
         ],
     )(q, k, v)
