@@ -36,7 +36,7 @@ def _causal_flash_body(q_ref, k_ref, v_ref, o_ref, *, seq_len):
         return m_new, l_new, acc_new
 
     # Only KV blocks that start at or before this query block's last row contribute.
-    num_kv = jnp.minimum(((qi + 1) * BQ + BK - 1) // BK, k_ref.shape[0] // BK)
+    num_kv = jnp.minimum(pl.cdiv((qi + 1) * BQ, BK), k_ref.shape[0] // BK)
     init = (
         jnp.full((BQ, 1), -jnp.inf, jnp.float32),
         jnp.zeros((BQ, 1), jnp.float32),
