@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+# TPU blocks are 2-D, their last two dims a multiple of (8, 128) or the array's whole dim:
+# x travels as a (K, 1) column and y as an (M, 1) column.
 BM, BK = 64, 128
 
 
@@ -30,13 +32,14 @@ def _matvec_body(a_ref, x_ref, o_ref, *, k_size):
 
 def kernel(a, x):
     m, k = a.shape
-    return pl.pallas_call(
+    y = pl.pallas_call(
         functools.partial(_matvec_body, k_size=k),
         grid=(pl.cdiv(m, BM), pl.cdiv(k, BK)),
         in_specs=[
             pl.BlockSpec((BM, BK), lambda i, kk: (i, kk)),
-            pl.BlockSpec((BK,), lambda i, kk: (kk,)),
+            pl.BlockSpec((BK, 1), lambda i, kk: (kk, 0)),
         ],
-        out_specs=pl.BlockSpec((BM,), lambda i, kk: (i,)),
-        out_shape=jax.ShapeDtypeStruct((m,), jnp.float32),
-    )(a, x)
+        out_specs=pl.BlockSpec((BM, 1), lambda i, kk: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
+    )(a, x.reshape(k, 1))
+    return y.reshape(m)
