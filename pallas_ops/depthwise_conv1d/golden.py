@@ -9,11 +9,14 @@ BL, BC = 32, 128
 
 def _dwconv_body(x_ref, w_ref, o_ref):
     taps = w_ref.shape[0]
-    start = pl.program_id(0) * BL
+    start = pl.multiple_of(pl.program_id(0) * BL, BL)
     w = w_ref[...].astype(jnp.float32)
+    # One aligned load of the block's BL + K - 1 halo rows, upcast once: packed bf16 rows cannot
+    # be loaded from the unaligned dynamic offsets start + k.
+    xw = x_ref[pl.ds(start, BL + taps - 1), :].astype(jnp.float32)
     acc = jnp.zeros((BL, BC), jnp.float32)
     for k in range(taps):
-        acc += x_ref[pl.ds(start + k, BL), :].astype(jnp.float32) * w[k : k + 1, :]
+        acc += xw[k : k + BL, :] * w[k : k + 1, :]
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
