@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+# TPU blocks are 2-D, their last two dims a multiple of (8, 128) or the array's whole dim:
+# one variance per row leaves as an (R, 1) column.
 BLOCK_R = 8
 
 
@@ -12,15 +14,16 @@ def _variance_body(x_ref, o_ref):
     n = x.shape[-1]
     mean = jnp.sum(x, axis=-1, keepdims=True) / n
     centred = x - mean
-    o_ref[...] = (jnp.sum(centred * centred, axis=-1) / n).astype(o_ref.dtype)
+    o_ref[...] = (jnp.sum(centred * centred, axis=-1, keepdims=True) / n).astype(o_ref.dtype)
 
 
 def kernel(x):
     rows, cols = x.shape
-    return pl.pallas_call(
+    var = pl.pallas_call(
         _variance_body,
         grid=(pl.cdiv(rows, BLOCK_R),),
         in_specs=[pl.BlockSpec((BLOCK_R, cols), lambda i: (i, 0))],
-        out_specs=pl.BlockSpec((BLOCK_R,), lambda i: (i,)),
-        out_shape=jax.ShapeDtypeStruct((rows,), x.dtype),
+        out_specs=pl.BlockSpec((BLOCK_R, 1), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((rows, 1), x.dtype),
     )(x)
+    return var.reshape(rows)
