@@ -25,9 +25,18 @@ from nearmiss.forensics.errors import crash_evidence, headline, summarise_error
 from nearmiss.forensics.localise import localise
 from nearmiss.inputs import parse_source, read_source
 from nearmiss.integrity.gate import MODES, blocks_execution, judge, static_violations
-from nearmiss.models import CaseResult, CheckReport, ErrorInfo, IntegrityReport, Violation
+from nearmiss.models import (
+    CaseResult,
+    CheckReport,
+    ErrorInfo,
+    IntegrityReport,
+    TargetResult,
+    Violation,
+)
 from nearmiss.runner.environment import isolation_level
-from nearmiss.runner.session import Limits, RawCase, run_sandboxed
+from nearmiss.runner.session import Limits, RawCase, RawRun, run_sandboxed
+from nearmiss.runner.target_plan import plan_targets
+from nearmiss.targets.verdict import judge_target
 
 SUITES = ("compact", "extended", "all")
 
@@ -176,12 +185,14 @@ def check(
     seed: int | None = None,
     limits: Limits | None = None,
     integrity: str = "enforce",
+    targets: tuple[str, ...] | None = None,
 ) -> CheckReport:
     """Run the spec's ``suite`` on the candidate in the sandbox and return the full report.
 
     ``integrity`` is the gate's mode (see ``nearmiss.integrity.gate``). Raises UsageError
     (one-line reason) for unusable input; a candidate that fails to import, compile or run is a
-    finding in the report, never an exception.
+    finding in the report, never an exception. ``targets`` (default: the spec's, else
+    interpret): certified means right numbers *and* every target accepts the kernel.
     """
     started = time.perf_counter()
     spec, candidate = Path(spec), Path(candidate)
@@ -202,11 +213,16 @@ def check(
         audit=integrity != "off",
         execute=execute,
         source=source,
+        targets=targets,
     )
     verdict = judge(static, raw.cases, integrity)
     cases = [case_result(r, candidate.name) for r in raw.cases]
     refine_unstable(cases)
-    classes = ranked_classes([c.failure_class for c in cases if c.failure_class])
+    on_targets = target_results(raw) if execute else {}
+    classes = ranked_classes(
+        [c.failure_class for c in cases if c.failure_class]
+        + [t.failure_class for t in on_targets.values() if t.failure_class]
+    )
     primary = classes[0] if classes else None
     compact = [c.passed for c in cases if c.suite == "compact"]
     extended = [c.passed for c in cases if c.suite == "extended"]
@@ -222,14 +238,40 @@ def check(
         isolation=isolation_level(),
         certified=bool(cases)
         and all(c.passed for c in cases)
+        and all(t.ok for t in on_targets.values())
         and (verdict.ok or integrity != "enforce"),
         failure_class=primary,
         failure_classes=classes,
         integrity=verdict,
         cases=cases,
         diagnosis=integrity_note(verdict, execute)
+        + target_note(on_targets)
         + (describe_run(cases, primary) if execute else ""),
         compact_passed=all(compact) if compact else None,
         extended_passed=all(extended) if extended else None,
         wall_s=time.perf_counter() - started,
+        targets=on_targets,
     )
+
+
+def target_results(raw: RawRun) -> dict[str, TargetResult]:
+    """Each target's verdict, from what the executor gathered per case."""
+    results = {}
+    for plan in plan_targets(raw.targets):
+        cases = [
+            {"key": r.info.key, "exported": plan.target in r.targets}
+            | r.targets.get(plan.target, {})
+            | {"lowered": r.lowered.get(plan.structure) if plan.structure else None}
+            for r in raw.cases
+        ]
+        results[plan.target] = judge_target(
+            plan.target, plan.verified_by, plan.structure, plan.compile, cases
+        )
+    return results
+
+
+def target_note(results: dict[str, TargetResult]) -> str:
+    """What the targets refused, first: a kernel its target refuses is not certified however
+    right its numbers."""
+    refused = [t.error or "; ".join(t.undetermined) for t in results.values() if not t.ok]
+    return "".join(f"{text.rstrip('.')}. " for text in refused)

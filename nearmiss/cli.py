@@ -25,6 +25,7 @@ from nearmiss.integrity.gate import MODES
 from nearmiss.render import render_report, table
 from nearmiss.report import cli as report_cli
 from nearmiss.runner.session import Limits
+from nearmiss.targets.registry import TARGETS, parse_targets
 
 EXIT_CERTIFIED, EXIT_NOT_CERTIFIED, EXIT_USAGE = 0, 1, 2
 
@@ -56,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive(int),
         default=Limits.memory_mb,
         help="memory limit of candidate code (default %(default)s)",
+    )
+    check_cmd.add_argument(
+        "--target",
+        metavar="LIST",
+        help="where the kernel must be right, a comma list of "
+        + ", ".join(TARGETS)
+        + " (default: the spec's targets, else interpret)",
     )
     check_cmd.add_argument(
         "--integrity",
@@ -119,8 +127,15 @@ def _indented_json(text: str) -> str:
 def run_check(args: argparse.Namespace) -> int:
     limits = Limits(case_timeout_s=args.timeout, memory_mb=args.memory_mb)
     try:
+        targets = parse_targets(args.target) if args.target is not None else None
         report = check(
-            args.spec, args.candidate, args.suite, args.seed, limits, integrity=args.integrity
+            args.spec,
+            args.candidate,
+            args.suite,
+            args.seed,
+            limits,
+            integrity=args.integrity,
+            targets=targets,
         )
     except UsageError as exc:
         print(f"nearmiss: error: {exc}", file=sys.stderr)

@@ -6,7 +6,7 @@ These are the `nearmiss check --json` contract (DESIGN.md): ``certified``, ``fai
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
@@ -15,6 +15,7 @@ FailureClass = Literal[
     "runtime_error",
     "timeout",
     "shape_mismatch",
+    "grid_race",
     "nan_inf",
     "boundary",
     "unstable",
@@ -30,6 +31,7 @@ FAILURE_PRIORITY: tuple[str, ...] = (
     "runtime_error",
     "timeout",
     "shape_mismatch",
+    "grid_race",
     "wrong_values",
     "nan_inf",
     "boundary",
@@ -167,6 +169,19 @@ class IntegrityReport(BaseModel):
     audited_cases: int = 0
 
 
+class TargetResult(BaseModel):
+    """Whether one target accepts the kernel (``nearmiss.targets``), and on what evidence."""
+
+    ok: bool
+    verified_by: str  # what stands behind ``ok``, in words
+    failure_class: FailureClass | None = None
+    error: str | None = None  # trimmed, with the candidate's line where the compiler gave one
+    compile_s: float | None = None  # the target compiler's seconds, all cases together
+    memory: dict[str, int] = Field(default_factory=dict)  # the largest case's figures
+    findings: list[dict[str, Any]] = Field(default_factory=list)  # grid semantics
+    undetermined: list[str] = Field(default_factory=list)  # what could not be verified
+
+
 class CheckReport(BaseModel):
     """Everything `nearmiss check` concludes about a candidate."""
 
@@ -188,3 +203,4 @@ class CheckReport(BaseModel):
     compact_passed: bool | None = None
     extended_passed: bool | None = None
     wall_s: float = 0.0
+    targets: dict[str, TargetResult] = Field(default_factory=dict)

@@ -31,6 +31,22 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _target_lines(report: CheckReport) -> list[str]:
+    """Per target: accepted or not, and what stands behind that."""
+    lines = []
+    for name, target in report.targets.items():
+        state = "ok" if target.ok else f"FAIL {target.failure_class or 'unverified'}"
+        extra = f", {target.compile_s:.1f} s to compile" if target.compile_s else ""
+        memory = target.memory
+        if memory.get("argument_bytes") is not None:
+            total = sum(memory.get(k, 0) for k in ("argument_bytes", "output_bytes", "temp_bytes"))
+            extra += f", {total / 1024:.0f} KiB of buffers"
+        lines.append(f"target {name}: {state} ({target.verified_by}{extra})")
+        if not target.ok:
+            lines.append(f"  {target.error or '; '.join(target.undetermined)}")
+    return lines
+
+
 def render_report(report: CheckReport) -> str:
     head = (
         f"{report.op} ({report.category}) — candidate {report.candidate}\n"
@@ -70,7 +86,8 @@ def render_report(report: CheckReport) -> str:
             verdict += f" with the integrity gate {integrity.mode!r}, not enforced"
     else:
         verdict = f"NOT CERTIFIED — {report.failure_class or 'integrity'}"
-    lines = [head, "", body, "", f"integrity: {gate}", f"verdict: {verdict}"]
+    lines = [head, "", body, "", f"integrity: {gate}", *_target_lines(report)]
+    lines.append(f"verdict: {verdict}")
     if not report.certified:
         lines.append(f"diagnosis: {report.diagnosis}")
         for case in report.cases:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nearmiss.targets.registry import TARGETS
+
 CATEGORIES = (
     "elementwise",
     "reduction",
@@ -101,6 +103,9 @@ class OpSpec:
     extended: Sequence[Case] = ()
     tolerance: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     description: str = ""
+    # Where its kernels are meant to run (``nearmiss.targets``): checked there unless the
+    # command line names other targets. Empty: the interpret target.
+    targets: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _IDENTIFIER.match(self.name):
@@ -136,6 +141,14 @@ class OpSpec:
                     f"spec {self.name!r}: tolerance[{dtype!r}] must be (atol, rtol) >= 0"
                 )
             tolerance[dtype] = (float(pair[0]), float(pair[1]))
+        targets = (self.targets,) if isinstance(self.targets, str) else tuple(self.targets)
+        for name in targets:
+            if name not in TARGETS:
+                raise SpecError(
+                    f"spec {self.name!r}: unknown target {name!r}; expected any of "
+                    + ", ".join(TARGETS)
+                )
+        object.__setattr__(self, "targets", targets)
         object.__setattr__(self, "compact", compact)
         object.__setattr__(self, "extended", extended)
         object.__setattr__(self, "tolerance", tolerance)

@@ -31,6 +31,13 @@ from nearmiss.integrity.audit import (
 )
 
 ARTIFACT_FILE = "artifact.bin"
+
+
+def target_artifact_file(target: str) -> str:
+    """The file of a case's artifact lowered for a target (``artifact-tpu-v5e.bin``)."""
+    return f"artifact-{target}.bin"
+
+
 MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
 
 

@@ -130,7 +130,39 @@ def export_case(kernel, request: dict) -> dict:
         result.update(ok=True)
     except (Exception, SystemExit) as exc:
         result.update(ok=False, error=describe_exception(exc, phase))
+        return result
+    result["lowered"] = {
+        name: export_for_target(kernel, request, name) for name in request.get("lower_for", [])
+    }
     return result
+
+
+def export_for_target(kernel, request: dict, target: str) -> dict:
+    """The kernel lowered for a TPU target's chip (Mosaic) into ``artifact-<target>.bin``, or
+    the lowering's refusal, trimmed to the candidate's line. A refusal can only count against
+    the candidate; an artifact proves nothing until the executor has compiled it."""
+    import json
+
+    import jax
+
+    from nearmiss.runner.artifact import target_artifact_file
+    from nearmiss.targets import export_for_tpu, trim_exception
+
+    key = json.dumps([request["avals"], target])
+    if key not in _EXPORTED_FOR:
+        try:
+            _EXPORTED_FOR[key] = export_for_tpu(jax.jit(kernel), avals_of(request), target)
+        except (Exception, SystemExit) as exc:
+            _EXPORTED_FOR[key] = trim_exception(exc, os.environ.get(CANDIDATE_ENV))
+    found = _EXPORTED_FOR[key]
+    if isinstance(found, str):
+        return {"ok": False, "error": found}
+    (Path(request["dir"]) / target_artifact_file(target)).write_bytes(found)
+    return {"ok": True}
+
+
+# Lowerings for targets, by input shapes and target: the artifact's bytes, or why there is none.
+_EXPORTED_FOR: dict[str, bytes | str] = {}
 
 
 def serve(entry: str, run, *, interpret: bool = True, label_kernels: bool = False) -> None:

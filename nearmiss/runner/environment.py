@@ -114,6 +114,7 @@ OPTIONAL_FLAGS = ("--disable-userns", "--size")  # bwrap >= 0.8
 # Read-only from the host (where present): what the dynamic loader and Python need, no more.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+CPU_TOPOLOGY = "/sys/devices/system/cpu"
 # Accelerator device nodes, for children that run on one (never needed on CPU).
 DEVICE_PATTERNS = ("/dev/nvidia*", "/dev/accel*", "/dev/vfio")
 # Answered with EPERM inside the sandbox: debugging other processes, mounts and namespaces,
@@ -294,6 +295,11 @@ class Bubblewrap:
             args += ["--ro-bind", str(path), str(path)]
         if devices:
             args += ["--ro-bind-try", "/sys", "/sys"]
+        else:
+            # The CPU topology only: libtpu's allocator (TPU targets compile here) aborts
+            # without /sys/devices/system/cpu, and thread pools size themselves from it.
+            args += ["--ro-bind-try", CPU_TOPOLOGY, CPU_TOPOLOGY]
+        if devices:
             for pattern in DEVICE_PATTERNS:
                 for node in sorted(glob.glob(pattern)):
                     args += ["--dev-bind", node, node]

@@ -161,7 +161,37 @@ def probe_artifact(request: dict) -> dict:
     return {**result, "probes_done": done}
 
 
+def judge_target(request: dict) -> dict:
+    """A case's artifact lowered for a target: compiled by the target's compiler (TPU targets,
+    compile-only through libtpu) and its grid read for the target's semantics
+    (``integrity.grid``) — both on the artifact's bytes, never on the candidate's word."""
+    from nearmiss.integrity.grid import grid_findings
+    from nearmiss.runner.artifact import target_artifact_file
+    from nearmiss.targets import compile_tpu_artifact
+
+    result: dict = {"event": "target_done", "suite": request["suite"], "name": request["name"]}
+    target, structure = request["target"], request["structure"]
+    try:
+        data = read_artifact(Path(request["dir"]) / target_artifact_file(structure))
+    except (OSError, ArtifactRejected) as exc:
+        return {**result, "compiled": None, "grid": None, "error": str(exc)[:200]}
+    compiled = None
+    if request.get("compile"):
+        compiled = compile_tpu_artifact(data, target, request.get("candidate"))
+    try:
+        from jax import export
+
+        module = export.deserialize(bytearray(data)).mlir_module()
+        grid = grid_findings(module, request["semantics"]).as_dict()
+    except Exception as exc:  # unreadable: the target's grid semantics stay unverified
+        grid = {"findings": [], "undetermined": [{"reason": f"{type(exc).__name__}: {exc}"[:200]}]}
+    return {**result, "compiled": compiled, "grid": grid}
+
+
 def main() -> None:
+    from nearmiss.targets import prepare_environment
+
+    prepare_environment()  # libtpu's compile-only settings, before JAX loads (harmless without)
     channel = start_child()
     import jax
 
@@ -172,6 +202,8 @@ def main() -> None:
             channel.send(**run_artifact(request))
         elif request.get("cmd") == "probe":
             channel.send(**probe_artifact(request))
+        elif request.get("cmd") == "target":
+            channel.send(**judge_target(request))
         else:
             break
     sys.stdout.flush()

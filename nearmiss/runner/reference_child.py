@@ -122,6 +122,7 @@ def prepare(channel: Channel, request: dict) -> None:
         description=spec.description,
         platform=jax.default_backend(),
         jax_version=jax.__version__,
+        targets=list(spec.targets),
         cases=[
             {
                 "suite": suite,

@@ -24,11 +24,12 @@ from nearmiss.errors import UsageError
 from nearmiss.integrity.audit import CALLBACK_PRIMITIVES
 from nearmiss.integrity.dynamic import ArtifactAudit, Probe
 from nearmiss.runner.arrays import load_arrays
-from nearmiss.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES
+from nearmiss.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES, target_artifact_file
 from nearmiss.runner.candidate_child import CANDIDATE_ENV
 from nearmiss.runner.compile_cache import reference_cache_dir
 from nearmiss.runner.sandbox import ChildFailure, ChildTimeout, Limits, SandboxChild
 from nearmiss.runner.scratch import scratch_dir
+from nearmiss.runner.target_plan import TargetPlan, choose_targets, lowerings, plan_targets
 
 REFERENCE_MODULE = "nearmiss.runner.reference_child"
 CANDIDATE_MODULE = "nearmiss.runner.candidate_child"
@@ -93,6 +94,10 @@ class RawCase:
     reference_work: int | None = None
     inputs_changed: list[int] = field(default_factory=list)
     probes: list[Probe] = field(default_factory=list)
+    # Per target (``runner.target_plan``): {"lowered": the child's lowering (ok, or its
+    # refusal), "compiled": the target compiler's verdict, "grid": the grid semantics report}.
+    targets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lowered: dict[str, dict[str, Any]] = field(default_factory=dict)  # per TPU chip lowered for
 
 
 @dataclass
@@ -103,6 +108,7 @@ class RawRun:
     platform: str
     jax_version: str
     cases: list[RawCase]
+    targets: tuple[str, ...] = ()
 
 
 class _ReferenceFeed:
@@ -356,6 +362,36 @@ class _Executor(_Child):
         except (ChildFailure, ValueError, OSError, KeyError):
             self.stop()
 
+    def judge(self, raw: RawCase, plan: TargetPlan, artifact: Path, candidate: str) -> None:
+        """A case's lowering for ``plan.structure``: compiled for the target where it has a
+        compiler here, and its grid read for the target's semantics."""
+        verdict = raw.targets[plan.target]
+        if self._started():
+            verdict["error"] = "the executor did not start"
+            return
+        assert self.child is not None
+        case_dir = self.case_dir(raw)
+        shutil.copy(artifact, case_dir / target_artifact_file(plan.structure))
+        try:
+            self.child.send(
+                cmd="target",
+                suite=raw.info.suite,
+                name=raw.info.name,
+                dir=str(case_dir),
+                target=plan.target,
+                structure=plan.structure,
+                compile=plan.compile,
+                semantics=plan.semantics,
+                candidate=candidate,
+            )
+            message = self.child.receive(self.limits.case_timeout_s)
+            if message["event"] != "target_done" or message.get("name") != raw.info.name:
+                raise ValueError(f"unexpected message {message['event']!r}")
+            verdict["compiled"], verdict["grid"] = message.get("compiled"), message.get("grid")
+        except (ChildFailure, ValueError, KeyError) as exc:
+            verdict["error"] = f"the target's check did not finish: {exc}"[:300]
+            self.stop()
+
     def stop(self) -> None:
         super().stop()
         self.ready = False
@@ -448,24 +484,55 @@ class _CandidateRunner(_Child):
             return None
         return message, case_dir
 
-    def export(self, raw: RawCase, avals: list[list[Any]], keep: Path) -> Path | None:
+    def export(
+        self, raw: RawCase, avals: list[list[Any]], keep: Path, lower_for: list[str]
+    ) -> tuple[Path | None, dict[str, Path]]:
         """The case's artifact, exported by the child from the inputs' shapes alone and moved
         at once to ``keep`` (out of the child's reach, and safe from its restarts); None with
-        the finding on ``raw`` when there is none."""
-        answer = self._answer(raw, avals=avals)
+        the finding on ``raw`` when there is none. With it, the kernel lowered for each TPU
+        chip of ``lower_for`` ({chip: artifact}), moved beside it; a refused lowering is
+        recorded on ``raw.lowered``."""
+        answer = self._answer(raw, avals=avals, lower_for=lower_for)
         if answer is None:
-            return None
+            return None, {}
         try:
             artifact = self._artifact(raw, *answer)
             if artifact is None:
-                return None
+                return None, {}
             keep.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(artifact, keep)
             artifact.unlink()
-            return keep
+            lowered = self._lowered(raw, answer[0], answer[1], lower_for, keep)
+            return keep, lowered
         except Exception as exc:
             self.unusable(raw, exc)
-            return None
+            return None, {}
+
+    @staticmethod
+    def _lowered(
+        raw: RawCase, message: dict[str, Any], case_dir: Path, lower_for: list[str], keep: Path
+    ) -> dict[str, Path]:
+        said = message.get("lowered") or {}
+        if not isinstance(said, dict):
+            raise ValueError("lowerings record is not a mapping")
+        moved = {}
+        for chip in lower_for:
+            answer = said.get(chip)
+            if not isinstance(answer, dict):
+                raise ValueError(f"no answer for the lowering for {chip}")
+            if not answer.get("ok"):
+                raw.lowered[chip] = {"ok": False, "error": str(answer.get("error", ""))[:500]}
+                continue
+            artifact = case_dir / target_artifact_file(chip)
+            if artifact.is_symlink() or not artifact.is_file():
+                raise ValueError(f"the child filed no artifact for {chip}")
+            if artifact.stat().st_size > MAX_ARTIFACT_BYTES:
+                raise ValueError(f"an artifact of more than {MAX_ARTIFACT_BYTES} bytes")
+            moved[chip] = keep.with_name(f"{keep.stem}-{chip}.bin")
+            shutil.copyfile(artifact, moved[chip])
+            artifact.unlink()
+            raw.lowered[chip] = {"ok": True, "error": None}
+        return moved
 
     def run(self, raw: RawCase, inputs: Path, probe_dirs: dict[int, Path]) -> None:
         """A tool's run: the child itself runs the case on its inputs (it never certifies)."""
@@ -514,6 +581,7 @@ def run_sandboxed(
     select: dict[str, Any] | None = None,
     entry: Entry = KERNEL,
     source: str | None = None,
+    targets: tuple[str, ...] | None = None,
 ) -> RawRun:
     """Run the spec's cases of ``suite`` against the candidate, each side in its own child.
 
@@ -525,6 +593,8 @@ def run_sandboxed(
     untrusted child does with each case — run the kernel by default. ``source`` is the
     candidate's text as admitted; every child that runs it gets that text (or, without it, one
     copy of the file taken now), never the path again, which could have changed since.
+    ``targets`` (else the spec's own, else interpret only) adds each target's checks
+    (``runner.target_plan``): their evidence is on each case's ``targets``.
     """
     spec, candidate = spec.resolve(), candidate.resolve()
     workdir = scratch_dir("nearmiss-reference-")
@@ -537,6 +607,8 @@ def run_sandboxed(
     shown, candidate = candidate, snapshot
     reference = SandboxChild(REFERENCE_MODULE, workdir / "home", limits, platform)
     executor = _Executor(limits, platform)
+    # Target compiles take seconds; they get their own executor, to overlap with the runs.
+    judge = _Executor(limits, platform)
     runner = _CandidateRunner(candidate, limits, platform, entry, shown)
     feed: _ReferenceFeed | None = None
     try:
@@ -554,6 +626,9 @@ def run_sandboxed(
         if execute:
             runner.start()  # overlaps the candidates's JAX import with the reference's work
         described = feed.next("spec")
+        chosen = choose_targets(targets, described.get("targets"))
+        plans = plan_targets(chosen) if entry.artifact else []
+        lower_for = lowerings(plans)
         if execute:
             runner.wait_ready()
             if entry.artifact:  # now, not with the others: three JAX start-ups on two cores
@@ -575,10 +650,15 @@ def run_sandboxed(
             artifact = None
             if entry.artifact:
                 keep = workdir / "artifacts" / f"{raw.info.key}.bin"
-                artifact = runner.export(raw, filed["avals"], keep)
+                artifact, lowered = runner.export(raw, filed["avals"], keep, lower_for)
                 if artifact is not None:  # runs at once: an artifact needs no reference
                     inputs = Path(filed["dir"]) / "inputs.npz"
                     executor.submit(partial(executor.run, raw, artifact, inputs))
+                    for plan in plans:
+                        raw.targets[plan.target] = {}
+                        if plan.structure in lowered:
+                            found = lowered[plan.structure]
+                            judge.submit(partial(judge.judge, raw, plan, found, shown.name))
             artifacts.append(artifact)
         for raw, artifact in zip(cases, artifacts, strict=True):
             ready = feed.next("case_ready")
@@ -598,6 +678,7 @@ def run_sandboxed(
             elif artifact is not None and probe_dirs:
                 executor.submit(partial(executor.probe, raw, artifact, inputs, probe_dirs))
         executor.finish()
+        judge.finish()
         return RawRun(
             op=described["name"],
             category=described["category"],
@@ -605,13 +686,15 @@ def run_sandboxed(
             platform=described["platform"],
             jax_version=described["jax_version"],
             cases=cases,
+            targets=chosen,
         )
     finally:
         runner.stop()
-        executor.work.put(None)  # an early exit: let the thread end before its child goes
-        if executor.thread is not None:
-            executor.thread.join(timeout=60)
-        executor.stop()
+        for stage in (executor, judge):
+            stage.work.put(None)  # an early exit: let the thread end before its child goes
+            if stage.thread is not None:
+                stage.thread.join(timeout=60)
+            stage.stop()
         if feed is not None:
             # The reference child may still be working (an early return or a usage error). Kill
             # it and let the feed thread see the end of its pipe *before* the pipe is closed:
