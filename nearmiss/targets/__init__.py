@@ -5,10 +5,15 @@
   imported; libtpu is probed in a child).
 - ``libtpu_env``: ``prepare_environment()``, libtpu's settings for compile-only use, called
   before JAX is imported.
+- ``tpu``: ``export_for_tpu`` (candidate child: the real Pallas TPU lowering for the target's
+  chip, serialized) and ``compile_tpu_artifact`` (executor child: libtpu's compiler on a
+  compile-only topology device, with the compiled program's memory).
+- ``errors``: ``trim_error``, one or two sentences and the candidate's line.
 
 Importing this package imports neither JAX nor libtpu.
 """
 
+from nearmiss.targets.errors import kernel_sites, trim_error, trim_exception
 from nearmiss.targets.libtpu_env import prepare_environment
 from nearmiss.targets.registry import (
     DEFAULT_TARGETS,
@@ -20,15 +25,22 @@ from nearmiss.targets.registry import (
     parse_targets,
     target_status,
 )
+from nearmiss.targets.tpu import compile_tpu_artifact, export_for_tpu, lowering_for
 
 __all__ = [
     "DEFAULT_TARGETS",
     "TARGETS",
     "Target",
     "available_targets",
+    "compile_tpu_artifact",
+    "export_for_tpu",
     "get_target",
+    "kernel_sites",
     "libtpu_problem",
+    "lowering_for",
     "parse_targets",
     "prepare_environment",
     "target_status",
+    "trim_error",
+    "trim_exception",
 ]
