@@ -5,20 +5,18 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 BN, BD = 16, 128
 
 
 def _gather_body(ids_ref, table_ref, o_ref, *, n):
     base = pl.program_id(0) * BN
-
-    def copy_row(k, carry):
-        # Ids past the end of a partial last block are padding: read row 0 for them instead.
-        row = jnp.where(base + k < n, ids_ref[k], 0)
-        o_ref[pl.ds(k, 1), :] = table_ref[pl.ds(row, 1), :]
-        return carry
-
-    jax.lax.fori_loop(0, BN, copy_row, 0)
+    # Each table row is its own (1, BD) tile, so an id indexes the untiled leading dim: no
+    # dynamic sublane offset into the (packed, for bf16) rows. Ids past the end of a partial
+    # last block are padding: read the last id's row for them instead.
+    rows = [table_ref[ids_ref[jnp.minimum(base + k, n - 1)]] for k in range(BN)]
+    o_ref[...] = jnp.concatenate(rows, axis=0)
 
 
 def kernel(table, ids):
@@ -28,9 +26,10 @@ def kernel(table, ids):
         functools.partial(_gather_body, n=n),
         grid=(pl.cdiv(n, BN), pl.cdiv(d, BD)),
         in_specs=[
-            pl.BlockSpec((BN,), lambda i, j: (i,)),
-            pl.BlockSpec((v, BD), lambda i, j: (0, j)),
+            # The ids are scalars the body indexes with: the whole (N,) array sits in SMEM.
+            pl.BlockSpec(memory_space=pltpu.SMEM),
+            pl.BlockSpec((v, 1, BD), lambda i, j: (0, 0, j)),
         ],
         out_specs=pl.BlockSpec((BN, BD), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((n, d), table.dtype),
-    )(ids, table)
+    )(ids, table.reshape(v, 1, d))
