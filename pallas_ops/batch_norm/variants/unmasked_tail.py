@@ -55,7 +55,9 @@ def kernel(x, gamma, beta):
         ],
         out_specs=[
             # Phases 0 and 1 park on block 0; phase 2 walks the row blocks and writes them.
-            pl.BlockSpec((BLOCK_R, cols), lambda p, i: (i * (p // 2), 0)),
+            # A select, not i * (p // 2): integer floor division lowers through sign, whose
+            # Mosaic lowering asks the device for its TPU generation (none when compiling ahead).
+            pl.BlockSpec((BLOCK_R, cols), lambda p, i: (jnp.where(p == 2, i, 0), 0)),
             pl.BlockSpec((1, cols), lambda p, i: (0, 0)),
             pl.BlockSpec((1, cols), lambda p, i: (0, 0)),
         ],
