@@ -112,6 +112,7 @@ class RepairActivities:
                     request.suite,
                     request.seed,
                     integrity=request.integrity,
+                    targets=tuple(request.targets) or None,
                 )
 
         try:

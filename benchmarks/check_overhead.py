@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (JAX is imported after prepare_environment)
 """How much does `check` cost on top of the work itself?
 
 For a few bundled kernels, times a full sandboxed ``check`` (three bubblewrap children: the
@@ -16,6 +17,10 @@ import importlib.util
 import statistics
 import time
 from pathlib import Path
+
+from nearmiss.targets.libtpu_env import prepare_environment
+
+prepare_environment()  # JAX on the CPU only, before it is imported (libtpu may be installed)
 
 import jax
 

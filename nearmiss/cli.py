@@ -15,9 +15,11 @@ from nearmiss.check import SUITES, check
 from nearmiss.cli_options import (
     add_sandbox_option,
     add_session_options,
+    add_target_option,
     apply_sandbox_option,
     guards_from,
     positive,
+    targets_from,
 )
 from nearmiss.errors import UsageError
 from nearmiss.experiment import cli as experiment_cli
@@ -25,7 +27,7 @@ from nearmiss.integrity.gate import MODES
 from nearmiss.render import render_report, table
 from nearmiss.report import cli as report_cli
 from nearmiss.runner.session import Limits
-from nearmiss.targets.registry import TARGETS, parse_targets
+from nearmiss.targets.libtpu_env import prepare_environment
 
 EXIT_CERTIFIED, EXIT_NOT_CERTIFIED, EXIT_USAGE = 0, 1, 2
 
@@ -58,13 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=Limits.memory_mb,
         help="memory limit of candidate code (default %(default)s)",
     )
-    check_cmd.add_argument(
-        "--target",
-        metavar="LIST",
-        help="where the kernel must be right, a comma list of "
-        + ", ".join(TARGETS)
-        + " (default: the spec's targets, else interpret)",
-    )
+    add_target_option(check_cmd)
     check_cmd.add_argument(
         "--integrity",
         choices=MODES,
@@ -127,7 +123,6 @@ def _indented_json(text: str) -> str:
 def run_check(args: argparse.Namespace) -> int:
     limits = Limits(case_timeout_s=args.timeout, memory_mb=args.memory_mb)
     try:
-        targets = parse_targets(args.target) if args.target is not None else None
         report = check(
             args.spec,
             args.candidate,
@@ -135,7 +130,7 @@ def run_check(args: argparse.Namespace) -> int:
             args.seed,
             limits,
             integrity=args.integrity,
-            targets=targets,
+            targets=tuple(targets_from(args)) or None,
         )
     except UsageError as exc:
         print(f"nearmiss: error: {exc}", file=sys.stderr)
@@ -198,8 +193,8 @@ def run_repair(args: argparse.Namespace) -> int:
     from nearmiss.service import repair
     from nearmiss.settings import Settings
 
-    guards = guards_from(args)
     try:
+        guards, targets = guards_from(args), targets_from(args)
         return asyncio.run(
             repair(
                 args.spec,
@@ -210,6 +205,7 @@ def run_repair(args: argparse.Namespace) -> int:
                 as_json=args.json,
                 settings=Settings.from_env(),
                 use_kb=not args.no_kb,
+                targets=targets,
             )
         )
     except (UsageError, ValueError) as exc:
@@ -238,6 +234,9 @@ def _run_async(command, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The engine computes on the CPU (children pick their own backend): with libtpu installed
+    # for TPU targets, JAX would otherwise start it as a backend here, noisily and for nothing.
+    prepare_environment()
     args = build_parser().parse_args(argv)
     apply_sandbox_option(args)
     try:

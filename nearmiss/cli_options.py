@@ -26,6 +26,28 @@ def add_session_options(parser: argparse.ArgumentParser) -> None:
     )
     add_guard_options(parser)
     parser.add_argument("--no-kb", action="store_true", help="retrieve no knowledge (the ablation)")
+    add_target_option(parser)
+
+
+def add_target_option(parser: argparse.ArgumentParser) -> None:
+    """``--target LIST``: where a kernel must be right (``nearmiss.targets``)."""
+    from nearmiss.targets.registry import TARGETS
+
+    parser.add_argument(
+        "--target",
+        metavar="LIST",
+        help="where the kernel must be right, a comma list of "
+        + ", ".join(TARGETS)
+        + " (default: the spec's targets, else interpret)",
+    )
+
+
+def targets_from(args: argparse.Namespace) -> list[str]:
+    """The targets ``--target`` names, checked (UsageError for a bad one); [] when not given."""
+    from nearmiss.targets.registry import parse_targets
+
+    text = getattr(args, "target", None)
+    return list(parse_targets(text)) if text is not None else []
 
 
 def add_sandbox_option(parser: argparse.ArgumentParser) -> None:

@@ -135,6 +135,7 @@ async def start_fleet(
     use_kb: bool = True,
     members_per_run: int = 200,
     fleet_id: str | None = None,
+    targets: list[str] | None = None,
 ) -> WorkflowHandle:
     """Store every spec and candidate by hash and start the FleetWorkflow."""
     kernels: dict[Path, str] = {}
@@ -161,6 +162,7 @@ async def start_fleet(
         use_kb=use_kb,
         concurrency=concurrency,
         members_per_run=members_per_run,
+        targets=targets or [],
     )
     fleet_id = fleet_id or f"fleet-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     return await client.start_workflow(

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from nearmiss.cli_options import add_session_options, guards_from, positive
+from nearmiss.cli_options import add_session_options, guards_from, positive, targets_from
 from nearmiss.errors import UsageError
 from nearmiss.render import table
 from nearmiss.settings import Settings
@@ -123,6 +123,7 @@ async def _run_fleet(args, files, settings: Settings, started: list[str]) -> int
             guards=guards_from(args),
             concurrency=args.concurrency,
             use_kb=not args.no_kb,
+            targets=targets_from(args),
         )
         started.append(handle.id)
         _say(f"fleet {handle.id}: {len(files)} kernels, {args.model}, {args.concurrency} at a time")

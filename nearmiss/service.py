@@ -204,6 +204,7 @@ async def start_session(
     guards: Guards,
     seed: int = 0,
     use_kb: bool = True,
+    targets: list[str] | None = None,
 ) -> WorkflowHandle:
     """Store the spec and candidate by hash and start a RepairWorkflow on them."""
     from nearmiss.spec import load_spec
@@ -219,6 +220,7 @@ async def start_session(
         guards=guards,
         seed=seed,
         use_kb=use_kb,
+        targets=targets or [],
     )
     sid = session_id(op, request.candidate_hash)
     return await client.start_workflow(RepairWorkflow.run, request, id=sid, task_queue=TASK_QUEUE)
@@ -235,12 +237,15 @@ async def repair(
     settings: Settings,
     seed: int = 0,
     use_kb: bool = True,
+    targets: list[str] | None = None,
 ) -> int:
     require_file("spec", spec)
     require_file("candidate", candidate)
     make_fixer(model)  # a bad --model is a usage error before anything starts
     async with services(settings) as (client, store):
-        handle = await start_session(client, store, spec, candidate, model, guards, seed, use_kb)
+        handle = await start_session(
+            client, store, spec, candidate, model, guards, seed, use_kb, targets
+        )
         if not as_json:
             _say(f"repair session {handle.id} ({model}) on {candidate}")
         result = await _follow(handle, quiet=as_json)

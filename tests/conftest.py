@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from nearmiss.targets.libtpu_env import prepare_environment
+
 # The tests' PostgreSQL clusters skip fsync (a machine crash is not what they test); a server
 # crash still loses no commit (infra.devstack).
 os.environ.setdefault("NEARMISS_POSTGRES_NO_FSYNC", "1")
+# JAX in the test processes computes on the CPU, and libtpu (TPU targets) stays quiet when loaded.
+prepare_environment()
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANTED = ROOT / "tests" / "planted"

@@ -49,6 +49,7 @@ class FleetRequest(BaseModel):
     guards: Guards = Field(default_factory=Guards)
     use_kb: bool = True
     concurrency: int = Field(default=4, ge=1)
+    targets: list[str] = Field(default_factory=list)  # every member's (nearmiss.targets)
     members_per_run: int = Field(default=200, ge=1)
     # Carried from one run to the next by continue-as-new:
     next_index: int = 0
@@ -173,6 +174,7 @@ class FleetWorkflow:
             model=request.model,
             guards=request.guards,
             use_kb=request.use_kb,
+            targets=request.targets,
         )
         handle = await workflow.start_child_workflow(
             RepairWorkflow.run, repair, id=session_id, task_queue=TASK_QUEUE

@@ -154,6 +154,7 @@ class CheckInput(BaseModel):
     # The integrity gate's mode (nearmiss.integrity.gate.MODES); "report" is the no-anti-cheat
     # ablation: violations are listed but neither block certification nor the loop.
     integrity: str = "enforce"
+    targets: list[str] = Field(default_factory=list)  # empty: the spec's, else interpret
 
 
 class FixInput(BaseModel):

@@ -74,6 +74,8 @@ class RepairRequest(BaseModel):
     # False: the knowledge base does not learn from this session, e.g. so that the trials of an
     # experiment stay independent (a learned patch would hand trial 2 the answer of trial 1).
     learn: bool = True
+    # Where the kernel must be right (nearmiss.targets); empty: the spec's, else interpret.
+    targets: list[str] = Field(default_factory=list)
 
 
 class RepairResult(BaseModel):
@@ -156,6 +158,7 @@ class RepairWorkflow:
                     # Each check draws its own seed: certification runs on fresh inputs.
                     seed=workflow.random().randint(0, 2**31 - 1),
                     integrity=request.integrity,
+                    targets=request.targets,
                 )
                 evidence = await workflow.execute_activity(
                     "check_candidate", check, result_type=Evidence, **CHECK_OPTIONS
