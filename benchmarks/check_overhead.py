@@ -1,4 +1,3 @@
-# ruff: noqa: E402  (JAX is imported after prepare_environment)
 """How much does `check` cost on top of the work itself?
 
 For a few bundled kernels, times a full sandboxed ``check`` (three bubblewrap children: the
@@ -18,6 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
+# ruff: noqa: E402  (JAX is imported after prepare_environment)
 from nearmiss.targets.libtpu_env import prepare_environment
 
 prepare_environment()  # JAX on the CPU only, before it is imported (libtpu may be installed)
