@@ -261,7 +261,10 @@ def target_results(raw: RawRun) -> dict[str, TargetResult]:
         cases = [
             {"key": r.info.key, "exported": plan.target in r.targets}
             | r.targets.get(plan.target, {})
-            | {"lowered": r.lowered.get(plan.structure) if plan.structure else None}
+            | {
+                "lowered": r.lowered.get(plan.structure) if plan.structure else None,
+                "semantics": semantics_verdict(r, r.targets.get(plan.target, {})),
+            }
             for r in raw.cases
         ]
         results[plan.target] = judge_target(
@@ -270,8 +273,38 @@ def target_results(raw: RawRun) -> dict[str, TargetResult]:
     return results
 
 
+def semantics_verdict(raw: RawCase, evidence: dict) -> dict | None:
+    """The case under the target's semantics (TPU interpret mode), judged here: {"passed",
+    "races", "error", "detail"}; None where it did not run."""
+    run = evidence.get("semantics")
+    if run is None:
+        return None
+    if "error" in run:
+        error = run["error"]
+        message = f"{error.get('type', 'Error')}: {error.get('message', '')}".strip()
+        return {"passed": False, "races": False, "error": message.splitlines()[0][:300]}
+    outputs = run["outputs"]
+    if structure_difference(raw.reference, raw.reference_tree, outputs, run["tree"]):
+        return {"passed": False, "races": run["races"], "error": "", "detail": "its structure"}
+    leaves = compare_outputs(raw.reference, outputs, raw.info.atol, raw.info.rtol)
+    wrong = [leaf.stats for leaf in leaves if leaf.stats.mismatched]
+    detail = ""
+    if wrong:
+        stats = wrong[0]
+        detail = (
+            f"{stats.mismatched} of {stats.total} values of {stats.path} wrong"
+            f"{f', {stats.nan_count} NaN' if stats.nan_count else ''}"
+        )
+    return {"passed": not wrong, "races": run["races"], "error": "", "detail": detail}
+
+
 def target_note(results: dict[str, TargetResult]) -> str:
     """What the targets refused, first: a kernel its target refuses is not certified however
     right its numbers."""
-    refused = [t.error or "; ".join(t.undetermined) for t in results.values() if not t.ok]
-    return "".join(f"{text.rstrip('.')}. " for text in refused)
+    said: dict[str, list[str]] = {}  # one sentence for the targets that say the same
+    for name, result in results.items():
+        if not result.ok:
+            text = result.error or "; ".join(result.undetermined)
+            text = text.removeprefix(name).removeprefix(":").strip()
+            said.setdefault(text, []).append(name)
+    return "".join(f"{', '.join(names)}: {text.rstrip('.')}. " for text, names in said.items())

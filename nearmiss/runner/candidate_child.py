@@ -106,6 +106,10 @@ def export_case(kernel, request: dict) -> dict:
 
     from nearmiss.runner.artifact import ARTIFACT_FILE, export_traced
 
+    if request.get("tpu_semantics"):
+        from nearmiss.runner.tpu_semantics import run_under_tpu_semantics
+
+        return run_under_tpu_semantics(kernel, request["tpu_semantics"] | request)
     result: dict = {"event": "case_done", "suite": request["suite"], "name": request["name"]}
     phase = "trace"
     started = time.perf_counter()

@@ -549,6 +549,43 @@ class _CandidateRunner(_Child):
         except Exception as exc:
             self.unusable(raw, exc)
 
+    def under_tpu_semantics(self, raw: RawCase, inputs: Path, target: str, seed: int) -> dict:
+        """The case run by the child under TPU interpret mode (``runner.tpu_semantics``), after
+        every export: {"outputs", "tree", "races"}, or {"error": ...}. Only ever evidence
+        against the candidate; the engine compares the outputs itself."""
+        if self.child is None or self.import_problem is not None:
+            return {"error": {"message": "the candidate's child is not running"}}
+        case_dir = self.case_dir(raw)
+        shutil.copy(inputs, case_dir / "inputs.npz")
+        request = {"target": target, "seed": seed}
+        try:
+            self.child.send(
+                cmd="run",
+                suite=raw.info.suite,
+                name=raw.info.name,
+                dir=str(case_dir),
+                tpu_semantics=request,
+            )
+            message = self.child.receive(self.limits.case_timeout_s)
+            if message.get("name") != raw.info.name:
+                raise ValueError("an answer for another case")
+            if not message.get("ok"):
+                error = message.get("error")
+                return {"error": error if isinstance(error, dict) else {"message": str(error)}}
+            outputs, _ = load_arrays(case_dir / "output.npz")
+            return {
+                "outputs": outputs,
+                "tree": str(message.get("treedef")),
+                "races": message.get("races") is True,
+            }
+        except ChildFailure as exc:
+            self.stop()
+            kind = "timed out" if isinstance(exc, ChildTimeout) else "died"
+            return {"error": {"message": f"the run under TPU semantics {kind}: {exc}"}}
+        except (ValueError, OSError, KeyError) as exc:
+            self.stop()
+            return {"error": {"message": f"unusable answer from the child: {exc!r}"}}
+
     @staticmethod
     def _artifact(raw: RawCase, message: dict[str, Any], case_dir: Path) -> Path | None:
         """The exported artifact, or None with the trace/compile error put on ``raw``."""
@@ -673,6 +710,12 @@ def run_sandboxed(
                     raw.probes.append(Probe(probe["input"], probe_ref))
                     probe_dirs[probe["input"]] = probe_dir
             inputs = Path(ready["dir"]) / "inputs.npz"
+            if artifact is not None:  # every export is done: the child may see values now
+                for plan in plans:
+                    if plan.compile:
+                        raw.targets[plan.target]["semantics"] = runner.under_tpu_semantics(
+                            raw, inputs, plan.target, seed
+                        )
             if not entry.artifact:
                 runner.run(raw, inputs, probe_dirs)
             elif artifact is not None and probe_dirs:

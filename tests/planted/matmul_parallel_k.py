@@ -1,0 +1,36 @@
+"""Planted: the matmul golden with its K (reduction) axis declared "parallel": right in program
+order (interpret mode), wrong where TPU splits or reorders parallel axes."""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+# TPU blocks: the last two dims a multiple of (8, 128) — (16, 128) for bfloat16 — or the
+# array's whole dim; min() takes the whole dim of an array smaller than one block.
+BM, BN, BK = 128, 128, 128
+
+
+def _matmul_body(a_ref, b_ref, o_ref):
+    @pl.when(pl.program_id(2) == 0)
+    def _init():
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    o_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+
+def kernel(a, b):
+    m, k = a.shape
+    n = b.shape[1]
+    bm, bn, bk = min(BM, m), min(BN, n), min(BK, k)
+    return pl.pallas_call(
+        _matmul_body,
+        grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)),
+        in_specs=[
+            pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+            pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
+        ],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel")),
+    )(a, b)
