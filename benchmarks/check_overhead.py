@@ -4,9 +4,11 @@ For a few bundled kernels, times a full sandboxed ``check`` (three bubblewrap ch
 spec's, the tracing candidate's and the artifact executor; JAX start-up,
 file exchange, forensics) against the intrinsic cost: the same reference + compile + run of every
 case in one warm in-process loop (JAX imported, caches cleared so compilation is counted).
-Prints the ratio; no target is set yet.
+Prints the ratio; no target is set yet. With ``--target tpu-v5e`` (any TPU target) it also
+prints what that target adds to the same check, per kernel: the chip's lowering, libtpu's
+compile-only compile and the run under TPU interpret mode, side by side with the plain check.
 
-    .venv/bin/python benchmarks/check_overhead.py [--repeat N]
+    .venv/bin/python benchmarks/check_overhead.py [--repeat N] [--target tpu-v5e]
 """
 
 from __future__ import annotations
@@ -63,8 +65,12 @@ def intrinsic_seconds(spec_path: Path, candidate: Path, seed: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--target", help="also time checks with this target added")
     args = parser.parse_args()
     force_interpret_on_cpu()
+    if args.target:
+        target_cost(args.target, args.repeat)
+        return
     rows, ratios = [], []
     for op, candidate in KERNELS:
         spec = OPS / op / "spec.py"
@@ -81,6 +87,25 @@ def main() -> None:
         f"\nmedian ratio check/intrinsic: {statistics.median(ratios):.1f}x "
         f"(jax {jax.__version__}, {jax.default_backend()}, median of {args.repeat})"
     )
+
+
+def target_cost(target: str, repeat: int) -> None:
+    """The same checks with and without ``target``, alternated so both see the same load."""
+    rows, ratios = [], []
+    for op, candidate in KERNELS:
+        spec = OPS / op / "spec.py"
+        check(spec, candidate, "all", 0)  # warm-up: the spec's compilation cache
+        plain, targeted = [], []
+        for seed in range(repeat):
+            plain.append(check(spec, candidate, "all", seed).wall_s)
+            report = check(spec, candidate, "all", seed, targets=("interpret", target))
+            targeted.append(report.wall_s)
+        p, t = statistics.median(plain), statistics.median(targeted)
+        ratios.append(t / p)
+        verdict = "ok" if report.targets[target].ok else report.targets[target].failure_class
+        rows.append([f"{op}/{candidate.name}", f"{p:.2f}", f"{t:.2f}", f"{t / p:.2f}x", verdict])
+    print(table(["kernel", "check s", f"+{target} s", "ratio", target], rows))
+    print(f"\nmedian ratio with {target}: {statistics.median(ratios):.2f}x (median of {repeat})")
 
 
 if __name__ == "__main__":
