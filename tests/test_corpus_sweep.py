@@ -1,4 +1,4 @@
-"""The corpus sweep: every golden certifies, every cheat is rejected with its rule, no honest
+"""The corpus sweep: every golden certifies (for TPU v5e too), every cheat is rejected with its rule, no honest
 kernel is flagged. Every near-miss variant failing with its labelled class on its labelled suite
 is asserted by ``test_playbook.py::test_playbook_over_the_corpus``, on the same check it repairs
 from (the corpus is not checked twice).
@@ -23,9 +23,12 @@ INTEGRITY = integrity_cases()
 
 @pytest.mark.parametrize("op", OPERATORS, ids=lambda op: op.name)
 def test_golden_certifies(op):
-    report = check(op.spec, op.golden, seed=SEED)
+    # On the CPU interpret target and on TPU v5e: compiled by Mosaic (libtpu, compile-only),
+    # its grid read for TPU semantics, its cases run again under TPU interpret mode.
+    report = check(op.spec, op.golden, seed=SEED, targets=("interpret", "tpu-v5e"))
     assert report.certified, report.diagnosis
     assert report.integrity.ok and report.integrity.audited_cases == len(report.cases)
+    assert report.targets["tpu-v5e"].ok and report.targets["tpu-v5e"].compile_s > 0
 
 
 @pytest.mark.parametrize("case", INTEGRITY, ids=lambda c: f"{c.rule or 'honest'}/{c.path.stem}")
