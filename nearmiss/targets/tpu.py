@@ -28,12 +28,14 @@ import functools
 import re
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from nearmiss.targets.errors import exception_text, kernel_sites, trim_error
 from nearmiss.targets.registry import TPU, Target, get_target
 
 COMPILE_ERROR = "compile_error"
+ENGINE = str(Path(__file__).resolve().parent.parent)  # the nearmiss package, wherever mounted
 MOSAIC_TARGET = "tpu_custom_call"
 
 
@@ -125,7 +127,8 @@ def pallas_call_sites(jitted: Any, avals: Sequence[Any]) -> list[str]:
             debug = getattr(eqn.params.get("jaxpr"), "debug_info", None)
             body = (getattr(debug, "func_src_info", None) or "kernel").split(" at ")[0]
             for frame in getattr(eqn.source_info.traceback, "frames", ()):
-                if "-packages" not in frame.file_name:
+                # Installed packages' frames and the engine's own (its pallas_call wrapper).
+                if "-packages" not in frame.file_name and not frame.file_name.startswith(ENGINE):
                     sites.append(f"pallas_call of {body} at {frame.file_name}:{frame.line_num}")
     return list(dict.fromkeys(sites))
 
