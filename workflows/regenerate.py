@@ -36,6 +36,7 @@ class RegenerateRequest(BaseModel):
     seed: int = 0  # trial t asks the endpoint for seed + t, where it supports seeds
     # Independent samples need sampling: at temperature 0 every trial would give one answer.
     temperature: float = Field(default=0.7, ge=0)
+    targets: list[str] = Field(default_factory=list)  # where a kernel must be right
 
 
 class GenerateInput(BaseModel):
@@ -152,6 +153,7 @@ class RegenerateWorkflow:
             suite="all",
             seed=workflow.random().randint(0, 2**31 - 1),
             integrity="enforce",
+            targets=request.targets,
         )
         try:
             evidence = await workflow.execute_activity(

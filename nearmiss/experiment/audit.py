@@ -27,6 +27,7 @@ class AuditTarget:
     spec_hash: str
     candidate_hash: str  # the certified candidate
     candidate_name: str
+    targets: tuple[str, ...] = ()  # the experiment's (nearmiss.targets); empty: the spec's
 
 
 def audit_seed(session_id: str) -> int:
@@ -48,7 +49,13 @@ async def audit(store: EventStore, target: AuditTarget) -> dict:
     async with files as (spec_path, candidate_path):
         try:
             report = await asyncio.to_thread(
-                check, spec_path, candidate_path, "all", seed, integrity="enforce"
+                check,
+                spec_path,
+                candidate_path,
+                "all",
+                seed,
+                integrity="enforce",
+                targets=target.targets or None,
             )
         except UsageError as exc:  # it was checked before; unusable now means not certifiable
             return verdict | {"rejected": True, "certified": False, "error": str(exc)}

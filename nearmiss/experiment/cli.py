@@ -15,7 +15,13 @@ import json
 from pathlib import Path
 
 from nearmiss import render
-from nearmiss.cli_options import add_guard_options, guards_from, positive
+from nearmiss.cli_options import (
+    add_guard_options,
+    add_target_option,
+    guards_from,
+    positive,
+    targets_from,
+)
 from nearmiss.experiment.config import ARMS
 from nearmiss.settings import Settings
 
@@ -52,6 +58,7 @@ def add_parser(commands) -> None:
         help="let the knowledge base learn from the sessions (trials are then not independent)",
     )
     add_guard_options(cmd)  # per session, as for `nearmiss repair`
+    add_target_option(cmd)
     actions = cmd.add_subparsers(dest="experiment_action")
     show = actions.add_parser("show", help="recompute an experiment's table from the event log")
     show.add_argument("experiment_id")
@@ -118,6 +125,7 @@ async def run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         learn=args.learn,
         guards=guards_from(args),
+        targets=targets_from(args),
     )
     near_misses = config.resolve()  # bad input is a usage error before anything starts
     out = args.out or Path(f"experiment-{config.experiment_id}")

@@ -165,6 +165,7 @@ class ExperimentConfig(BaseModel):
     learn: bool = False
     guards: Guards = Field(default_factory=Guards)
     temperature: float = 0.7  # of the regenerate trials; fixes run at temperature 0
+    targets: list[str] = Field(default_factory=list)  # every check's (nearmiss.targets)
 
     @property
     def stream_id(self) -> str:

@@ -87,6 +87,7 @@ def _request(config: ExperimentConfig, job: Job):
             trials=config.trials,
             seed=config.seed,
             temperature=config.temperature,
+            targets=config.targets,
         )
     return RepairWorkflow.run, RepairRequest(
         spec_hash=job.spec_hash,
@@ -100,6 +101,7 @@ def _request(config: ExperimentConfig, job: Job):
         integrity=arm.integrity,
         certify_suite=arm.certify_suite,
         learn=config.learn,
+        targets=config.targets,
     )
 
 
@@ -139,7 +141,7 @@ async def run_sessions(
     await asyncio.gather(*(one(job) for job in jobs))
 
 
-def audit_targets(jobs: list[Job]) -> list[AuditTarget]:
+def audit_targets(jobs: list[Job], targets: list[str]) -> list[AuditTarget]:
     """The successes of the ablations whose success the experiment must re-check."""
     return [
         AuditTarget(
@@ -149,6 +151,7 @@ def audit_targets(jobs: list[Job]) -> list[AuditTarget]:
             job.spec_hash,
             job.result.final_hash,
             job.near_miss.candidate.name,
+            tuple(targets),
         )
         for job in jobs
         if job.arm.recheck is not None and job.result is not None and job.result.certified
@@ -208,7 +211,9 @@ async def run_experiment(
     )
     clock = time.monotonic()
     await run_sessions(client, store, config, jobs, say)
-    audits = await run_audits(store, audit_targets(jobs), min(config.concurrency, 2), say)
+    audits = await run_audits(
+        store, audit_targets(jobs, config.targets), min(config.concurrency, 2), say
+    )
     finished = finished_payload(config, jobs, audits, time.monotonic() - clock)
     await store.append(config.stream_id, 1, [NewEvent("ExperimentFinished", finished)])
     return config.experiment_id
