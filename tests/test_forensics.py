@@ -6,7 +6,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nearmiss.forensics.classify import classify_numeric, ranked_classes, refine_unstable
+from nearmiss.forensics.classify import (
+    classify_numeric,
+    describe_run,
+    ranked_classes,
+    refine_unstable,
+)
 from nearmiss.forensics.compare import compare_leaf, structure_difference
 from nearmiss.forensics.errors import summarise_error
 from nearmiss.forensics.localise import index_ranges, localise
@@ -131,6 +136,14 @@ def test_failure_only_on_adversarial_profile_is_unstable():
 def test_primary_class_is_the_most_fundamental():
     assert ranked_classes(["precision", "compile_error", "boundary"])[0] == "compile_error"
     assert ranked_classes(["unstable", "wrong_values"]) == ["wrong_values", "unstable"]
+
+
+def test_a_primary_class_from_a_target_leaves_the_cases_described_by_their_own():
+    # A target's grid_race outranks a bf16 case's precision failure: the run's description
+    # still names the cases' own class (the target's finding is said before it).
+    cases = [_case("normal", True), _case("bf16", False, "precision")]
+    text = describe_run(cases, "grid_race")
+    assert text.startswith("precision: 1/2 cases fail") and "First precision case" in text
 
 
 def test_index_ranges_are_compact():

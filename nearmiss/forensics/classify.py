@@ -137,6 +137,10 @@ def describe_run(cases: list[CaseResult], primary: str | None) -> str:
     if compact and extended and all(c.passed for c in compact):
         scope = " The compact suite passes; only the extended suite fails."
     names = ", ".join(f"{c.suite}/{c.name} ({c.failure_class})" for c in failing)
+    if not any(c.failure_class == primary for c in failing):
+        # The primary class is a target's (a grid race, a refusal), said before this; the
+        # cases' own most fundamental class leads their description.
+        primary = ranked_classes([c.failure_class for c in failing if c.failure_class])[0]
     first = next(c for c in failing if c.failure_class == primary)
     return (
         f"{primary}: {len(failing)}/{len(cases)} cases fail: {names}.{scope} "
