@@ -152,10 +152,14 @@ def run_corpus(args: argparse.Namespace) -> int:
             e["category"],
             str(len(e["variants"])),
             ", ".join(sorted({v["bug_family"] for v in e["variants"]})),
+            ", ".join(
+                f"{target} {count}"
+                for target, count in sorted(Counter(v["target"] for v in e["variants"]).items())
+            ),
         ]
         for e in entries
     ]
-    print(table(["operator", "category", "variants", "bug families"], rows))
+    print(table(["operator", "category", "variants", "bug families", "labels for"], rows))
     categories = Counter(e["category"] for e in entries)
     print(
         f"\n{len(entries)} operators, {sum(len(e['variants']) for e in entries)} variants; "

@@ -68,11 +68,14 @@ def run_demo(seed: int = 0, everything: bool = False) -> int:
 def run_checks(seed: int, everything: bool) -> int:
     """Goldens certify, variants fail as labelled, cheats are rejected with their rule."""
     jobs = _jobs(everything)
+    # A variant labelled for a target (a TPU generation, the GPU) is checked on it too: right in
+    # interpret mode, its label holds there.
+    targets = {v.path: v.targets for op in operators() for v in op.variants}
     print(f"checking {len(jobs)} kernels ({PARALLEL_CHECKS} at a time)...", flush=True)
 
     def run(job):
         name, spec, kernel, _ = job
-        report = check(spec, kernel, "all", seed)
+        report = check(spec, kernel, "all", seed, targets=targets.get(kernel))
         print(f"  checked {name}/{kernel.name}", flush=True)
         return report
 
@@ -106,7 +109,10 @@ async def run_repairs() -> int:
     from nearmiss.settings import Settings
     from workflows.loop import Guards
 
-    members = discover(CORPUS_ROOT)
+    # A fleet repairs for fleet-wide targets: variants labelled for a TPU generation or the GPU
+    # (right in interpret mode) are left out of this interpret-target fleet.
+    elsewhere = {v.path for op in operators() for v in op.variants if v.targets}
+    members = [m for m in discover(CORPUS_ROOT) if m.candidate not in elsewhere]
     settings = Settings.from_env()
     print(
         f"\nrepairing {len(members)} near-misses as one fleet with the playbook (zero tokens), "

@@ -6,9 +6,13 @@ glue outside the kernel that no rule may flag (``integrity/manifest.json``).
 
 ``variants.json`` beside the spec lists each near-miss variant with its bug family (one of
 ``BUG_FAMILIES``), the failure class the engine must report, the first suite that exposes it
-(``fails_on``: compact, or extended when the compact suite still passes) and a one-line
-diagnosis. The fix of each variant is its diff back to the golden kernel, computed on demand so
-it can never drift from the files.
+(``fails_on``: compact, or extended when the compact suite still passes), a one-line diagnosis
+and, optionally, the ``target`` the label holds for (a name of ``nearmiss.targets.registry``;
+default ``interpret``). A variant labelled for another target is right in CPU interpret mode —
+it certifies on the interpret target alone — and wrong on its target: its failure class and
+``fails_on`` are what ``check(spec, variant, seed=0, targets=("interpret", target))`` reports
+(``fails_on``: the first suite with a case the target rejects). The fix of each variant is its
+diff back to the golden kernel, computed on demand so it can never drift from the files.
 """
 
 from __future__ import annotations
@@ -41,8 +45,17 @@ BUG_FAMILIES = {
     "blocks are revisited",
     "wrong_normalisation_constant": "N vs N-1, per-tile instead of global statistics",
     "accumulator_overwrite": "each step overwrites the accumulator instead of adding to it",
+    # Right in interpret mode, wrong on the target the label names:
+    "tpu_block_shape": "a block shape the TPU cannot hold: last two dims off the (8, 128) "
+    "tiling, a rank-1 block, blocks beyond the scoped VMEM",
+    "tpu_memory_space": "scratch in pl.ANY (HBM) read and written with plain loads and stores",
+    "unaligned_access": "loads at dynamic offsets the TPU compiler cannot prove aligned "
+    "(packed bfloat16 rows)",
+    "parallel_reduction": "a reduction split across grid steps that may run in parallel: an "
+    "axis declared 'parallel' on TPU, any grid axis on GPU",
 }
 FAILS_ON = ("compact", "extended")
+DEFAULT_TARGET = "interpret"
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,12 @@ class Variant:
     failure_class: str
     fails_on: str
     diagnosis: str
+    target: str = DEFAULT_TARGET  # where the label holds (nearmiss.targets.registry.TARGETS)
+
+    @property
+    def targets(self) -> tuple[str, ...] | None:
+        """The ``targets`` to check the variant with for its label (None: the default)."""
+        return None if self.target == DEFAULT_TARGET else (DEFAULT_TARGET, self.target)
 
 
 @dataclass(frozen=True)
@@ -123,6 +142,7 @@ def load_operator(folder: Path) -> Operator:
             failure_class=e["failure_class"],
             fails_on=e.get("fails_on", "compact"),
             diagnosis=e["diagnosis"],
+            target=e.get("target", DEFAULT_TARGET),
         )
         for e in entries
     )
@@ -153,6 +173,7 @@ def listing(root: Path = CORPUS_ROOT) -> list[dict]:
                     "failure_class": v.failure_class,
                     "fails_on": v.fails_on,
                     "diagnosis": v.diagnosis,
+                    "target": v.target,
                     "fix": fix_diff(op.golden, v.path),
                 }
                 for v in op.variants

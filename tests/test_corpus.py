@@ -10,6 +10,7 @@ from pathlib import Path
 from conftest import run_cli
 from nearmiss.models import FAILURE_CLASSES
 from nearmiss.spec import CATEGORIES
+from nearmiss.targets.registry import INTERPRET, TARGETS
 from pallas_ops.catalog import BUG_FAMILIES, FAILS_ON, integrity_cases
 
 # The minimum per category; gather and convolution count together.
@@ -46,6 +47,10 @@ def test_the_corpus_has_the_promised_breadth():
     assert all(families[f] >= 2 for f in BUG_FAMILIES), families
     severities = Counter(v["fails_on"] for v in variants)
     assert severities["compact"] >= 10 and severities["extended"] >= 10, severities
+    # Near-misses right in interpret mode and wrong where they are meant to run.
+    targets = Counter(v["target"] for v in variants if v["target"] != INTERPRET)
+    assert sum(targets.values()) >= 10 and targets["gpu"] >= 1, targets
+    assert sum(n for t, n in targets.items() if TARGETS[t].is_tpu) >= 9, targets
 
 
 def test_every_entry_is_labelled_and_points_at_real_files():
@@ -57,6 +62,7 @@ def test_every_entry_is_labelled_and_points_at_real_files():
             path = Path(v["path"])
             assert path.is_file(), path
             assert v["bug_family"] in BUG_FAMILIES and v["fails_on"] in FAILS_ON
+            assert v["target"] in TARGETS, v["target"]  # where the label holds
             assert v["failure_class"] in FAILURE_CLASSES and v["diagnosis"].strip()
             assert v["fix"].startswith(f"--- variants/{path.name}"), "the fix is a diff"
             # A reader sees why it fails without reading tests: the file says so up top.

@@ -1,0 +1,51 @@
+"""Bug (TPU): every grid axis is declared "parallel" in dimension_semantics, the K (reduction)
+axis included. Right in interpret mode, which runs the grid in order, but TPU may split a
+parallel axis across TensorCores or run it in any order, while each output block accumulates
+over K: K must be "arbitrary"."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+# TPU blocks: the last two dims a multiple of (8, 128) — (16, 128) for bfloat16 — or the
+# array's whole dim; min() takes the whole dim of an array smaller than one block
+# (K keeps BK: its ragged tail is masked).
+BM, BN, BK = 128, 128, 128
+
+
+def _bmm_body(a_ref, b_ref, o_ref, *, k_size):
+    kk = pl.program_id(3)
+
+    @pl.when(kk == 0)
+    def _init():
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    a = a_ref[0]
+    b = b_ref[0]
+    a_col = kk * BK + jax.lax.broadcasted_iota(jnp.int32, a.shape, 1)
+    b_row = kk * BK + jax.lax.broadcasted_iota(jnp.int32, b.shape, 0)
+    a = jnp.where(a_col < k_size, a, jnp.zeros_like(a))
+    b = jnp.where(b_row < k_size, b, jnp.zeros_like(b))
+    o_ref[0] += jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+
+def kernel(a, b):
+    bsz, m, k = a.shape
+    n = b.shape[2]
+    bm, bn = min(BM, m), min(BN, n)
+    return pl.pallas_call(
+        functools.partial(_bmm_body, k_size=k),
+        grid=(bsz, pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, BK)),
+        in_specs=[
+            pl.BlockSpec((1, bm, BK), lambda bi, i, j, kk: (bi, i, kk)),
+            pl.BlockSpec((1, BK, bn), lambda bi, i, j, kk: (bi, kk, j)),
+        ],
+        out_specs=pl.BlockSpec((1, bm, bn), lambda bi, i, j, kk: (bi, i, j)),
+        out_shape=jax.ShapeDtypeStruct((bsz, m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "parallel")
+        ),
+    )(a, b)

@@ -1,0 +1,35 @@
+"""Bug (TPU): 64 x 64 x 64 tiles, a GPU-style tiling. Right in interpret mode, but a TPU block's
+last two dims must be multiples of (8, 128) or the array's whole dims: the (64, 64) block of A
+(128 x 256) has a last dim of 64, so the TPU compiler refuses the kernel."""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+# Small square tiles keep each program's working set small; min() takes the whole dim of an
+# array smaller than one block.
+BM, BN, BK = 64, 64, 64
+
+
+def _matmul_body(a_ref, b_ref, o_ref):
+    @pl.when(pl.program_id(2) == 0)
+    def _init():
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    o_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+
+def kernel(a, b):
+    m, k = a.shape
+    n = b.shape[1]
+    bm, bn, bk = min(BM, m), min(BN, n), min(BK, k)
+    return pl.pallas_call(
+        _matmul_body,
+        grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)),
+        in_specs=[
+            pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+            pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
+        ],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+    )(a, b)
