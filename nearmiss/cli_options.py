@@ -35,6 +35,7 @@ def add_target_option(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument(
         "--target",
+        dest="targets",  # `fleet` has a positional called target (its manifest)
         metavar="LIST",
         help="where the kernel must be right, a comma list of "
         + ", ".join(TARGETS)
@@ -46,7 +47,7 @@ def targets_from(args: argparse.Namespace) -> list[str]:
     """The targets ``--target`` names, checked (UsageError for a bad one); [] when not given."""
     from nearmiss.targets.registry import parse_targets
 
-    text = getattr(args, "target", None)
+    text = getattr(args, "targets", None)
     return list(parse_targets(text)) if text is not None else []
 
 

@@ -33,7 +33,7 @@ from kb.faults import describe, is_infrastructure_error
 from nearmiss.errors import UsageError
 from nearmiss.inputs import read_source
 from nearmiss.render import table
-from nearmiss.spec import load_spec
+from nearmiss.runner.session import describe_spec
 from workflows.fleet import FleetMember, FleetProgress, FleetRequest, FleetResult, FleetWorkflow
 from workflows.loop import Guards
 from workflows.repair import TASK_QUEUE, Progress, RepairWorkflow
@@ -142,7 +142,7 @@ async def start_fleet(
     members = []
     for f in files:
         if f.spec not in kernels:
-            kernels[f.spec] = load_spec(f.spec).name
+            kernels[f.spec] = (await asyncio.to_thread(describe_spec, f.spec))["name"]
         members.append(
             FleetMember(
                 name=f.name,

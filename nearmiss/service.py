@@ -207,9 +207,9 @@ async def start_session(
     targets: list[str] | None = None,
 ) -> WorkflowHandle:
     """Store the spec and candidate by hash and start a RepairWorkflow on them."""
-    from nearmiss.spec import load_spec
+    from nearmiss.runner.session import describe_spec
 
-    op = load_spec(spec).name
+    op = (await asyncio.to_thread(describe_spec, spec))["name"]
     request = RepairRequest(
         # What is stored is the text read_source admits, never raw bytes of a path.
         spec_hash=await store.put_blob(read_source("spec", spec).encode()),

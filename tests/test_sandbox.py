@@ -15,6 +15,7 @@ from nearmiss.check import check
 from nearmiss.errors import UsageError
 from nearmiss.runner.environment import UNSAFE_ENV, child_environment, isolation_level
 from nearmiss.runner.sandbox import Limits
+from nearmiss.runner.session import describe_spec
 
 
 @pytest.fixture
@@ -276,3 +277,18 @@ def test_the_specs_child_keeps_its_compiled_programs_for_the_next_check(tmp_path
     assert again.cases[0].leaves == first.cases[0].leaves  # same inputs, same numbers
     monkeypatch.setenv("NEARMISS_CACHE_DIR", "off")
     assert check(SOFTMAX_SPEC, OPS / "softmax_rows" / "golden.py", "compact", 0).certified
+
+
+def test_the_engine_reads_a_specs_name_without_running_the_spec_itself(tmp_path):
+    marker = tmp_path / "spec-ran-here"
+    spec = tmp_path / "spec.py"
+    source = (SOFTMAX_SPEC).read_text()
+    # The spec leaves a mark where it runs: never in the engine's process or on the host.
+    spec.write_text(f"open({str(marker)!r}, 'w').close()\n" + source)
+    described = describe_spec(spec)
+    assert described["name"] == "softmax_rows" and described["category"]
+    assert not marker.exists()
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('no spec here')\n")
+    with pytest.raises(UsageError, match="no spec here"):
+        describe_spec(broken)

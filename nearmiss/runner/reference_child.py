@@ -135,6 +135,9 @@ def prepare(channel: Channel, request: dict) -> None:
             for suite, case in cases
         ],
     )
+    if request.get("describe_only"):
+        channel.send(event="done")
+        return
     workdir = Path(request["workdir"])
     integrity = bool(request.get("integrity"))
     parameters = parameter_names(spec)  # the signature once; a case may have fewer inputs

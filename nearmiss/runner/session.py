@@ -606,6 +606,36 @@ class _CandidateRunner(_Child):
         return artifact
 
 
+def describe_spec(spec: Path, limits: Limits | None = None) -> dict[str, Any]:
+    """The spec's ``name``, ``category``, ``description`` and ``targets``, read in the spec's
+    sandboxed child: the engine never runs spec code itself. UsageError (one line) for a spec
+    that does not load."""
+    workdir = scratch_dir("nearmiss-reference-")
+    child = SandboxChild(REFERENCE_MODULE, workdir / "home", limits or Limits(), "cpu")
+    try:
+        child.send(
+            cmd="prepare",
+            spec=str(spec.resolve()),
+            seed=0,
+            suite="compact",
+            workdir=str(workdir / "cases"),
+            describe_only=True,
+        )
+        try:
+            message = child.receive(child.limits.reference_timeout_s)
+        except ChildFailure as exc:
+            raise UsageError(f"the spec's child failed: {exc}") from exc
+        if message["event"] == "spec_error":
+            raise UsageError(str(message.get("message", "the spec does not load")))
+        if message["event"] != "spec":
+            raise UsageError(f"unexpected message from the spec's child: {message['event']}")
+        return {key: message.get(key) for key in ("name", "category", "description", "targets")}
+    finally:
+        child.kill()
+        child.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def run_sandboxed(
     spec: Path,
     candidate: Path,
@@ -748,4 +778,13 @@ def run_sandboxed(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-__all__ = ["KERNEL", "Entry", "Limits", "RawCase", "RawRun", "UsageError", "run_sandboxed"]
+__all__ = [
+    "KERNEL",
+    "Entry",
+    "Limits",
+    "RawCase",
+    "RawRun",
+    "UsageError",
+    "describe_spec",
+    "run_sandboxed",
+]
