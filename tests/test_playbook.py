@@ -1,6 +1,7 @@
 """The playbook fixer: each recipe on small snippets (applies where its pattern is, returns None
 where it is not, leaves everything else alone), ``propose``'s contract, and the playbook over the
-corpus — every near-miss variant, up to three rounds, certified only by the engine.
+corpus — every near-miss variant, up to three rounds, certified only by the engine (on the target
+its label names: a TPU-labelled variant is checked and re-checked with that TPU target).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from activities.fixers.playbook import RECIPES, PlaybookFixer
 from nearmiss.check import check
 from nearmiss.models import FAILURE_CLASSES
 from pallas_ops.catalog import operators
-from pallas_ops.verify import first_failing_suite
+from pallas_ops.verify import first_failing_suite, right_in_interpret, target_fails_on
 from workflows.models import Evidence, FixRequest
 
 HEADER = """import functools
@@ -241,6 +242,63 @@ def kernel(table, ids):
         out_shape=jax.ShapeDtypeStruct((n, d), table.dtype),
     )(ids, table)
 """
+)
+
+
+# Kernels right in interpret mode that a target refuses or races on, and the target's words.
+TPU_IMPORT = "from jax.experimental.pallas import tpu as pltpu\n"
+
+
+def tiling_error(origin: str, block: str, array: str) -> str:
+    return (
+        "tpu-v5e: refuses the kernel (compact-base): The Pallas TPU lowering currently requires "
+        "that the last two dimensions of your block shape are divisible by 8 and 128 "
+        "respectively, or be equal to the respective dimensions of the overall array. Block "
+        f"spec for {origin} in pallas_call _body at k.py:14 has block shape ({block}), array "
+        f"shape ({array}). All 3 cases pass."
+    )
+
+
+ANY_ERROR = (
+    "tpu-v5e: refuses the kernel (compact-base): Loads and stores are only allowed on VMEM and "
+    "SMEM references. ANY memory space can only be accessed using async_copy."
+)
+PARALLEL_REVISIT = (
+    "tpu-v5e: output 0 of kernel '_body' revisits one block along grid axis 2 declared parallel "
+    "(2: parallel); TPU may split a parallel axis across cores or reorder it."
+)
+RACE_DETECTED = (
+    "tpu-v5p (compact-base): TPU interpret mode's race detector saw two TensorCores touch one "
+    "buffer: a grid axis declared 'parallel' whose grid points share an output or scratch block"
+)
+NONCONSECUTIVE = (
+    "tpu-v5e: output 0 of kernel '_body': a block is left at grid point [0, 0] and written "
+    "again at [1, 0] (axis 0); TPU writes a block back when it is left and does not read it "
+    "again. Put the revisiting (reduction) axis last in the grid."
+)
+
+
+def semantics(*axes: str, spelling: str = "pltpu.CompilerParams({})") -> str:
+    """A compiler_params argument declaring ``axes`` (a format string for the spelling)."""
+    inner = f"dimension_semantics=({', '.join(repr(a).replace(chr(39), chr(34)) for a in axes)})"
+    return f"        compiler_params={spelling.format(inner)},\n"
+
+
+def with_tpu(source: str) -> str:
+    return source.replace(
+        "from jax.experimental import pallas as pl\n",
+        "from jax.experimental import pallas as pl\n" + TPU_IMPORT,
+    )
+
+
+MATMUL_MIN = (
+    MATMUL_OK.replace(
+        "    n = b.shape[1]\n",
+        "    n = b.shape[1]\n    bm, bn, bk = min(BM, m), min(BN, n), min(BK, k)\n",
+    )
+    .replace("((BM, BK),", "((bm, bk),")
+    .replace("((BK, BN),", "((bk, bn),")
+    .replace("((BM, BN),", "((bm, bn),")
 )
 
 
@@ -546,6 +604,87 @@ APPLIES = [
         ["o_ref[...] = mean_sq - mean * mean"],
         ["o_ref[...] = jnp.mean((x - mean) * (x - mean), axis=-1, keepdims=True)"],
     ),
+    (
+        "tpu_block_tiling",  # B's block (BK, BN): BN, a bare module constant, rounds up to 128
+        MATMUL_OK,
+        evidence("compile_error", diagnosis=tiling_error("args[1]", "128, 64", "256, 128")),
+        ["BR, BC, BM, BN, BK = 8, 128, 64, 64, 128"],
+        ["BR, BC, BM, BN, BK = 8, 128, 64, 128, 128"],
+    ),
+    (
+        "tpu_block_tiling",  # a sublane dim through a local min(); the other min() tiles too
+        MATMUL_MIN.replace("8, 128, 64, 64, 128", "8, 128, 60, 64, 64"),
+        evidence("compile_error", diagnosis=tiling_error("outputs", "60, 64", "128, 128")),
+        ["BR, BC, BM, BN, BK = 8, 128, 60, 64, 64"],
+        ["BR, BC, BM, BN, BK = 8, 128, 64, 128, 128"],
+    ),
+    (
+        "tpu_block_tiling",  # one row per program: the rows' block rounds up to 8
+        rows("    o_ref[...] = x_ref[...]\n").replace("8, 128, 64, 64, 128", "1, 128, 64, 64, 128"),
+        evidence("compile_error", diagnosis=tiling_error("args[0]", "1, 256", "64, 256")),
+        ["BR, BC, BM, BN, BK = 1, 128, 64, 64, 128"],
+        ["BR, BC, BM, BN, BK = 8, 128, 64, 64, 128"],
+    ),
+    (
+        "vmem_scratch",  # and the TPU module is imported
+        cumsum(),
+        evidence("compile_error", diagnosis=ANY_ERROR),
+        ["scratch_shapes=[pl.ANY((BR, 1), jnp.float32)],"],
+        [TPU_IMPORT.strip(), "scratch_shapes=[pltpu.VMEM((BR, 1), jnp.float32)],"],
+    ),
+    (
+        "vmem_scratch",
+        with_tpu(flash()).replace("pltpu", "tpu"),
+        evidence("compile_error", diagnosis=ANY_ERROR),
+        ["pl.ANY((BM, 1), jnp.float32),"] * 2 + ["pl.ANY((BM, dim), jnp.float32),"],
+        ["tpu.VMEM((BM, 1), jnp.float32),"] * 2 + ["tpu.VMEM((BM, dim), jnp.float32),"],
+    ),
+    (
+        "arbitrary_reduction_axis",  # the axis the output's index_map ignores
+        with_tpu(MATMUL_OK).replace(
+            "    )(a, b)", semantics("parallel", "parallel", "parallel") + "    )(a, b)"
+        ),
+        evidence("grid_race", diagnosis=PARALLEL_REVISIT),
+        [semantics("parallel", "parallel", "parallel").strip()],
+        [semantics("parallel", "parallel", "arbitrary").strip()],
+    ),
+    (
+        "arbitrary_reduction_axis",  # scratch carried along KV; a dict spelling; no axis named
+        flash().replace(
+            "    )(q, k, v)",
+            semantics("parallel", "parallel", spelling="dict(mosaic=dict({}))") + "    )(q, k, v)",
+        ),
+        evidence("grid_race", diagnosis=RACE_DETECTED),
+        [semantics("parallel", "parallel", spelling="dict(mosaic=dict({}))").strip()],
+        [semantics("parallel", "arbitrary", spelling="dict(mosaic=dict({}))").strip()],
+    ),
+    (
+        "reduction_axis_last",  # a TPU grid race: the declared semantics move with the axes
+        with_tpu(flash(kv_first=True)).replace(
+            "    )(q, k, v)", semantics("arbitrary", "parallel") + "    )(q, k, v)"
+        ),
+        evidence("grid_race", diagnosis=NONCONSECUTIVE),
+        [
+            "kv = pl.program_id(0)",
+            "@pl.when(kv == pl.num_programs(0) - 1)",
+            "grid=(pl.cdiv(seq, BN), pl.cdiv(seq, BM)),",
+            "pl.BlockSpec((BM, dim), lambda j, i: (i, 0)),",
+            "pl.BlockSpec((BN, dim), lambda j, i: (j, 0)),",
+            "pl.BlockSpec((BN, dim), lambda j, i: (j, 0)),",
+            "out_specs=pl.BlockSpec((BM, dim), lambda j, i: (i, 0)),",
+            semantics("arbitrary", "parallel").strip(),
+        ],
+        [
+            "kv = pl.program_id(1)",
+            "@pl.when(kv == pl.num_programs(1) - 1)",
+            "grid=(pl.cdiv(seq, BM), pl.cdiv(seq, BN)),",
+            "pl.BlockSpec((BM, dim), lambda i, j: (i, 0)),",
+            "pl.BlockSpec((BN, dim), lambda i, j: (j, 0)),",
+            "pl.BlockSpec((BN, dim), lambda i, j: (j, 0)),",
+            "out_specs=pl.BlockSpec((BM, dim), lambda i, j: (i, 0)),",
+            semantics("parallel", "arbitrary").strip(),
+        ],
+    ),
 ]
 
 # (recipe, source, evidence): the pattern is absent (or the code is already right) → None.
@@ -687,6 +826,43 @@ ABSENT = [
             "    o_ref[...] = jnp.mean((x - mean) * (x - mean), axis=-1, keepdims=True)\n"
         ),
         evidence("unstable"),
+    ),
+    (
+        "tpu_block_tiling",  # the blocks fit; the error is another one
+        MATMUL_OK,
+        evidence("compile_error", diagnosis=ANY_ERROR),
+    ),
+    (
+        "tpu_block_tiling",  # a literal block dim: the grid is likely written for it too
+        rows("    o_ref[...] = x_ref[...]\n", block="(4, cols)"),
+        evidence("compile_error", diagnosis=tiling_error("args[0]", "4, 256", "64, 256")),
+    ),
+    (
+        "tpu_block_tiling",  # a block dim computed from the array: no constant sets it
+        rows("    o_ref[...] = x_ref[...]\n", block="(rows // 3, cols)"),
+        evidence("compile_error", diagnosis=tiling_error("args[0]", "21, 256", "64, 256")),
+    ),
+    ("vmem_scratch", cumsum(), evidence("compile_error", diagnosis=swap_error("y = 3"))),
+    (
+        "vmem_scratch",  # already VMEM
+        with_tpu(cumsum()).replace("pl.ANY((BR", "pltpu.VMEM((BR"),
+        evidence("compile_error", diagnosis=ANY_ERROR),
+    ),
+    (
+        "arbitrary_reduction_axis",  # the reduction axis is already arbitrary
+        with_tpu(MATMUL_OK).replace(
+            "    )(a, b)", semantics("parallel", "parallel", "arbitrary") + "    )(a, b)"
+        ),
+        evidence("grid_race", diagnosis=PARALLEL_REVISIT),
+    ),
+    (
+        "arbitrary_reduction_axis",  # a GPU race: no semantics to change
+        MATMUL_OK,
+        evidence(
+            "grid_race",
+            diagnosis="gpu: output 0 of kernel '_body': one block is written "
+            "by several grid points along axis 2; GPU grid programs run concurrently",
+        ),
     ),
 ]
 
@@ -871,6 +1047,14 @@ EXPECTED_REPAIRS = {
     "sum_squares/missing_init",
     "sum_squares/unmasked_tail",
     "take_along_rows/no_out_init",
+    # Right in interpret mode, refused or racing on their target (checked with it):
+    "batched_matmul/tpu_parallel_k",
+    "col_sum/tpu_rows_outer",
+    "cumsum_rows/tpu_any_scratch",
+    "flash_attention/tpu_any_scratch",
+    "flash_attention/tpu_parallel_kv",
+    "matmul/tpu_misaligned_block",
+    "softmax_rows/tpu_one_row_block",
 }
 
 
@@ -883,16 +1067,24 @@ def test_expected_repairs_name_corpus_variants():
     assert names >= EXPECTED_REPAIRS
     total = sum(len(op.variants) for op in operators())
     print(f"playbook repairs {len(EXPECTED_REPAIRS)}/{total} corpus variants")
-    assert len(EXPECTED_REPAIRS) == 45
+    assert len(EXPECTED_REPAIRS) == 52
 
 
 @pytest.mark.parametrize(("op", "variant"), VARIANTS, ids=[variant_id(op, v) for op, v in VARIANTS])
 async def test_playbook_over_the_corpus(op, variant, tmp_path: Path, record_property):
     # The corpus sweep's check of this variant: its labelled class on its labelled suite, and
-    # a bug, not a cheat. Then the playbook repairs it from that evidence.
-    report = check(op.spec, variant.path, seed=0)
+    # a bug, not a cheat. Then the playbook repairs it from that evidence. A variant labelled
+    # for a target is checked with it (and the interpret target), every round: the same CPU
+    # interpret run must certify on its own — the kernel is right in interpret mode.
+    targets = variant.targets
+    report = check(op.spec, variant.path, seed=0, targets=targets)
     assert not report.certified
-    got = (report.failure_class, first_failing_suite(report))
+    if targets:
+        assert right_in_interpret(report), report.diagnosis
+        fails_on = target_fails_on(op.spec, variant.path, variant.target, report)
+    else:
+        fails_on = first_failing_suite(report)
+    got = (report.failure_class, fails_on)
     assert got == (variant.failure_class, variant.fails_on), report.diagnosis
     assert report.integrity.ok, report.integrity.violations
     source, tried, steps = variant.path.read_text(), [], []
@@ -919,7 +1111,7 @@ async def test_playbook_over_the_corpus(op, variant, tmp_path: Path, record_prop
         tried.append(result.summary)
         source = result.source
         candidate.write_text(source)
-        report = check(op.spec, candidate, seed=0)
+        report = check(op.spec, candidate, seed=0, targets=targets)
         steps.append(f"{result.summary} -> {report.failure_class or 'certified'}")
         if report.certified:
             break

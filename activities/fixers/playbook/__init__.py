@@ -13,7 +13,12 @@ session, and returns the first that changes the source — zero tokens, always.
 from __future__ import annotations
 
 # Importing the recipe modules registers their recipes, in this order.
-from activities.fixers.playbook import recipes_compile, recipes_state, recipes_values  # noqa: F401
+from activities.fixers.playbook import (  # noqa: F401
+    recipes_compile,
+    recipes_state,
+    recipes_target,
+    recipes_values,
+)
 from activities.fixers.playbook.registry import RECIPES, Recipe
 from workflows.models import Evidence, FixRequest, FixResult, TokenUsage
 

@@ -14,6 +14,7 @@ from activities.fixers.playbook.source import (
     _bodies,
     _call_of,
     _combined_by,
+    _dimension_semantics,
     _dotted,
     _Edit,
     _first_line,
@@ -181,15 +182,16 @@ def out_index_map_axis(mod: _Module, evidence: Evidence) -> list[_Edit]:
 
 @_recipe(
     "reduction_axis_last",
-    ("wrong_values", "nan_inf"),
+    ("wrong_values", "nan_inf", "grid_race"),
     "a reduction grid axis placed before parallel axes → moved innermost (grid, index maps, ids)",
 )
 def reduction_axis_last(mod: _Module, evidence: Evidence) -> list[_Edit]:
     """Pattern: the output's index_map ignores a grid axis (a reduction) that comes before axes
     it uses, so output blocks — and scratch carried along the reduction — are revisited after
-    other blocks clobbered them. Fix: permute the grid so reduction axes are innermost: the grid
-    entries, every index_map's parameters, and the body's ``pl.program_id(k)`` /
-    ``pl.num_programs(k)`` axis numbers."""
+    other blocks clobbered them (on TPU, a block left and re-entered is not read again: a grid
+    race). Fix: permute the grid so reduction axes are innermost: the grid entries, every
+    index_map's parameters, the declared ``dimension_semantics`` and the body's
+    ``pl.program_id(k)`` / ``pl.num_programs(k)`` axis numbers."""
     edits = []
     for call in _pallas_calls(mod):
         grid, body = call.grid, call.body
@@ -203,6 +205,13 @@ def reduction_axis_last(mod: _Module, evidence: Evidence) -> list[_Edit]:
         for new, old in enumerate(order):
             if new != old:
                 edits.append(_replace(grid.elts[new], _text(mod.source, grid.elts[old])))
+        semantics = _dimension_semantics(call)
+        if semantics is not None and len(semantics.elts) == rank:
+            edits += [
+                _replace(semantics.elts[n], _text(mod.source, semantics.elts[o]))
+                for n, o in enumerate(order)
+                if n != o
+            ]
         for spec in call.in_specs + call.out_specs:
             params = index_map.args.args if (index_map := _index_map(spec)) else []
             if len(params) == rank:

@@ -227,6 +227,30 @@ def _pallas_calls(mod: _Module) -> list[_PallasCall]:
     return calls
 
 
+def _dimension_semantics(call: _PallasCall) -> ast.Tuple | ast.List | None:
+    """The ``dimension_semantics`` tuple a pallas_call's ``compiler_params`` declares, in any
+    spelling: ``pltpu.CompilerParams(dimension_semantics=...)``, ``dict(mosaic=dict(...))`` or a
+    ``{"mosaic": {...}}`` literal; None when it declares none."""
+    params = _resolve(call.scope, _kwarg(call.node, "compiler_params"))
+    for _ in range(3):
+        if isinstance(params, ast.Call):
+            found = _kwarg(params, "dimension_semantics") or _kwarg(params, "mosaic")
+        elif isinstance(params, ast.Dict):
+            keys = [k.value if isinstance(k, ast.Constant) else None for k in params.keys]
+            wanted = [v for k, v in zip(keys, params.values, strict=True) if k in _SEMANTICS_KEYS]
+            found = wanted[0] if wanted else None
+        else:
+            return None
+        found = _resolve(call.scope, found)
+        if isinstance(found, ast.Tuple | ast.List):
+            return found
+        params = found
+    return None
+
+
+_SEMANTICS_KEYS = ("dimension_semantics", "mosaic")
+
+
 def _bodies(mod: _Module) -> list[ast.FunctionDef]:
     """Kernel bodies: functions handed to pallas_call, else functions taking ``*_ref`` args."""
     found = [c.body for c in _pallas_calls(mod) if c.body is not None]
