@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from fake_openai import FakeOpenAI, answer
 
 from conftest import OPS, private_stack, run_cli
 from infra.devstack import PostgresService, pid_alive
+from nearmiss.check import check
 
 SOFTMAX = OPS / "softmax_rows"
 
@@ -44,6 +46,28 @@ def test_repair_with_a_model_certifies_writes_the_fix_and_prints_json(
     assert report["fixed_path"] == str(fixed)
     assert "pl.cdiv(rows, BLOCK_R)" in fixed.read_text()
     assert "+        grid=(pl.cdiv(rows, BLOCK_R),)," in report["diff"]
+
+
+def test_a_repair_for_a_tpu_target_ends_certified_for_it(temporal_address, postgres_dsn, tmp_path):
+    # Right in interpret mode, refused by TPU v5e (64-wide blocks off the (8, 128) tiling): the
+    # playbook repairs it from the target's own error, and the certificate is for tpu-v5e.
+    matmul = OPS / "matmul"
+    candidate = tmp_path / "tpu_misaligned_block.py"
+    candidate.write_text((matmul / "variants" / "tpu_misaligned_block.py").read_text())
+    env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
+    result = run_cli(
+        "repair", matmul / "spec.py", candidate, "--target", "tpu-v5e", "--json", env=env
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["certified"] is True and report["stop_reason"] == "certified"
+    assert report["rounds"] >= 1  # not certified as it was: the target refused it
+    fixed = Path(report["fixed_path"])
+    assert "BM, BN, BK = 64, 64, 64" not in fixed.read_text()
+    # The certified kernel compiles for the target (libtpu, compile-only), checked afresh.
+    again = check(matmul / "spec.py", fixed, "compact", 1, targets=("tpu-v5e",))
+    tpu = again.targets["tpu-v5e"]
+    assert again.certified and tpu.ok and tpu.compile_s > 0, again.diagnosis
 
 
 def test_without_configured_services_the_embedded_stack_runs_for_the_command(tmp_path):
