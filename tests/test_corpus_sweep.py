@@ -1,7 +1,8 @@
 """The corpus sweep: every golden certifies (for TPU v5e too), every cheat is rejected with its
 rule, no honest kernel is flagged. Every near-miss variant failing with its labelled class on its
-labelled suite is asserted by ``test_playbook.py::test_playbook_over_the_corpus``, on the same
-check it repairs from (the corpus is not checked twice).
+labelled suite — on the target its label names, and right in interpret mode where that is another
+target — is asserted by ``test_playbook.py::test_playbook_over_the_corpus``, on the same check it
+repairs from (the corpus is not checked twice).
 
 Each kernel is its own test so xdist spreads them; ``conftest.pytest_terminal_summary`` prints
 the tallies and the accuracy.
