@@ -8,7 +8,7 @@ regeneration from the spec. A *near-miss* is one labelled variant of the corpus,
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -102,15 +102,16 @@ class NearMiss:
         }
 
 
-def corpus() -> dict[str, NearMiss]:
-    """Every near-miss of the bundled corpus by id, in corpus order: those labelled for the
-    interpret target. A variant labelled for a TPU generation or the GPU is right in interpret
-    mode, and an experiment's sessions run on the interpret target, so it would count as a
-    success before any round."""
+def corpus(targets: Iterable[str] = ()) -> dict[str, NearMiss]:
+    """Every near-miss of the bundled corpus by id, in corpus order, whose label holds where the
+    experiment checks: those labelled for the interpret target, and those labelled for one of
+    ``targets``. A variant labelled for a TPU generation or the GPU is right in interpret mode:
+    in an experiment that does not check its target it would count as a success before any
+    round."""
     found = {}
     for op in operators():
         for v in op.variants:
-            if v.targets:
+            if v.targets and v.target not in targets:
                 continue
             nm = NearMiss(
                 f"{op.name}/{v.path.stem}",
@@ -137,9 +138,10 @@ def default_sample(everything: dict[str, NearMiss]) -> list[NearMiss]:
     return [firsts[c] for c in sorted(firsts)]
 
 
-def select(names: list[str]) -> list[NearMiss]:
-    """Near-misses from operator names (all their variants) or ``op/variant`` ids."""
-    everything = corpus()
+def select(names: list[str], targets: Iterable[str] = ()) -> list[NearMiss]:
+    """Near-misses from operator names (all their variants) or ``op/variant`` ids, among those
+    ``corpus(targets)`` holds."""
+    everything = corpus(targets)
     if not names:
         return default_sample(everything)
     chosen: dict[str, NearMiss] = {}
@@ -180,7 +182,7 @@ class ExperimentConfig(BaseModel):
         """Check the input (a usage error before anything starts), then expand
         ``near_misses`` to op/variant ids; returns those near-misses."""
         self.validate_usage()
-        chosen = select(self.near_misses)
+        chosen = select(self.near_misses, self.targets)
         self.near_misses = [nm.id for nm in chosen]
         return chosen
 
