@@ -22,16 +22,20 @@ from jax.experimental.pallas import tpu as pltpu
 
 from nearmiss.integrity import grid
 from nearmiss.integrity.grid import grid_findings
+from nearmiss.targets import lowering_for
 
 ROOT = Path(__file__).resolve().parents[1]
 F32 = jnp.float32
 
 
 def _export(fn, *shapes, platform="tpu"):
+    """The kernel as the candidate's child exports it for a TPU target: lowered for v5e's chip,
+    with interpret mode off (another test in this process may have forced it on)."""
     structs = [
         s if isinstance(s, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(s, F32) for s in shapes
     ]
-    return jax.export.export(jax.jit(fn), platforms=[platform])(*structs)
+    with lowering_for("tpu-v5e"):
+        return jax.export.export(jax.jit(fn), platforms=[platform])(*structs)
 
 
 def _kinds(report):
@@ -390,16 +394,6 @@ def _golden(op: str):
     )
 
 
-@pytest.fixture
-def tpu_chip_for_lowering(monkeypatch):
-    """Some lowerings ask the default backend (CPU here) for the TPU chip; answer v5e.
-    Local to these tests (nearmiss/targets/ does this for the engine)."""
-    from jax._src.pallas.mosaic import tpu_info
-
-    chip = tpu_info.get_tpu_info_for_chip(tpu_info.ChipVersion.TPU_V5E, 1)
-    monkeypatch.setattr(tpu_info, "get_tpu_info", lambda: chip)
-
-
 def test_corpus_matmul_golden_races_on_gpu_only():
     exported = _golden("matmul")
     assert _kinds(grid_findings(exported, "gpu")) == [("grid_race", 0, [2])]
@@ -413,7 +407,7 @@ def test_corpus_row_kernels_have_no_findings():
             assert grid_findings(exported, semantics).ok, (op, semantics)
 
 
-def test_corpus_col_sum_golden_accumulates_along_its_last_axis(tpu_chip_for_lowering):
+def test_corpus_col_sum_golden_accumulates_along_its_last_axis():
     exported = _golden("col_sum")
     assert _kinds(grid_findings(exported, "gpu")) == [("grid_race", 0, [1])]
     tpu = grid_findings(exported, "tpu")

@@ -48,13 +48,13 @@ async def test_a_real_repair_reports_its_map_diff_and_timeline(client, store, tm
     html = html_path.read_text()
     assert html_path.name == f"{slug(handle.id)}.html" and "<script" not in html
     assert 'class="certified">certified' in html and "nan_inf" in html
-    # The original's map: 128 × 128 output in 2 × 2 cells → 512 px, the 64 × 64 tiles' edges
-    # at pixel 256. The missing init fails everywhere, so there is no white cell to find.
+    # The original's map: 128 × 128 output in 2 × 2 cells → 512 px, one 128 × 128 tile (TPU
+    # tiling). The missing init fails everywhere, so there is no white cell to find.
     pictures = [decode_png(base64.b64decode(data)) for data in PNG_URI.findall(html)]
     assert pictures and pictures[0].shape == (512, 512, 3)
-    assert (pictures[0][256, :] == 40).all() and (pictures[0][:, 256] == 40).all()
+    assert not (pictures[0] == 255).all(axis=-1).any()
     assert "round 0 · candidate " in html and "compact/base · output " in html
-    assert "64 × 64 output tiles" in html
+    assert "128 × 128 output tiles" in html
     # The timeline tells the fix in words; the diff shows the zeroing the playbook added.
     assert f"proposed {fix['candidate_hash'].split(':')[1][:8]}: {fix['summary']}" in html
     assert re.search(r'<span class="add">\+\s+o_ref\[\.\.\.\] = jnp\.zeros', html), html

@@ -135,8 +135,8 @@ def test_error_map_shows_the_bad_tiles(op, variant, block, grid, bad_tiles, pict
 def test_error_map_of_a_case_that_does_not_compile_gives_the_error():
     outcome = error_map(MATMUL / "spec.py", MATMUL / "variants" / "index_map_arity.py")
     assert outcome.ok and outcome.tiles is None and outcome.failure_class == "compile_error"
-    assert outcome.run_error.location == "index_map_arity.py:21"
-    assert "nothing to map" in outcome.summary and "index_map_arity.py:21" in outcome.summary
+    assert outcome.run_error.location == "index_map_arity.py:24"
+    assert "nothing to map" in outcome.summary and "index_map_arity.py:24" in outcome.summary
 
 
 def test_tile_counts_and_a_grouped_picture():
@@ -220,15 +220,15 @@ def test_a_probe_that_raises_gives_its_error_and_line():
 
 
 def test_lower_for_tpu_reports_the_tiling_rule_and_the_kernel_line():
-    # A rank-1 block of 16 ids breaks Mosaic's tiling rule for 1-D blocks; CPU interpret mode
-    # runs it happily.
-    gather = OPS / "embedding_gather"
-    outcome = lower(gather / "spec.py", gather / "golden.py", platform="tpu")
+    # Rank-1 blocks break Mosaic's tiling rule for 1-D blocks; CPU interpret mode runs them
+    # happily (the corpus's near-miss for TPU v5e).
+    matvec = OPS / "matvec"
+    outcome = lower(matvec / "spec.py", matvec / "variants" / "tpu_rank1_blocks.py", platform="tpu")
     assert outcome.ok, outcome.error
     if outcome.status == "unavailable":
         pytest.skip(f"this JAX cannot lower for TPU: {outcome.detail}")
     assert outcome.status == "failed" and outcome.target == "tpu"
-    assert outcome.lowering_error.location == "golden.py:12"
+    assert outcome.lowering_error.location == "tpu_rank1_blocks.py:16"
     assert "block shape" in outcome.lowering_error.message
     assert outcome.summary.startswith("case compact/base") and "FAILED lowering" in outcome.summary
     _bounded(outcome.summary)
