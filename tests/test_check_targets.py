@@ -82,3 +82,12 @@ def test_the_cli_reports_each_target_and_refuses_unknown_ones():
     assert text.returncode == 0 and "target tpu-v5e: ok (compiled" in text.stdout, text.stdout
     bad = run_cli("check", MATMUL_SPEC, OPS / "matmul" / "golden.py", "--target", "tpu-v9")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "tpu-v9" in bad.stderr
+
+
+def test_a_case_wrong_in_program_order_is_not_blamed_on_the_targets_order():
+    # The floor-division grid leaves a ragged tail unwritten: wrong in every order, a boundary
+    # bug, not a grid race on TPU.
+    variant = OPS / "softmax_rows" / "variants" / "floor_grid.py"
+    report = check(OPS / "softmax_rows" / "spec.py", variant, "all", 1, targets=("tpu-v5e",))
+    assert report.targets["tpu-v5e"].ok, report.targets["tpu-v5e"]
+    assert report.failure_class == "boundary" and not report.certified
