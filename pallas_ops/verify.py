@@ -19,8 +19,8 @@ _CASE_KEY = re.compile(r"\((compact|extended)-[^)\s]*\)")
 
 def first_failing_suite(report, target: str | None = None) -> str | None:
     """The first suite whose numbers fail; when they all pass and ``target`` refused the kernel,
-    the suite of the first case the target's evidence names. None when neither is known (a
-    finding read from the kernel's grid names no case: ``target_fails_on`` then asks)."""
+    the suite of the first case the target's evidence names (findings carry their case). None
+    when neither is known: ``target_fails_on`` then asks."""
     if report.compact_passed is False:
         return "compact"
     if report.extended_passed is False:
@@ -31,8 +31,8 @@ def first_failing_suite(report, target: str | None = None) -> str | None:
     if result.failure_class == "compile_error" and (match := _CASE_KEY.search(result.error or "")):
         return match.group(1)  # a refusal: the target judges the cases in order
     named = [f["case"].split("-", 1)[0] for f in result.findings if f.get("case")]
-    if result.failure_class != "compile_error" and "compact" in named:
-        return "compact"
+    if result.failure_class != "compile_error" and named:
+        return "compact" if "compact" in named else "extended"
     return None
 
 

@@ -66,7 +66,7 @@ def judge_target(
                 continue
             seen_findings.add(signature)
             if len(result.findings) < MAX_FINDINGS:
-                result.findings.append(dict(finding))
+                result.findings.append(dict(finding) | {"case": key})
             result.ok = False
             result.failure_class = result.failure_class or "grid_race"
             result.error = result.error or f"{target}: {finding.get('detail', '')}"
