@@ -1,0 +1,126 @@
+"""Target attacks: kernels wrong on their target, made to look right there.
+
+A check for a target (``tpu-v5e``, ``tpu-v5p``, ``gpu``) adds, to the numbers of the CPU interpret
+run, the chip's compiler and grid semantics on a TPU lowering the candidate's child exports, and
+for TPU targets a run under JAX's TPU interpret mode in the candidate's child. Each test here runs
+one hostile candidate (``tests/forgeries/target_*.py``; its docstring says what it tries) and
+looks at the effect: the numbers are right in program order, and the target still refuses it.
+
+Candidates in ``tests/forgeries/target_*.py`` without a test here are attacks that were
+CERTIFIED while wrong on their target when they were written (their docstrings say how): a fix
+should add their test, asserting ``not report.certified``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import MATMUL_SPEC, OPS, PLANTED
+from nearmiss import check as check_module
+from nearmiss.check import check
+
+FORGERIES = Path(__file__).resolve().parent / "forgeries"
+DOUBLE_SPEC = PLANTED / "tpu_spec" / "spec.py"
+CUMSUM_SPEC = OPS / "cumsum_rows" / "spec.py"
+
+
+@pytest.fixture
+def no_static_gate(monkeypatch):
+    monkeypatch.setattr(check_module, "static_violations", lambda source, name: [])
+
+
+def right_in_program_order(report) -> bool:
+    return bool(report.cases) and all(c.passed for c in report.cases) and report.integrity.ok
+
+
+def kinds(result) -> set[str]:
+    return {finding["kind"] for finding in result.findings}
+
+
+def test_a_carry_across_a_parallel_axis_is_stopped_by_the_tpu_semantics_run():
+    # Each output block is written once, so the grid has nothing to say and Mosaic compiles it:
+    # only the run under TPU interpret mode (two cores, random order) sees the lost carry.
+    report = check(
+        CUMSUM_SPEC, FORGERIES / "target_parallel_carry.py", "compact", 3, targets=("tpu-v5p",)
+    )
+    tpu = report.targets["tpu-v5p"]
+    assert right_in_program_order(report)
+    assert not report.certified and not tpu.ok and tpu.failure_class == "grid_race"
+    assert kinds(tpu) & {"order_dependent", "race_detected"}, tpu.findings
+    assert not kinds(tpu) & {"parallel_revisit", "nonconsecutive_revisit"}, tpu.findings
+
+
+def test_an_output_written_by_dma_leaves_the_grid_undetermined_not_clean():
+    report = check(
+        DOUBLE_SPEC,
+        FORGERIES / "target_any_output.py",
+        "compact",
+        3,
+        targets=("tpu-v5p", "gpu"),
+    )
+    assert right_in_program_order(report)
+    assert not report.certified
+    for name in ("tpu-v5p", "gpu"):
+        result = report.targets[name]
+        assert not result.ok, (name, result)
+        assert any("ANY" in reason for reason in result.undetermined), (name, result.undetermined)
+
+
+def test_a_revisit_behind_a_scalar_prefetch_table_leaves_the_grid_undetermined():
+    report = check(
+        DOUBLE_SPEC,
+        FORGERIES / "target_prefetch_index.py",
+        "compact",
+        3,
+        targets=("tpu-v5p", "gpu"),
+    )
+    assert right_in_program_order(report)
+    assert not report.certified
+    for name in ("tpu-v5p", "gpu"):
+        result = report.targets[name]
+        assert not result.ok, (name, result)
+        assert any("scalar-prefetch" in r for r in result.undetermined), (name, result.undetermined)
+
+
+def test_a_racing_kernel_inside_a_branch_after_a_harmless_one_is_found():
+    report = check(
+        MATMUL_SPEC, FORGERIES / "target_nested_kernels.py", "compact", 3, targets=("gpu",)
+    )
+    gpu = report.targets["gpu"]
+    assert right_in_program_order(report)
+    assert not report.certified and not gpu.ok and gpu.failure_class == "grid_race"
+    race = next(f for f in gpu.findings if f["kind"] == "grid_race")
+    assert race["kernel_name"] == "_matmul_body" and race["axes"] == [2], race
+
+
+def test_a_dma_race_inside_one_program_is_stopped_by_the_tpu_semantics_run():
+    # No grid (one program): nothing is revisited and Mosaic compiles it.
+    report = check(
+        DOUBLE_SPEC, FORGERIES / "target_dma_race.py", "compact", 3, targets=("tpu-v5e",)
+    )
+    tpu = report.targets["tpu-v5e"]
+    assert right_in_program_order(report)
+    assert not report.certified and not tpu.ok
+    assert "race_detected" in kinds(tpu), tpu.findings
+
+
+def test_a_lowering_the_child_claims_is_judged_on_the_bytes_it_filed(no_static_gate):
+    # The child files its CPU interpret artifact as the chip's and says "ok".
+    report = check(
+        MATMUL_SPEC, FORGERIES / "target_forged_lowering.py", "compact", 3, targets=("tpu-v5e",)
+    )
+    tpu = report.targets["tpu-v5e"]
+    assert all(c.passed for c in report.cases)
+    assert not report.certified and not tpu.ok and tpu.failure_class == "compile_error"
+    assert "not ['tpu']" in tpu.error, tpu.error
+
+
+def test_a_forged_lowering_does_not_even_run_past_the_static_gate():
+    report = check(
+        MATMUL_SPEC, FORGERIES / "target_forged_lowering.py", "compact", 3, targets=("tpu-v5e",)
+    )
+    assert not report.certified and not report.cases  # never executed
+    assert "forbidden_import" in {v.rule for v in report.integrity.violations}
+    assert "not executed" in report.diagnosis
