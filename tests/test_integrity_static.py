@@ -160,6 +160,18 @@ BYPASSES = [
     ("import jax\nwith jax.experimental.enable_x64():\n    pass\n", "config_tamper"),
     ("import jax\nwith jax.numpy_dtype_promotion('standard'):\n    pass\n", "config_tamper"),
     ("import jax\nwith jax.disable_jit():\n    pass\n", "config_tamper"),
+    # Where or how the kernel is traced: a kernel that can tell can be one kernel for the
+    # engine and another on the chip (tests/forgeries/target_*.py).
+    (
+        "from jax.extend import backend\nkind = backend.get_default_device().device_kind\n",
+        "config_tamper",
+    ),
+    ("import jax\non_cpu = jax.default_backend() == 'cpu'\n", "config_tamper"),
+    ("import jax\nmesh = jax.sharding.get_abstract_mesh()\n", "config_tamper"),
+    (
+        "from jax.experimental.pallas import tpu as pltpu\nm = pltpu.force_tpu_interpret_mode\n",
+        "config_tamper",
+    ),
     # A second path for the computation.
     (
         "def kernel(x):\n    try:\n        return fast(x)\n    finally:\n        return x\n",
@@ -196,7 +208,6 @@ HONEST = [
     "import jax\nk = jax._src.dtypes.canonicalize_dtype(jax.numpy.float32)\n",
     "import jax.experimental.pallas.tpu as pltpu\nfrom jax.experimental.pallas import triton\n",
     "import numpy as np\nnp.testing.assert_allclose(np.ones(2), np.ones(2))\n",
-    "from jax.extend import backend\nkind = backend.get_default_device().device_kind\n",
     "from __future__ import annotations\nimport typing\n"
     "def f(x: 'jax.Array', y: typing.Optional['int'] = None) -> 'tuple[int, int]': ...\n",
     "import dataclasses\nimport jax\n@jax.tree_util.register_dataclass\n"

@@ -6,9 +6,9 @@ for TPU targets a run under JAX's TPU interpret mode in the candidate's child. E
 one hostile candidate (``tests/forgeries/target_*.py``; its docstring says what it tries) and
 looks at the effect: the numbers are right in program order, and the target still refuses it.
 
-Candidates in ``tests/forgeries/target_*.py`` without a test here are attacks that were
-CERTIFIED while wrong on their target when they were written (their docstrings say how): a fix
-should add their test, asserting ``not report.certified``.
+Candidates in ``tests/forgeries/target_*.py`` without a test here are attacks that are still
+CERTIFIED while wrong on their target (their docstrings say how): a fix should add their test,
+asserting ``not report.certified``.
 """
 
 from __future__ import annotations
@@ -124,3 +124,23 @@ def test_a_forged_lowering_does_not_even_run_past_the_static_gate():
     assert not report.certified and not report.cases  # never executed
     assert "forbidden_import" in {v.rule for v in report.integrity.violations}
     assert "not executed" in report.diagnosis
+
+
+@pytest.mark.parametrize(
+    ("forgery", "spec", "target"),
+    [
+        ("target_chip_switch_gpu.py", MATMUL_SPEC, "gpu"),
+        ("target_chip_switch_tpu.py", MATMUL_SPEC, "tpu-v5e"),
+        ("target_backend_switch.py", MATMUL_SPEC, "tpu-v5e"),
+        ("target_semantics_downgrade.py", CUMSUM_SPEC, "tpu-v5p"),
+        ("target_semantics_downgrade_dma.py", DOUBLE_SPEC, "tpu-v5e"),
+    ],
+)
+def test_a_kernel_that_asks_where_it_is_traced_is_refused(forgery, spec, target):
+    # These were certified while wrong on their target: each tells the engine's contexts apart
+    # (the abstract mesh of a TPU lowering, the CPU backend, a second trace) and shows the
+    # check one kernel and the chip another. The gate refuses the question itself; the lasting
+    # fix (one trace for every artifact) is open.
+    report = check(spec, FORGERIES / forgery, "compact", 3, targets=(target,))
+    assert not report.certified
+    assert "config_tamper" in {v.rule for v in report.integrity.violations}

@@ -364,6 +364,33 @@ CONFIG_NAMES = frozenset(
         "update_thread_local_jit_state",
     }
 )
+# Names that tell a kernel where, or in which mode, it is being traced (the backend, the
+# devices, the chip, the abstract mesh the engine lowers a TPU target under, the Pallas
+# interpreter's settings). A kernel whose meaning depends on them can show the engine one kernel
+# and the chip another (tests/forgeries/target_*.py): the engine alone chooses where it runs.
+PLATFORM_NAMES = frozenset(
+    {
+        "default_backend",
+        "devices",
+        "local_devices",
+        "device_count",
+        "local_device_count",
+        "get_backend",
+        "backends",
+        "device_kind",
+        "get_abstract_mesh",
+        "get_concrete_mesh",
+        "use_abstract_mesh",
+        "abstract_device",
+        "get_tpu_info",
+        "get_tpu_info_for_chip",
+        "is_tpu_device",
+        "force_tpu_interpret_mode",
+        "set_tpu_interpret_mode",
+        "reset_tpu_interpret_mode_state",
+        "pallas_tpu_interpret_mode_context_manager",
+    }
+)
 # Modules (and names) by full dotted path, as imported or as reached through an import alias.
 PATH_RULES = (
     ("jax.config", "config_tamper"),
@@ -499,6 +526,8 @@ def _name_reason(name: str) -> tuple[str, str] | None:
         return "host_callback", f"host callback `{name}`"
     if name in CONFIG_NAMES:
         return "config_tamper", f"`{name}` changes JAX's configuration"
+    if name in PLATFORM_NAMES:
+        return "config_tamper", f"`{name}` asks where or how the kernel runs; the engine decides"
     return None
 
 

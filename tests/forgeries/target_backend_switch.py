@@ -17,6 +17,9 @@ the artifacts: refuse platform queries in the static gate (``jax.default_backend
 ``jax.devices``/``local_devices``, ``.platform``, ``.device_kind``, ``get_abstract_mesh``,
 ``pltpu.get_tpu_info``/``is_tpu_device``, ``jax.extend.backend``...), and/or certify and ship
 the exported artifact (its digest in the certificate) rather than the source.
+
+Now: the static gate refuses the question it asks (config_tamper, ``test_target_forgeries``);
+the lasting fix, one trace for every artifact, is open.
 """
 
 import jax

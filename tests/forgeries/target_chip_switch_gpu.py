@@ -15,8 +15,10 @@ chip. The candidate reads that mesh with JAX's public ``jax.sharding.get_abstrac
 
 Outcome at the time of writing: ``check(MATMUL_SPEC, this, targets=("gpu",))`` is CERTIFIED
 (numbers right, integrity clean, gpu ok), while the code a GPU runs is the golden that
-``test_check_targets`` shows racing on a GPU. Left without a test on purpose: a test would have
-to assert the certificate. A fix should make the test assert ``not report.certified``.
+``test_check_targets`` shows racing on a GPU.
+
+Now: the static gate refuses the question it asks (config_tamper, ``test_target_forgeries``);
+the lasting fix, one trace for every artifact, is open.
 """
 
 import jax

@@ -18,6 +18,9 @@ Outcome at the time of writing: ``check(MATMUL_SPEC, this, targets=("tpu-v5e",))
 README names this gap ("nothing proves that [the two artifacts] compute the same thing"); the
 claim that a kernel certified for a target cannot be made to look right there does not survive
 it. Left without a test on purpose; a fix should make a test assert ``not report.certified``.
+
+Now: the static gate refuses the question it asks (config_tamper, ``test_target_forgeries``);
+the lasting fix, one trace for every artifact, is open.
 """
 
 import jax

@@ -17,6 +17,9 @@ megacore v5p the second TensorCore starts mid-row with a carry it never set. The
 its compile for the chip and its grid are all judged elsewhere") does not hold: this run is the
 only evidence against this kernel. Left without a test on purpose; a fix should make a test
 assert ``not report.certified`` and the tpu-v5p target's ``order_dependent``/``race_detected``.
+
+Now: the static gate refuses the question it asks (config_tamper, ``test_target_forgeries``);
+the lasting fix, one trace for every artifact, is open.
 """
 
 import functools

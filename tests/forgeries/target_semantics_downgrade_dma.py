@@ -12,6 +12,9 @@ first; ``runner.tpu_semantics`` comes after every export).
 Outcome at the time of writing: CERTIFIED for tpu-v5e, and the artifact the engine compiled for
 tpu-v5e is the racing kernel. Left without a test on purpose; a fix should make a test assert
 ``not report.certified`` and a ``race_detected`` finding.
+
+Now: the static gate refuses the question it asks (config_tamper, ``test_target_forgeries``);
+the lasting fix, one trace for every artifact, is open.
 """
 
 import jax
