@@ -14,6 +14,9 @@ Outcome at the time of writing: ``check(cumsum_rows spec, this, targets=("gpu",)
 Left without a test on purpose; a fix (the gpu verdict refusing, or calling undetermined, any
 kernel with scratch carried across grid points — for a GPU: any scratch operand at all on a grid
 of more than one point) should make a test assert ``not report.certified``.
+
+Now: the gpu verdict leaves a multi-program grid with scratch undetermined (not certified;
+``test_target_forgeries``).
 """
 
 import functools
