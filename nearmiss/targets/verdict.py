@@ -89,8 +89,9 @@ def _judge_semantics(
         kind, text = (
             "race_detected",
             (
-                "TPU interpret mode's race detector saw two TensorCores touch one buffer: a grid "
-                "axis declared 'parallel' whose grid points share an output or scratch block"
+                "TPU interpret mode's race detector saw two unordered accesses to one buffer: "
+                "TensorCores sharing a block along an axis declared 'parallel', or a DMA used "
+                "before its wait"
             ),
         )
     elif run.get("error"):
