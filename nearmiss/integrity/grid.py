@@ -789,14 +789,6 @@ class _Analysis:
                 f"{len(windows)} windows for {n_in} inputs and {n_out} outputs: cannot tell "
                 "which are outputs"
             )
-        if self.semantics == "gpu" and scratch:
-            # TPU keeps scratch across grid steps, so kernels carry state in it; GPU programs
-            # each get their own, and run concurrently: whether this one carries cannot be read
-            # from the index maps (tests/forgeries/target_gpu_scratch_carry.py).
-            raise Undetermined(
-                f"{scratch} scratch operand(s) on a grid of {math.prod(grid)} programs: state "
-                "carried in scratch between grid points is lost on a GPU"
-            )
         if self.semantics == "tpu" and semantics is None:
             raise Undetermined("no dimension_semantics matching the grid")
         if semantics is not None:
@@ -808,6 +800,16 @@ class _Analysis:
                 self.output(summary, output, window, functions)
             except Undetermined as error:
                 self.undetermined(index, output, str(error))
+        if self.semantics == "gpu" and scratch:
+            # TPU keeps scratch across grid steps, so kernels carry state in it; GPU programs
+            # each get their own, and run concurrently: whether this one carries cannot be read
+            # from the index maps (tests/forgeries/target_gpu_scratch_carry.py).
+            self.undetermined(
+                index,
+                None,
+                f"{scratch} scratch operand(s) on a grid of {math.prod(grid)} programs: state "
+                "carried in scratch between grid points is lost on a GPU",
+            )
 
     def output(
         self, kernel: KernelSummary, output: int, window: _Window, functions: dict[str, Any]
