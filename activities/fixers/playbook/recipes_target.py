@@ -13,6 +13,7 @@ from activities.fixers.playbook.registry import (
 )
 from activities.fixers.playbook.source import (
     _accumulators,
+    _bindings,
     _bodies,
     _call_of,
     _dimension_semantics,
@@ -90,15 +91,7 @@ def _module_constant(mod: _Module, name: str) -> ast.Constant | None:
     """The int literal a module-level ``NAME = 64`` (or ``A, NAME = 8, 64``) binds."""
     found = None
     for node in mod.tree.body:
-        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
-            continue
-        target, value = node.targets[0], node.value
-        pairs = (
-            zip(target.elts, value.elts, strict=False)
-            if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
-            else [(target, value)]
-        )
-        for t, v in pairs:
+        for t, v in _bindings(node):
             if isinstance(t, ast.Name) and t.id == name:
                 found = v if isinstance(v, ast.Constant) and type(v.value) is int else None
     return found

@@ -153,6 +153,17 @@ def _kwarg(call: ast.Call, name: str, position: int | None = None) -> ast.expr |
     return None
 
 
+def _bindings(node: ast.AST) -> list[tuple[ast.expr, ast.expr]]:
+    """(target, value) pairs a single-target assignment binds: ``a = x`` and ``a, b = x, y``;
+    none for anything else."""
+    if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+        return []
+    target, value = node.targets[0], node.value
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple):
+        return list(zip(target.elts, value.elts, strict=False))
+    return [(target, value)]
+
+
 def _assigned(scope: ast.AST, name: str) -> ast.expr | None:
     """The value last bound to ``name`` by a plain assignment inside ``scope``."""
     found = None
@@ -321,15 +332,7 @@ def _program_ids(mod: _Module, body: ast.FunctionDef) -> dict[str, tuple[int, in
     """Names bound to ``pl.program_id(axis)`` in the body: name → (axis, line of binding)."""
     found: dict[str, tuple[int, int]] = {}
     for node in ast.walk(body):
-        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
-            continue
-        target, value = node.targets[0], node.value
-        pairs = (
-            zip(target.elts, value.elts, strict=False)
-            if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
-            else [(target, value)]
-        )
-        for name, expr in pairs:
+        for name, expr in _bindings(node):
             if isinstance(name, ast.Name) and (axis := _program_id_axis(mod, expr)) is not None:
                 found[name.id] = (axis, node.lineno)
     return found
