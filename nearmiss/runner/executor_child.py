@@ -175,6 +175,19 @@ def judge_target(request: dict) -> dict:
         data = read_artifact(Path(request["dir"]) / target_artifact_file(structure))
     except (OSError, ArtifactRejected) as exc:
         return {**result, "compiled": None, "grid": None, "error": str(exc)[:200]}
+    import hashlib
+
+    key = (
+        hashlib.sha256(data).hexdigest(),
+        target,
+        request["semantics"],
+        bool(request.get("compile")),
+    )
+    if key in _JUDGED:  # cases of one shape: the same bytes, the same verdict, no compile time
+        compiled, grid = _JUDGED[key]
+        if compiled is not None:
+            compiled = {**compiled, "compile_s": 0.0}
+        return {**result, "compiled": compiled, "grid": grid}
     compiled = None
     if request.get("compile"):
         compiled = compile_tpu_artifact(data, target, request.get("candidate"))
@@ -185,7 +198,13 @@ def judge_target(request: dict) -> dict:
         grid = grid_findings(module, request["semantics"]).as_dict()
     except Exception as exc:  # unreadable: the target's grid semantics stay unverified
         grid = {"findings": [], "undetermined": [{"reason": f"{type(exc).__name__}: {exc}"[:200]}]}
+    _JUDGED[key] = compiled, grid
     return {**result, "compiled": compiled, "grid": grid}
+
+
+# Target verdicts by artifact digest, target, semantics and whether compiled, as _PREPARED keeps
+# prepared runs: a verdict is a function of those bytes alone.
+_JUDGED: dict[tuple, tuple[dict | None, dict]] = {}
 
 
 def main() -> None:
