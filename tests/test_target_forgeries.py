@@ -141,11 +141,45 @@ def test_a_forged_lowering_does_not_even_run_past_the_static_gate():
 def test_a_kernel_that_asks_where_it_is_traced_is_refused(forgery, spec, target):
     # These were certified while wrong on their target: each tells the engine's contexts apart
     # (the abstract mesh of a TPU lowering, the CPU backend, a second trace) and shows the
-    # check one kernel and the chip another. The gate refuses the question itself; the lasting
-    # fix (one trace for every artifact) is open.
+    # check one kernel and the chip another. The gate refuses the question itself; one trace
+    # per shape (below) stops all but the backend switch even without the gate.
     report = check(spec, FORGERIES / forgery, "compact", 3, targets=(target,))
     assert not report.certified
     assert "config_tamper" in {v.rule for v in report.integrity.violations}
+
+
+def test_a_kernel_that_counts_its_traces_shows_every_artifact_the_same_kernel():
+    # Asks JAX nothing, so the gate has nothing to refuse: its first trace is the misaligned
+    # kernel, any later one the golden. One trace per shape gives the chip the first.
+    report = check(
+        MATMUL_SPEC, FORGERIES / "target_trace_counter.py", "compact", 3, targets=("tpu-v5e",)
+    )
+    tpu = report.targets["tpu-v5e"]
+    assert right_in_program_order(report)
+    assert not report.certified and not tpu.ok and tpu.failure_class == "compile_error"
+    assert "(64, 64)" in tpu.error and "target_trace_counter.py" in tpu.error, tpu.error
+
+
+@pytest.mark.parametrize(
+    ("forgery", "spec", "target", "failure_class", "finding"),
+    [
+        ("target_chip_switch_gpu.py", MATMUL_SPEC, "gpu", "grid_race", "grid_race"),
+        ("target_chip_switch_tpu.py", MATMUL_SPEC, "tpu-v5e", "compile_error", None),
+        ("target_semantics_downgrade.py", CUMSUM_SPEC, "tpu-v5p", "grid_race", "order_dependent"),
+        ("target_semantics_downgrade_dma.py", DOUBLE_SPEC, "tpu-v5e", "grid_race", "race_detected"),
+    ],
+)
+def test_one_trace_per_shape_stops_context_switches_without_the_gate(
+    no_static_gate, forgery, spec, target, failure_class, finding
+):
+    # The chip's lowering, the gpu verdict's grid and the TPU-semantics run all re-evaluate the
+    # trace whose numbers were compared, with the execution mode set by the engine: a kernel
+    # that switches on its context has only one context to see.
+    report = check(spec, FORGERIES / forgery, "compact", 3, targets=(target,))
+    result = report.targets[target]
+    assert right_in_program_order(report)
+    assert not report.certified and not result.ok and result.failure_class == failure_class
+    assert finding is None or finding in kinds(result), result.findings
 
 
 def test_state_carried_in_scratch_across_gpu_programs_is_not_certified_for_gpu():

@@ -20,6 +20,11 @@ def dtype_name(dtype: np.dtype) -> str:
     return np.dtype(dtype).name
 
 
+def shapes_of(arrays: list[np.ndarray]) -> list[list]:
+    """Arrays as ``[shape, dtype name]`` pairs: what a tracing child is told of a case's inputs."""
+    return [[list(a.shape), dtype_name(a.dtype)] for a in arrays]
+
+
 def restore_dtype(name: str) -> np.dtype:
     if hasattr(ml_dtypes, name):
         return np.dtype(getattr(ml_dtypes, name))

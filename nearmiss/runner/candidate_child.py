@@ -1,9 +1,10 @@
 """Sandbox child that imports the candidate and exports it for each case the engine sends.
 
-Untrusted code runs only here, and only to trace. Each ``run`` request gives a case directory and
-the inputs' shapes and dtypes — never their values. The child jits the candidate, exports the
-traced computation to ``artifact.bin`` (``runner.artifact``) and records the phase it reached
-(trace, compile). The executor child runs the artifact; comparison happens in the engine.
+Untrusted code runs only here, and only to trace — once per input shapes
+(``runner.traced_program``). Each ``run`` request gives a case directory and the inputs' shapes
+and dtypes — never their values. The child traces the candidate, exports the traced computation
+to ``artifact.bin`` (``runner.artifact``) and records the phase it reached (trace, compile).
+The executor child runs the artifact; comparison happens in the engine.
 ``Stages``, ``load_case_inputs`` and ``serve`` also serve the fix agent's probe and lowering
 children, which run untrusted code on real inputs but never certify.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from nearmiss.runner.child import describe_exception, start_child
 from nearmiss.runner.geometry import kernel_geometry
+from nearmiss.runner.traced_program import TracedProgram
 
 CANDIDATE_ENV = "NEARMISS_CANDIDATE"
 CANDIDATE_MODULE = "nearmiss_candidate"
@@ -89,9 +91,32 @@ def traced_callbacks(jaxpr) -> list[str]:
     )
 
 
+# The kernel traced once per input shapes — or the exception its trace raised. Every artifact of
+# those shapes (the interpret export, each chip's lowering, the TPU-semantics run) is derived
+# from this one program (``runner.traced_program``): the candidate's Python never learns which
+# artifact it is being traced for.
+_TRACED: dict[str, TracedProgram | BaseException] = {}
 # Exports by input shapes: cases with the same shapes get the same artifact, as a jit cache
 # would give them the same executable.
 _EXPORTED: dict[str, tuple[list, list[str], bytes]] = {}
+# Lowerings for targets, by input shapes and target: the artifact's bytes, or why there is none.
+_EXPORTED_FOR: dict[str, bytes | str] = {}
+
+
+def traced_program(kernel, shapes: list) -> TracedProgram:
+    """The kernel's one trace on these input shapes (raises what that trace raised)."""
+    import json
+
+    key = json.dumps(shapes)
+    if key not in _TRACED:
+        try:
+            _TRACED[key] = TracedProgram.trace(kernel, avals_of({"avals": shapes}))
+        except (Exception, SystemExit) as exc:
+            _TRACED[key] = exc
+    found = _TRACED[key]
+    if isinstance(found, BaseException):
+        raise found
+    return found
 
 
 def export_case(kernel, request: dict) -> dict:
@@ -109,24 +134,24 @@ def export_case(kernel, request: dict) -> dict:
     if request.get("tpu_semantics"):
         from nearmiss.runner.tpu_semantics import run_under_tpu_semantics
 
-        return run_under_tpu_semantics(kernel, request["tpu_semantics"] | request)
+        return run_under_tpu_semantics(
+            lambda shapes: traced_program(kernel, shapes), request["tpu_semantics"] | request
+        )
     result: dict = {"event": "case_done", "suite": request["suite"], "name": request["name"]}
     phase = "trace"
     started = time.perf_counter()
     try:
         key = json.dumps(request["avals"])
+        program = traced_program(kernel, request["avals"])
         if key not in _EXPORTED:
-            avals = avals_of(request)
-            jitted = jax.jit(kernel)
-            traced = jitted.trace(*avals)
             try:
-                geometry = kernel_geometry(traced.jaxpr)
+                geometry = kernel_geometry(program.jaxpr)
             except Exception:  # geometry is a forensic hint; never fail a case over it
                 geometry = []
-            callbacks = traced_callbacks(traced.jaxpr.jaxpr)
-            result.update(geometry=geometry, callbacks=callbacks)
+            callbacks = traced_callbacks(program.jaxpr.jaxpr)
             phase = "compile"
-            _EXPORTED[key] = (geometry, callbacks, export_traced(jitted, avals))
+            exported = export_traced(jax.jit(program.function()), avals_of(request))
+            _EXPORTED[key] = (geometry, callbacks, exported)
         geometry, callbacks, artifact = _EXPORTED[key]
         (Path(request["dir"]) / ARTIFACT_FILE).write_bytes(artifact)
         result.update(geometry=geometry, callbacks=callbacks)
@@ -136,18 +161,17 @@ def export_case(kernel, request: dict) -> dict:
         result.update(ok=False, error=describe_exception(exc, phase))
         return result
     result["lowered"] = {
-        name: export_for_target(kernel, request, name) for name in request.get("lower_for", [])
+        name: export_for_target(program, request, name) for name in request.get("lower_for", [])
     }
     return result
 
 
-def export_for_target(kernel, request: dict, target: str) -> dict:
-    """The kernel lowered for a TPU target's chip (Mosaic) into ``artifact-<target>.bin``, or
-    the lowering's refusal, trimmed to the candidate's line. A refusal can only count against
-    the candidate; an artifact proves nothing until the executor has compiled it."""
+def export_for_target(program: TracedProgram, request: dict, target: str) -> dict:
+    """The traced kernel lowered for a TPU target's chip (Mosaic) into
+    ``artifact-<target>.bin``, or the lowering's refusal, trimmed to the candidate's line. A
+    refusal can only count against the candidate; an artifact proves nothing until the
+    executor has compiled it."""
     import json
-
-    import jax
 
     from nearmiss.runner.artifact import target_artifact_file
     from nearmiss.targets import export_for_tpu, trim_exception
@@ -155,7 +179,10 @@ def export_for_target(kernel, request: dict, target: str) -> dict:
     key = json.dumps([request["avals"], target])
     if key not in _EXPORTED_FOR:
         try:
-            _EXPORTED_FOR[key] = export_for_tpu(jax.jit(kernel), avals_of(request), target)
+            function = program.function(interpret=False)  # the chip's compiler, not interpret
+            _EXPORTED_FOR[key] = export_for_tpu(
+                function, avals_of(request), target, jaxpr=program.jaxpr
+            )
         except (Exception, SystemExit) as exc:
             _EXPORTED_FOR[key] = trim_exception(exc, os.environ.get(CANDIDATE_ENV))
     found = _EXPORTED_FOR[key]
@@ -163,10 +190,6 @@ def export_for_target(kernel, request: dict, target: str) -> dict:
         return {"ok": False, "error": found}
     (Path(request["dir"]) / target_artifact_file(target)).write_bytes(found)
     return {"ok": True}
-
-
-# Lowerings for targets, by input shapes and target: the artifact's bytes, or why there is none.
-_EXPORTED_FOR: dict[str, bytes | str] = {}
 
 
 def serve(entry: str, run, *, interpret: bool = True, label_kernels: bool = False) -> None:

@@ -98,7 +98,7 @@ def prepare(channel: Channel, request: dict) -> None:
     import jax
     import numpy as np
 
-    from nearmiss.runner.arrays import dtype_name, save_arrays
+    from nearmiss.runner.arrays import save_arrays, shapes_of
     from nearmiss.runner.selection import SelectionError, select_cases
     from nearmiss.spec import SpecError, load_spec
 
@@ -173,7 +173,7 @@ def prepare(channel: Channel, request: dict) -> None:
             suite=suite,
             name=case.name,
             dir=str(case_dir),
-            avals=[[list(a.shape), dtype_name(a.dtype)] for a in arrays],
+            avals=shapes_of(arrays),
             inputs=[
                 f"{name}: {a.dtype.name}{list(a.shape)}"
                 for name, a in zip(names, arrays, strict=True)

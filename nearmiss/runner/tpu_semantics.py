@@ -8,9 +8,10 @@ kernel that is right only in program order shows wrong numbers, a race or an exc
 
 It runs in the candidate's child, after every case has been exported (this run is the only one
 that gives the child input values), because the interpreter calls back into Python and cannot be
-exported. Its verdict can therefore only count *against* the candidate: the engine compares the
-outputs with the reference itself, and a candidate that fakes a clean run here gains nothing —
-its numbers, its compile for the chip and its grid are all judged elsewhere, on its artifacts.
+exported. It evaluates the same traced program as the exports (``runner.traced_program``), with
+every pallas_call set to the interpreter's parameters: the candidate's Python is not traced
+again, so it cannot tell this run from the exports. Its verdict can only count *against* the
+candidate: the engine compares the outputs with the reference itself.
 """
 
 from __future__ import annotations
@@ -18,14 +19,17 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def run_under_tpu_semantics(kernel, request: dict) -> dict:
-    """Run the case of ``request["dir"]`` as the chip ``request["target"]`` would."""
+def run_under_tpu_semantics(programs, request: dict) -> dict:
+    """Run the case of ``request["dir"]`` as the chip ``request["target"]`` would.
+
+    ``programs(shapes)``: the kernel's one trace on those input shapes
+    (``candidate_child.traced_program``); this run re-evaluates it, never traces again."""
     import jax
     import numpy as np
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpreter
     from jax.experimental.pallas import tpu as pltpu
 
-    from nearmiss.runner.arrays import load_arrays, save_arrays
+    from nearmiss.runner.arrays import load_arrays, save_arrays, shapes_of
     from nearmiss.runner.child import describe_exception
     from nearmiss.targets import get_target, lowering_for
 
@@ -41,9 +45,9 @@ def run_under_tpu_semantics(kernel, request: dict) -> dict:
     )
     try:
         inputs, _ = load_arrays(case_dir / "inputs.npz")
-        # The chip's facts for lowering, then the interpreter (lowering_for turns it off).
-        with lowering_for(target), pltpu.force_tpu_interpret_mode(params):
-            output = jax.block_until_ready(jax.jit(kernel)(*inputs))
+        program = programs(shapes_of(inputs)).function(interpret=params)
+        with lowering_for(target):  # the chip's facts (cores, generation) for the interpreter
+            output = jax.block_until_ready(jax.jit(program)(*inputs))
         leaves, treedef = jax.tree_util.tree_flatten(output)
         save_arrays(case_dir / "output.npz", [np.asarray(leaf) for leaf in leaves])
         races = interpreter.races

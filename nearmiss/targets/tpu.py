@@ -79,11 +79,15 @@ def lowering_for(target: str | Target) -> Iterator[None]:
         yield
 
 
-def export_for_tpu(jitted: Any, avals: Sequence[Any], target: str | Target) -> bytes:
+def export_for_tpu(
+    jitted: Any, avals: Sequence[Any], target: str | Target, *, jaxpr: Any = None
+) -> bytes:
     """The kernel lowered for ``target`` (Mosaic) and serialized (``jax.export``), to cross a
-    process boundary. ``avals``: ``jax.ShapeDtypeStruct``s of the inputs. Raises what the
-    lowering raises (``ValueError`` for Pallas' TPU rules, ``NotImplementedError``...): the
-    candidate's ``compile_error``; ``trim_exception`` makes it short."""
+    process boundary. ``avals``: ``jax.ShapeDtypeStruct``s of the inputs; ``jaxpr``: the
+    kernel's traced program where the caller has it (else it is traced again), for the sites
+    of its pallas_calls in an error. Raises what the lowering raises (``ValueError`` for
+    Pallas' TPU rules, ``NotImplementedError``...): the candidate's ``compile_error``;
+    ``trim_exception`` makes it short."""
     import jax
     from jax import export
 
@@ -96,7 +100,7 @@ def export_for_tpu(jitted: Any, avals: Sequence[Any], target: str | Target) -> b
             # Lowering runs after tracing, so the traceback holds no line of the candidate and
             # Pallas names only the kernel body's. Where each pallas_call was traced is in the
             # jaxpr: add it as notes (``pallas_call of BODY at FILE:LINE``) for trim_error.
-            for site in pallas_call_sites(jitted, avals):
+            for site in pallas_call_sites(jitted, avals, jaxpr):
                 exc.add_note(site)
             raise
     return bytes(exported.serialize())
@@ -110,11 +114,12 @@ def _jaxprs_in(value: Any) -> Iterator[Any]:
             yield item.jaxpr
 
 
-def pallas_call_sites(jitted: Any, avals: Sequence[Any]) -> list[str]:
-    """``pallas_call of BODY at FILE:LINE`` for every pallas_call ``jitted`` traces on
-    ``avals`` (the frames outside installed packages); [] when it does not trace."""
+def pallas_call_sites(jitted: Any, avals: Sequence[Any], traced: Any = None) -> list[str]:
+    """``pallas_call of BODY at FILE:LINE`` for every pallas_call of ``traced`` (a ClosedJaxpr;
+    else what ``jitted`` traces on ``avals``), the frames outside installed packages; [] when it
+    does not trace."""
     try:
-        jaxpr = jitted.trace(*avals).jaxpr.jaxpr
+        jaxpr = (traced if traced is not None else jitted.trace(*avals).jaxpr).jaxpr
     except Exception:  # tracing fails: the exception being reported already says why
         return []
     sites, pending = [], [jaxpr]

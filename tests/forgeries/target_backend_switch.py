@@ -18,8 +18,8 @@ the artifacts: refuse platform queries in the static gate (``jax.default_backend
 ``pltpu.get_tpu_info``/``is_tpu_device``, ``jax.extend.backend``...), and/or certify and ship
 the exported artifact (its digest in the certificate) rather than the source.
 
-Now: the static gate refuses the question it asks (config_tamper, ``test_target_forgeries``);
-the lasting fix, one trace for every artifact, is open.
+Now: the static gate refuses the question it asks (config_tamper, ``test_target_forgeries``).
+One trace per shape does not help here: every trace is made on a CPU host.
 """
 
 import jax

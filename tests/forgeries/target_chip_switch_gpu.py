@@ -17,8 +17,9 @@ Outcome at the time of writing: ``check(MATMUL_SPEC, this, targets=("gpu",))`` i
 (numbers right, integrity clean, gpu ok), while the code a GPU runs is the golden that
 ``test_check_targets`` shows racing on a GPU.
 
-Now: the static gate refuses the question it asks (config_tamper, ``test_target_forgeries``);
-the lasting fix, one trace for every artifact, is open.
+Now: the static gate refuses the question it asks (config_tamper), and without the gate one
+trace per shape (``runner.traced_program``) shows every artifact the same kernel
+(``test_target_forgeries``).
 """
 
 import jax

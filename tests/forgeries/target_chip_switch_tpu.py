@@ -19,8 +19,9 @@ README names this gap ("nothing proves that [the two artifacts] compute the same
 claim that a kernel certified for a target cannot be made to look right there does not survive
 it. Left without a test on purpose; a fix should make a test assert ``not report.certified``.
 
-Now: the static gate refuses the question it asks (config_tamper, ``test_target_forgeries``);
-the lasting fix, one trace for every artifact, is open.
+Now: the static gate refuses the question it asks (config_tamper), and without the gate one
+trace per shape (``runner.traced_program``) shows every artifact the same kernel
+(``test_target_forgeries``).
 """
 
 import jax

@@ -18,8 +18,9 @@ its compile for the chip and its grid are all judged elsewhere") does not hold: 
 only evidence against this kernel. Left without a test on purpose; a fix should make a test
 assert ``not report.certified`` and the tpu-v5p target's ``order_dependent``/``race_detected``.
 
-Now: the static gate refuses the question it asks (config_tamper, ``test_target_forgeries``);
-the lasting fix, one trace for every artifact, is open.
+Now: the static gate refuses the question it asks (config_tamper), and without the gate one
+trace per shape (``runner.traced_program``) shows every artifact the same kernel
+(``test_target_forgeries``).
 """
 
 import functools

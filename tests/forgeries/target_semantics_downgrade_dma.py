@@ -13,8 +13,9 @@ Outcome at the time of writing: CERTIFIED for tpu-v5e, and the artifact the engi
 tpu-v5e is the racing kernel. Left without a test on purpose; a fix should make a test assert
 ``not report.certified`` and a ``race_detected`` finding.
 
-Now: the static gate refuses the question it asks (config_tamper, ``test_target_forgeries``);
-the lasting fix, one trace for every artifact, is open.
+Now: the static gate refuses the question it asks (config_tamper), and without the gate one
+trace per shape (``runner.traced_program``) shows every artifact the same kernel
+(``test_target_forgeries``).
 """
 
 import jax
