@@ -410,7 +410,7 @@ def predict_race(jax, kernel, inputs) -> dict[str, Any]:
     except Exception as exc:
         result["race_error"] = f"export for {TPU_TARGET}: " + error_text(exc)
         return result
-    races = [f for f in report.findings if f.kind == "grid_race"]
+    races = [f for f in report.findings if f.kind in ("grid_race", "aliased_read_race")]
     if races:
         result.update(
             race_predicted=True,

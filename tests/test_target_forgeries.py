@@ -24,6 +24,7 @@ from nearmiss.check import check
 FORGERIES = Path(__file__).resolve().parent / "forgeries"
 DOUBLE_SPEC = PLANTED / "tpu_spec" / "spec.py"
 CUMSUM_SPEC = OPS / "cumsum_rows" / "spec.py"
+SHIFT_SPEC = FORGERIES / "target_shift_spec.py"
 
 
 @pytest.fixture
@@ -180,6 +181,26 @@ def test_one_trace_per_shape_stops_context_switches_without_the_gate(
     assert right_in_program_order(report)
     assert not report.certified and not result.ok and result.failure_class == failure_class
     assert finding is None or finding in kinds(result), result.findings
+
+
+def test_an_aliased_buffer_read_one_block_ahead_is_a_gpu_race():
+    # Every output block is written once, so the outputs' index maps say nothing; the read of
+    # the aliased input at block i + 1, which program i + 1 writes, is the race.
+    report = check(
+        SHIFT_SPEC, FORGERIES / "target_alias_neighbour.py", "compact", 3, targets=("gpu",)
+    )
+    gpu = report.targets["gpu"]
+    assert right_in_program_order(report)
+    assert not report.certified and not gpu.ok and gpu.failure_class == "grid_race"
+    race = next(f for f in gpu.findings if f["kind"] == "aliased_read_race")
+    assert race["kernel_name"] == "_add_next_body" and race["points"] == [[0], [1]], race
+    assert "input 0" in race["detail"] and "output 0" in race["detail"]
+
+
+def test_an_in_place_update_reading_only_its_own_block_is_certified_for_gpu():
+    report = check(SHIFT_SPEC, PLANTED / "alias_own_block.py", "compact", 3, targets=("gpu",))
+    assert report.certified, (report.diagnosis, report.targets["gpu"])
+    assert report.targets["gpu"].findings == [] and report.targets["gpu"].undetermined == []
 
 
 def test_state_carried_in_scratch_across_gpu_programs_is_not_certified_for_gpu():

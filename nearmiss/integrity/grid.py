@@ -50,6 +50,7 @@ Semantics = Literal["gpu", "tpu"]
 MAX_POINTS = 1 << 16  # grid points enumerated per output, after shrinking unread axes
 MAX_TRANSFORM_OPS = 4096  # ops in one index-map function
 MAX_KERNELS = 256  # tpu_custom_calls analysed in one artifact
+MAX_ALIAS_POINTS = 1 << 12  # grid points whose aliased reads are compared with every write
 MAX_BODY_BYTES = 64 << 20  # a Mosaic module's bytecode
 _DYNAMIC = -(1 << 63)  # MLIR's ShapedType::kDynamic in iteration_bounds
 
@@ -60,6 +61,10 @@ KNOWN_SEMANTICS = (*PARALLEL_KINDS, "arbitrary")
 
 _SEMANTIC = re.compile(r"#tpu\.dimension_semantics<([a-z_]+)>")
 _REVISIT = re.compile(r"#tpu\.revisit_mode<([a-z_]+)>")
+_ALIAS = re.compile(
+    r"output_operand_alias<output_tuple_indices = \[(?P<output>\d*)\], "
+    r"operand_index = (?P<operand>\d+)"
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -76,7 +81,7 @@ class Finding:
     another block, a still later point writing the first block again].
     """
 
-    kind: Literal["grid_race", "parallel_revisit", "nonconsecutive_revisit"]
+    kind: Literal["grid_race", "aliased_read_race", "parallel_revisit", "nonconsecutive_revisit"]
     kernel: int
     kernel_name: str
     output: int
@@ -244,6 +249,18 @@ def _result_count(call: Any) -> int:
     if len(results) == 1 and isinstance(results[0].type, ir.TupleType):
         return ir.TupleType(results[0].type).num_types
     return len(results)
+
+
+def _aliases(call: Any) -> list[tuple[int, int]]:
+    """(operand, output) pairs of a custom call's ``output_operand_aliases``."""
+    found = (
+        call.attributes.get("output_operand_aliases")
+        if "output_operand_aliases" in call.attributes
+        else None
+    )
+    if found is None:
+        return []
+    return [(int(m["operand"]), int(m["output"] or 0)) for m in _ALIAS.finditer(str(found))]
 
 
 def _int_attr(attributes: Any, name: str) -> int | None:
@@ -800,6 +817,12 @@ class _Analysis:
                 self.output(summary, output, window, functions)
             except Undetermined as error:
                 self.undetermined(index, output, str(error))
+        if self.semantics == "gpu":
+            for operand, output in _aliases(call):
+                try:
+                    self.aliased_read(summary, operand - prefetch, output, windows, functions)
+                except Undetermined as error:
+                    self.undetermined(index, output, str(error))
         if self.semantics == "gpu" and scratch:
             # TPU keeps scratch across grid steps, so kernels carry state in it; GPU programs
             # each get their own, and run concurrently: whether this one carries cannot be read
@@ -810,6 +833,80 @@ class _Analysis:
                 f"{scratch} scratch operand(s) on a grid of {math.prod(grid)} programs: state "
                 "carried in scratch between grid points is lost on a GPU",
             )
+
+    def aliased_read(
+        self,
+        kernel: KernelSummary,
+        source: int,
+        output: int,
+        windows: list[_Window],
+        functions: dict[str, Any],
+    ) -> None:
+        """Under ``gpu``: does a grid point read a block of an input aliased to an output that
+        *another* grid point writes? The output's index map alone cannot say: each block may be
+        written once and still be read, concurrently, by its neighbour
+        (``tests/forgeries/target_alias_neighbour.py``)."""
+        n_in = kernel.inputs
+        if not 0 <= source < n_in or output >= len(windows) - n_in:
+            raise Undetermined(f"aliased operand {source + kernel.scalar_prefetch} is not a block")
+        read, written = windows[source], windows[n_in + output]
+        if read.transform is None or written.transform is None:
+            raise Undetermined(f"input {source}, aliased to output {output}, is not blocked")
+        if read.element or written.element:
+            raise Undetermined(f"input {source}, aliased to output {output}, is an element window")
+        if len(read.block_shape) != len(written.block_shape):
+            raise Undetermined(f"input {source} and its aliased output {output} differ in rank")
+        grid = kernel.grid
+        points = math.prod(grid)
+        if points > MAX_ALIAS_POINTS:
+            raise Undetermined(
+                f"{points} grid points to compare the reads of input {source} with the writes of "
+                f"its aliased output {output} (limit {MAX_ALIAS_POINTS})"
+            )
+        coords = np.indices(grid, dtype=np.int64).reshape(len(grid), -1)
+        regions = []
+        for window in (read, written):
+            if window.transform not in functions:
+                raise Undetermined(f"index map @{window.transform} not in the module")
+            blocks = _evaluate(_compile(functions[window.transform], len(grid)), list(coords))
+            starts = (
+                np.stack(
+                    [
+                        np.broadcast_to(b, (points,)) * size
+                        for b, size in zip(blocks, window.block_shape, strict=True)
+                    ]
+                )
+                if blocks
+                else np.zeros((0, points), dtype=np.int64)
+            )
+            sizes = np.array(window.block_shape, dtype=np.int64).reshape(-1, 1)
+            regions.append((starts, starts + sizes))
+        (read_lo, read_hi), (write_lo, write_hi) = regions
+        for p in range(points):  # the point that reads, against every point that writes
+            overlap = np.all(
+                (read_lo[:, p : p + 1] < write_hi) & (write_lo < read_hi[:, p : p + 1]), axis=0
+            )
+            overlap[p] = False  # a program may read the block it writes
+            writers = np.flatnonzero(overlap)
+            if writers.size == 0:
+                continue
+            reader, writer = _points(coords, p, int(writers[0]))
+            axes = [a for a, (x, y) in enumerate(zip(reader, writer, strict=True)) if x != y]
+            self.report.findings.append(
+                Finding(
+                    "aliased_read_race",
+                    kernel.kernel,
+                    kernel.name,
+                    output,
+                    axes,
+                    [reader, writer],
+                    f"input {source} of kernel {kernel.name!r} is aliased to output {output}: "
+                    f"grid point {reader} reads the block that grid point {writer} writes; GPU "
+                    "grid programs run concurrently, so this is a race. Read only the block a "
+                    "program writes, or write into a fresh output.",
+                )
+            )
+            return
 
     def output(
         self, kernel: KernelSummary, output: int, window: _Window, functions: dict[str, Any]

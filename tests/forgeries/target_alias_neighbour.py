@@ -11,7 +11,12 @@ written in place, so the aliased operand is the output buffer itself). In progra
 (interpret mode, or a TPU grid run in order) block i+1 is read before program i+1 overwrites it,
 so the numbers are right; GPU programs run concurrently, and program i+1 may already have written
 y[i+1] + y[i+2] over the block program i reads. Every output block is written by exactly one grid
-point, so ``integrity.grid``, which reads only the outputs' index maps, sees no race.
+point, so the outputs' index maps show no race.
+
+Outcome at the time of writing: CERTIFIED for gpu. Now ``integrity.grid`` also compares the
+blocks each grid point reads from an input aliased to an output with the blocks every other
+point writes: an ``aliased_read_race`` (``test_target_forgeries``). Its honest counterpart,
+``tests/planted/alias_own_block.py``, stays certified.
 """
 
 import jax
