@@ -259,6 +259,14 @@ def tiling_error(origin: str, block: str, array: str) -> str:
     )
 
 
+def vmem_error(size: str, limit: str) -> str:
+    return (
+        "tpu-v5e: refuses the kernel (compact-base): E1001: CompileTimeScopedVmemOom: Ran out of "
+        f"memory in memory space vmem while allocating on stack. Scoped allocation with size "
+        f"{size} and limit {limit} exceeded scoped vmem limit. (pallas_call of _body)"
+    )
+
+
 ANY_ERROR = (
     "tpu-v5e: refuses the kernel (compact-base): Loads and stores are only allowed on VMEM and "
     "SMEM references. ANY memory space can only be accessed using async_copy."
@@ -626,6 +634,15 @@ APPLIES = [
         ["BR, BC, BM, BN, BK = 8, 128, 64, 64, 128"],
     ),
     (
+        "tpu_vmem_budget",  # 2x over: halved twice (once for the compiler's own), largest first
+        rows("    o_ref[...] = x_ref[...]\n", block="(BR, BC)").replace(
+            "8, 128, 64, 64, 128", "1024, 4096, 64, 64, 128"
+        ),
+        evidence("compile_error", diagnosis=vmem_error("32.00M", "16.00M")),
+        ["BR, BC, BM, BN, BK = 1024, 4096, 64, 64, 128"],
+        ["BR, BC, BM, BN, BK = 1024, 1024, 64, 64, 128"],
+    ),
+    (
         "vmem_scratch",  # and the TPU module is imported
         cumsum(),
         evidence("compile_error", diagnosis=ANY_ERROR),
@@ -842,6 +859,21 @@ ABSENT = [
         rows("    o_ref[...] = x_ref[...]\n", block="(rows // 3, cols)"),
         evidence("compile_error", diagnosis=tiling_error("args[0]", "21, 256", "64, 256")),
     ),
+    (
+        "tpu_vmem_budget",  # another compile error
+        rows("    o_ref[...] = x_ref[...]\n", block="(BR, BC)"),
+        evidence("compile_error", diagnosis=ANY_ERROR),
+    ),
+    (
+        "tpu_vmem_budget",  # a block dim computed from the array: no constant sets it
+        rows("    o_ref[...] = x_ref[...]\n", block="(rows // 3, cols)"),
+        evidence("compile_error", diagnosis=vmem_error("32.00M", "16.00M")),
+    ),
+    (
+        "tpu_vmem_budget",  # the blocks are already the smallest the tiling allows
+        rows("    o_ref[...] = x_ref[...]\n", block="(BR, BC)"),
+        evidence("compile_error", diagnosis=vmem_error("20.00M", "16.00M")),
+    ),
     ("vmem_scratch", cumsum(), evidence("compile_error", diagnosis=swap_error("y = 3"))),
     (
         "vmem_scratch",  # already VMEM
@@ -1054,6 +1086,7 @@ EXPECTED_REPAIRS = {
     "flash_attention/tpu_any_scratch",
     "flash_attention/tpu_parallel_kv",
     "matmul/tpu_misaligned_block",
+    "leaky_relu/tpu_vmem_overflow",
     "softmax_rows/tpu_one_row_block",
 }
 
@@ -1067,7 +1100,7 @@ def test_expected_repairs_name_corpus_variants():
     assert names >= EXPECTED_REPAIRS
     total = sum(len(op.variants) for op in operators())
     print(f"playbook repairs {len(EXPECTED_REPAIRS)}/{total} corpus variants")
-    assert len(EXPECTED_REPAIRS) == 52
+    assert len(EXPECTED_REPAIRS) == 53
 
 
 @pytest.mark.parametrize(("op", "variant"), VARIANTS, ids=[variant_id(op, v) for op, v in VARIANTS])

@@ -50,6 +50,13 @@ _ANY_ACCESS = re.compile(
     r"Loads and stores are only allowed on VMEM and SMEM references"
     r"|ANY memory space can only be accessed using async_copy"
 )
+# libtpu's "E1001: CompileTimeScopedVmemOom: ... Scoped allocation with size 32.00M and limit
+# 16.00M exceeded scoped vmem limit by 16.00M. (pallas_call of _body)".
+_SCOPED_VMEM = re.compile(
+    r"Scoped allocation with size ([\d.]+)([KMG]?)B? and limit ([\d.]+)([KMG]?)B?"
+)
+_KERNEL_OF = re.compile(r"pallas_call of (\w+)")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # The TPU grid findings: a revisit along a parallel axis, the race detector, a random order.
 _PARALLEL = re.compile(r"declared parallel|'parallel'")
 _PARALLEL_AXES = re.compile(r"grid axis ([\d, ]+) declared parallel")
@@ -205,6 +212,70 @@ def tpu_block_tiling(mod: _Module, evidence: Evidence) -> list[_Edit]:
         rounded = -(-literal.value // multiple) * multiple
         edits.append(_replace(literal, str(rounded)))
     return edits
+
+
+def _dim_constant(mod: _Module, call: _PallasCall, expr: ast.expr) -> ast.Constant | None:
+    """The module constant's int literal a block dim is written as: ``B``, ``min(B, n)``, or
+    a local bound to either."""
+    if isinstance(expr, ast.Name) and call.scope is not mod.tree:
+        expr = _local_value(call.scope, expr.id) or expr
+    if isinstance(expr, ast.Name):
+        return _module_constant(mod, expr.id)
+    return _tile_literal(mod, call, expr)
+
+
+@_recipe(
+    "tpu_vmem_budget",
+    ("compile_error",),
+    "blocks over the TPU's scoped VMEM (per the compiler) → the largest block constants halved",
+)
+def tpu_vmem_budget(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: the TPU compiler ran out of scoped VMEM (``Scoped allocation with size S and
+    limit L``) in a pallas_call whose blocks are set by module constants. Fix: halve the largest
+    of those constants — never below the tiling its dim needs (128 lanes last, 8 sublanes
+    before) — until the blocks shrink by S / L rounded up to a power of two, and once more for
+    what the compiler allocates besides the blocks. More, smaller grid steps: the grid is
+    written over the same constants (``pl.cdiv(n, B)``)."""
+    match = _SCOPED_VMEM.search(evidence.diagnosis)
+    if not match:
+        return []
+    size = float(match[1]) * _UNITS[match[2]]
+    limit = float(match[3]) * _UNITS[match[4]]
+    if size <= limit or limit <= 0:
+        return []
+    halvings = math.ceil(math.log2(size / limit)) + 1
+    body = _KERNEL_OF.search(evidence.diagnosis)
+    calls = _pallas_calls(mod)
+    named = [c for c in calls if body and c.body is not None and c.body.name == body[1]]
+    call = named[0] if named else (calls[0] if len(calls) == 1 else None)
+    if call is None:
+        return []
+    literals: dict[int, tuple[ast.Constant, int]] = {}
+    for spec in call.in_specs + call.out_specs:
+        first = spec.args[0] if isinstance(spec, ast.Call) and spec.args else None
+        dims = _resolve(call.scope, first)
+        if not isinstance(dims, ast.Tuple):
+            continue
+        rank = len(dims.elts)
+        for position, dim in enumerate(dims.elts):
+            literal = _dim_constant(mod, call, dim)
+            if literal is None:
+                continue
+            multiple = {rank - 1: 128, rank - 2: 8}.get(position, 1)
+            _, before = literals.get(id(literal), (literal, 1))
+            literals[id(literal)] = (literal, math.lcm(before, multiple))
+    values = {key: literal.value for key, (literal, _) in literals.items()}
+    for _ in range(halvings):
+        halvable = [(values[k], k) for k, (_, m) in literals.items() if values[k] % (2 * m) == 0]
+        if not halvable:
+            return []
+        _, key = max(halvable)
+        values[key] //= 2
+    return [
+        _replace(literal, str(values[key]))
+        for key, (literal, _) in literals.items()
+        if values[key] != literal.value
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
