@@ -58,4 +58,5 @@ def evidence_from_report(report: CheckReport, candidate_hash: str, report_hash: 
         category=report.category,
         platform=report.platform,
         structure_problem=structure,
+        targets={name: result.ok for name, result in report.targets.items()},
     )

@@ -283,6 +283,9 @@ def _report(result: RepairResult, candidate: Path, final: str, out, as_json: boo
         verdict = "CERTIFIED" if result.certified else "NOT CERTIFIED"
         rounds = f"{result.rounds} round(s)"
         print(f"{verdict} after {rounds}: {result.stop_reason}: {result.stop_detail}")
+        if result.targets:
+            judged = (f"{name} {'ok' if ok else 'FAIL'}" for name, ok in result.targets.items())
+            print(f"targets: {', '.join(judged)}")
         t = result.tokens
         print(f"tokens: {t.input} input ({t.cached_input} cached), {t.output} output")
         if diff:

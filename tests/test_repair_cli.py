@@ -62,6 +62,7 @@ def test_a_repair_for_a_tpu_target_ends_certified_for_it(temporal_address, postg
     report = json.loads(result.stdout)
     assert report["certified"] is True and report["stop_reason"] == "certified"
     assert report["rounds"] >= 1  # not certified as it was: the target refused it
+    assert report["targets"] == {"tpu-v5e": True}  # what the certificate covers
     fixed = Path(report["fixed_path"])
     assert "BM, BN, BK = 64, 64, 64" not in fixed.read_text()
     # The certified kernel compiles for the target (libtpu, compile-only), checked afresh.

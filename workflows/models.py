@@ -87,6 +87,8 @@ class Evidence(BaseModel):
     # How the first failing case's output structure differs, e.g. "out is float32[64,256], the
     # reference's is bfloat16[64,256]"; None when the structure is right.
     structure_problem: str | None = None
+    # The targets the check judged (nearmiss.targets), each with whether it accepted the kernel.
+    targets: dict[str, bool] = Field(default_factory=dict)
 
 
 class FixRequest(BaseModel):

@@ -88,6 +88,9 @@ class RepairResult(BaseModel):
     original_hash: str
     final_hash: str  # the certified candidate, else the best one seen
     failure_class: str | None = None
+    # The targets of the last check, each with whether it accepted the kernel: what a
+    # certificate covers ({"interpret": true, "tpu-v5e": true}).
+    targets: dict[str, bool] = Field(default_factory=dict)
 
 
 class Progress(BaseModel):
@@ -176,6 +179,7 @@ class RepairWorkflow:
             original_hash=state.original_hash,
             final_hash=state.best_hash,
             failure_class=None if state.certified or evidence is None else evidence.failure_class,
+            targets=dict(evidence.targets) if evidence is not None else {},
         )
         workflow.upsert_search_attributes(
             [VERDICT_ATTRIBUTE.value_set("certified" if state.certified else state.stop_reason)]
