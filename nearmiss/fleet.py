@@ -34,6 +34,7 @@ from nearmiss.errors import UsageError
 from nearmiss.inputs import read_source
 from nearmiss.render import table
 from nearmiss.runner.session import describe_spec
+from nearmiss.targets.registry import parse_targets
 from workflows.fleet import FleetMember, FleetProgress, FleetRequest, FleetResult, FleetWorkflow
 from workflows.loop import Guards
 from workflows.repair import TASK_QUEUE, Progress, RepairWorkflow
@@ -50,6 +51,9 @@ class MemberFile:
     candidate: Path
     # The fleet's directory (or its manifest's): symlinks may point anywhere inside it.
     tree: Path | None = field(default=None, compare=False)
+    # The member's own targets (a manifest's "targets"); empty: the fleet's --target, else the
+    # spec's.
+    targets: tuple[str, ...] = ()
 
 
 def discover(target: Path) -> list[MemberFile]:
@@ -121,7 +125,19 @@ def _manifest_member(path: Path, number: int, entry) -> MemberFile:
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise UsageError(f"{where}: name must be a non-empty string, not {_shown(name)}")
     name = name or f"{files['spec'].parent.name}/{files['candidate'].stem}"
-    return MemberFile(name, files["spec"], files["candidate"], path.parent)
+    targets = entry.get("targets")
+    if targets is not None:
+        if not isinstance(targets, str | list) or not all(
+            isinstance(t, str) for t in (targets if isinstance(targets, list) else [targets])
+        ):
+            raise UsageError(
+                f'{where}: targets must be "a,b" or a list of names, not {_shown(targets)}'
+            )
+        try:
+            targets = parse_targets(targets)
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc}") from exc
+    return MemberFile(name, files["spec"], files["candidate"], path.parent, targets or ())
 
 
 async def start_fleet(
@@ -153,6 +169,7 @@ async def start_fleet(
                     read_source("candidate", f.candidate, tree=f.tree).encode()
                 ),
                 candidate_name=f.candidate.name,
+                targets=list(f.targets),
             )
         )
     request = FleetRequest(
@@ -342,6 +359,9 @@ async def list_fleets(store: EventStore, limit: int = 50) -> list[dict]:
 
 
 def results_table(results: list[dict]) -> str:
+    """One row per member; a targets column (each judged target: ok or FAIL) when any has one."""
+    judged = [r.get("targets") or {} for r in results]
+    shown = [" ".join(f"{t}:{'ok' if ok else 'FAIL'}" for t, ok in j.items()) for j in judged]
     rows = [
         [
             r["name"],
@@ -350,9 +370,11 @@ def results_table(results: list[dict]) -> str:
             str(r["tokens"]["input"] + r["tokens"]["output"]),
             r["session_id"],
         ]
-        for r in results
+        + ([targets] if any(judged) else [])
+        for r, targets in zip(results, shown, strict=True)
     ]
-    return table(["member", "verdict", "rounds", "tokens", "session"], rows)
+    header = ["member", "verdict", "rounds", "tokens", "session"]
+    return table(header + (["targets"] if any(judged) else []), rows)
 
 
 def verdict_counts(results: list[dict]) -> str:

@@ -76,6 +76,12 @@ GOOD_ENTRY = {"spec": str(MATMUL.spec), "candidate": str(MATMUL.candidate)}
         ({"spec": "a\u0000b"}, "entry 2: spec must be a file path (a string), not 'a\\x00b'"),
         ({"spec": " "}, "entry 2: spec must be a file path (a string), not ' '"),
         ({"name": 7}, "entry 2: name must be a non-empty string, not 7"),
+        ({"targets": 5}, 'entry 2: targets must be "a,b" or a list of names, not 5'),
+        (
+            {"targets": "tpu-v9"},
+            "entry 2: unknown target `tpu-v9`: choose from interpret, tpu-v4, tpu-v5e, tpu-v5p, "
+            "tpu-v6e, gpu",
+        ),
         ("matmul/spec.py", 'entry 2 needs "spec" and "candidate"'),
     ],
 )
@@ -187,22 +193,34 @@ async def test_a_worker_killed_mid_fleet_is_replaced_and_every_member_ends_once(
 def test_the_fleet_command_runs_a_manifest_and_lists_it_later(
     temporal_address, postgres_dsn, tmp_path
 ):
+    # Two members on one spec, each with its own target: a fleet can mix them.
     manifest = tmp_path / "fleet.json"
+    misaligned = MATMUL.spec.parent / "variants" / "tpu_misaligned_block.py"
     manifest.write_text(
-        json.dumps([{"spec": str(MATMUL.spec), "candidate": str(MATMUL.candidate)}])
+        json.dumps(
+            [
+                {"spec": str(MATMUL.spec), "candidate": str(MATMUL.candidate)},
+                {"spec": str(MATMUL.spec), "candidate": str(misaligned), "targets": ["tpu-v5e"]},
+            ]
+        )
     )
     env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
     ran = run_cli("fleet", manifest, "--json", "--report", tmp_path / "report", env=env)
     assert ran.returncode == 0, ran.stderr
     summary = json.loads(ran.stdout)
-    assert summary["state"] == "finished" and summary["certified"] == 1
-    assert summary["results"][0]["name"] == "matmul/missing_init"
+    assert summary["state"] == "finished" and summary["certified"] == 2
+    first, second = summary["results"]
+    assert first["name"] == "matmul/missing_init" and first["targets"] == {"interpret": True}
+    # Certified for the chip: the playbook fixed the tiling the TPU compiler refused.
+    assert second["name"] == "matmul/tpu_misaligned_block" and second["rounds"] >= 1
+    assert second["targets"] == {"tpu-v5e": True}
     report = tmp_path / "report" / "index.html"
     assert summary["report"] == str(report) and "missing_init" in report.read_text()
     listed = run_cli("fleets", "--json", env=env)
     assert [f["fleet_id"] for f in json.loads(listed.stdout)] == [summary["fleet_id"]]
     shown = run_cli("fleets", summary["fleet_id"], env=env)
     assert shown.returncode == 0 and "certified" in shown.stdout
+    assert "tpu-v5e:ok" in shown.stdout and "interpret:ok" in shown.stdout
     missing = run_cli("fleets", "fleet-nope", env=env)
     assert missing.returncode == 2 and "no fleet fleet-nope" in missing.stderr
     bad = run_cli("fleet", tmp_path / "nothing-here", env=env)

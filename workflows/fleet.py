@@ -30,6 +30,8 @@ class FleetMember(BaseModel):
     spec_hash: str
     candidate_hash: str
     candidate_name: str
+    # This member's targets (nearmiss.targets); empty: the fleet's.
+    targets: list[str] = Field(default_factory=list)
 
 
 class MemberResult(BaseModel):
@@ -41,6 +43,7 @@ class MemberResult(BaseModel):
     rounds: int = 0
     tokens: TokenUsage = Field(default_factory=TokenUsage)
     detail: str = ""
+    targets: dict[str, bool] = Field(default_factory=dict)  # judged by its last check
 
 
 class FleetRequest(BaseModel):
@@ -49,7 +52,8 @@ class FleetRequest(BaseModel):
     guards: Guards = Field(default_factory=Guards)
     use_kb: bool = True
     concurrency: int = Field(default=4, ge=1)
-    targets: list[str] = Field(default_factory=list)  # every member's (nearmiss.targets)
+    # The members' targets (nearmiss.targets) where a member names none of its own.
+    targets: list[str] = Field(default_factory=list)
     members_per_run: int = Field(default=200, ge=1)
     # Carried from one run to the next by continue-as-new:
     next_index: int = 0
@@ -174,7 +178,7 @@ class FleetWorkflow:
             model=request.model,
             guards=request.guards,
             use_kb=request.use_kb,
-            targets=request.targets,
+            targets=member.targets or request.targets,
         )
         handle = await workflow.start_child_workflow(
             RepairWorkflow.run, repair, id=session_id, task_queue=TASK_QUEUE
@@ -201,6 +205,7 @@ class FleetWorkflow:
             result.verdict = "certified" if repair.certified else repair.stop_reason
             result.certified, result.rounds = repair.certified, repair.rounds
             result.tokens, result.detail = repair.tokens, repair.stop_detail
+            result.targets = dict(repair.targets)
         self.running.pop(member.index, None)
         self.request.results.append(result)
         await self._record("FleetMemberFinished", result.model_dump(mode="json"))
