@@ -25,6 +25,7 @@ from nearmiss.forensics.errors import crash_evidence, headline, summarise_error
 from nearmiss.forensics.localise import localise
 from nearmiss.inputs import parse_source, read_source
 from nearmiss.integrity.gate import MODES, blocks_execution, judge, static_violations
+from nearmiss.integrity.static import execution_mode_notes
 from nearmiss.models import (
     CaseResult,
     CheckReport,
@@ -216,6 +217,8 @@ def check(
         targets=targets,
     )
     verdict = judge(static, raw.cases, integrity)
+    if integrity != "off":
+        verdict.notes = execution_mode_notes(source, candidate.name)
     cases = [case_result(r, candidate.name) for r in raw.cases]
     refine_unstable(cases)
     on_targets = target_results(raw, cases) if execute else {}

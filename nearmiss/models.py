@@ -167,6 +167,9 @@ class IntegrityReport(BaseModel):
     # Cases whose run was audited; 0 means the dynamic rules had nothing to judge (the kernel
     # never ran, or the gate was off), so ``ok`` rests on the static rules alone.
     audited_cases: int = 0
+    # What the gate noticed and the engine took care of, never a reason to refuse: e.g. an
+    # ``interpret=`` the engine overrode.
+    notes: list[str] = Field(default_factory=list)
 
 
 class TargetResult(BaseModel):

@@ -78,6 +78,7 @@ def render_report(report: CheckReport) -> str:
     else:
         audited = f", {integrity.audited_cases} cases audited" if integrity.audited_cases else ""
         gate = f"ok ({len(integrity.rules_checked)} rules{audited})"
+    gate += "".join(f"\n  note: {note}" for note in integrity.notes)
     if report.certified:
         verdict = "CERTIFIED"
         if report.suite != "all":

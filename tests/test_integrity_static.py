@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import OPS
-from nearmiss.integrity.static import STATIC_RULES, static_violations
+from nearmiss.integrity.static import STATIC_RULES, execution_mode_notes, static_violations
 
 CHEATS = {
     "forbidden_import": [
@@ -27,8 +27,6 @@ CHEATS = {
     "config_tamper": [
         "import jax\njax.config.update('jax_enable_x64', True)\ndef kernel(x):\n    return x\n",
         "from jax import config\ndef kernel(x):\n    return x\n",
-        "from jax.experimental import pallas as pl\ndef kernel(x):\n"
-        "    return pl.pallas_call(b, out_shape=x, interpret=True)(x)\n",
     ],
     "exception_fallback": [
         "import jax.numpy as jnp\ndef kernel(x):\n    try:\n        return fast(x)\n"
@@ -183,6 +181,13 @@ BYPASSES = [
         "exception_fallback",
     ),
 ]
+# As JAX's own kernels write it: literally, through a variable, in functools.partial.
+INTERPRET_PASSED = (
+    "import functools\nfrom jax.experimental import pallas as pl\ndef kernel(x, interpret=False):\n"
+    "    y = pl.pallas_call(b, out_shape=x, interpret=True)(x)\n"
+    "    mode = interpret\n    call = functools.partial(pl.pallas_call, interpret=mode)\n"
+    "    return call(b, out_shape=x)(y)\n"
+)
 HONEST = [
     # Layout glue around the kernel and ordinary helpers must not be flagged.
     "import functools\nimport math\nimport jax\nimport jax.numpy as jnp\n"
@@ -218,7 +223,18 @@ HONEST = [
     "@functools.partial(jax.jit, static_argnames=['block'])\n"
     "def f(x, block):\n    return lax.fori_loop(0, 4, lambda i, c: c, x)\n",
     "def kernel(x):\n    try:\n        y = x + 1\n    finally:\n        pass\n    return y\n",
+    # The engine owns the execution mode: passing it is noted (execution_mode_notes), not cheating.
+    INTERPRET_PASSED,
 ]
+
+
+def test_an_interpret_flag_is_noted_where_it_is_passed():
+    assert execution_mode_notes(INTERPRET_PASSED, "cand.py") == [
+        f"`interpret=` passed to `{call}` at cand.py:{line}: the engine sets the execution mode "
+        "itself (interpret on CPU, the chip's compiler for a target)"
+        for call, line in (("pl.pallas_call", 4), ("functools.partial", 6))
+    ]
+    assert execution_mode_notes("def kernel(x:\n", "cand.py") == []
 
 
 @pytest.mark.parametrize(

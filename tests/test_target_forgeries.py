@@ -203,6 +203,32 @@ def test_an_in_place_update_reading_only_its_own_block_is_certified_for_gpu():
     assert report.targets["gpu"].findings == [] and report.targets["gpu"].undetermined == []
 
 
+def test_a_kernel_that_asks_to_be_interpreted_is_compiled_for_the_chip_all_the_same():
+    report = check(
+        MATMUL_SPEC, FORGERIES / "target_interpret_true.py", "compact", 3, targets=("tpu-v5e",)
+    )
+    tpu = report.targets["tpu-v5e"]
+    assert right_in_program_order(report)
+    assert not report.certified and not tpu.ok and tpu.failure_class == "compile_error"
+    assert "(64, 64)" in tpu.error, tpu.error
+    # Not a violation: a note that the engine set the mode.
+    assert report.integrity.ok and any("interpret=" in n for n in report.integrity.notes)
+
+
+def test_an_interpret_flag_passed_through_does_not_stop_a_kernel_certifying_for_a_chip():
+    honest = OPS / "integrity" / "honest" / "interpret_passed_through.py"
+    report = check(
+        OPS / "softmax_rows" / "spec.py", honest, "compact", 3, targets=("interpret", "tpu-v5e")
+    )
+    assert report.certified, report.diagnosis
+    assert report.targets["tpu-v5e"].ok and report.targets["tpu-v5e"].compile_s > 0
+    assert report.integrity.notes == [
+        "`interpret=` passed to `functools.partial` at interpret_passed_through.py:20: the "
+        "engine sets the execution mode itself (interpret on CPU, the chip's compiler for a "
+        "target)"
+    ]
+
+
 def test_state_carried_in_scratch_across_gpu_programs_is_not_certified_for_gpu():
     # The cumsum golden, unchanged: right on TPU, whose grid runs in order and keeps scratch;
     # GPU programs have their own scratch and run concurrently.

@@ -25,7 +25,8 @@ they are read from, because Python hands out modules and frames through attribut
 - ``host_callback``: ``pure_callback``, ``io_callback``, ``jax.debug.callback``... referenced,
   not only called;
 - ``config_tamper``: ``jax.config``, JAX's configuration context managers
-  (``jax.default_matmul_precision``, ``enable_x64``...), ``interpret=``;
+  (``jax.default_matmul_precision``, ``enable_x64``...), the questions that tell where a kernel
+  is traced (``jax.default_backend``, ``get_abstract_mesh``, ``force_tpu_interpret_mode``...);
 - ``exception_fallback``: ``try/except``, a ``finally`` that returns, a context manager of the
   candidate's own (its ``__exit__`` can swallow the failure).
 
@@ -763,13 +764,6 @@ class _Scanner:
     def visit_Call(self, node: ast.Call) -> None:
         name = _dotted(node.func)
         last = name.rsplit(".", 1)[-1] if name else ""
-        if any(k.arg == "interpret" for k in node.keywords):
-            self.flag(
-                "config_tamper",
-                node,
-                f"`interpret=` passed to `{name or 'a call'}`; "
-                "the engine chooses the execution mode",
-            )
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr in ("format", "format_map"):
             receiver = func.value
@@ -901,6 +895,26 @@ def _format_attributes(text: str) -> list[str]:
             if spec and "{" in spec:
                 pending.append(spec)
     return names
+
+
+def execution_mode_notes(source: str, filename: str) -> list[str]:
+    """Where the candidate passes ``interpret=`` (as JAX's own kernels do: literally, through a
+    variable, in ``functools.partial``). Not a violation: the engine owns the execution mode and
+    sets every pallas_call's on the traced program (``runner.traced_program``), whatever was
+    passed; the note says so."""
+    try:
+        tree = parse_source(source, filename=filename)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and any(k.arg == "interpret" for k in node.keywords):
+            found.add((node.lineno, _dotted(node.func) or "a call"))
+    return [
+        f"`interpret=` passed to `{name}` at {filename}:{line}: the engine sets the execution "
+        "mode itself (interpret on CPU, the chip's compiler for a target)"
+        for line, name in sorted(found)
+    ]
 
 
 def static_violations(source: str, filename: str) -> list[Violation]:

@@ -1,6 +1,6 @@
 """Make every pallas_call run in interpret mode on CPU, whatever the candidate passes.
 
-Candidates never pass ``interpret=``; the engine chooses the execution mode. JAX reads the
+The engine chooses the execution mode, whatever ``interpret=`` a candidate passes. JAX reads the
 ``pallas_tpu_interpret_mode_context_manager`` flag when ``pl.pallas_call(...)`` builds the call, so
 setting it globally *before* the candidate is imported also covers calls built at import time.
 On JAX versions without that flag the public entry point is wrapped instead.

@@ -13,6 +13,7 @@ import contextlib
 
 from nearmiss.runner.candidate_child import load_case_inputs, serve
 from nearmiss.runner.child import describe_exception
+from nearmiss.runner.traced_program import TracedProgram
 
 # Names of the platforms the agent sees → JAX's lowering platform names.
 TARGETS = {"tpu": "tpu", "gpu": "cuda"}
@@ -67,9 +68,11 @@ def run_lowering(kernel, request: dict) -> dict:
     phase = "trace"  # a tracing error is the kernel's on every platform; lowering is "compile"
     try:
         with _target_context(jax, platform):
-            traced = jax.jit(kernel).trace(*structs)
+            # Lowered with every pallas_call set for the platform's compiler, whatever
+            # ``interpret=`` the kernel passes: interpreted, it would lower to plain XLA.
+            function = TracedProgram.trace(kernel, structs).function(interpret=False)
             phase = "compile"
-            _lower(jax, kernel, traced, structs, target)
+            _lower(jax, function, jax.jit(function).trace(*structs), structs, target)
     except (Exception, SystemExit) as exc:
         message = str(exc)
         if phase == "trace" or not any(marker in message for marker in UNAVAILABLE):
