@@ -126,6 +126,39 @@ def test_a_candidate_seen_before_is_a_cycle():
     assert step.action.reason == "cycle"
 
 
+def test_right_numbers_refused_by_the_integrity_gate_stop_as_integrity_not_no_fix():
+    from activities.fixers.playbook import propose
+    from workflows.models import Finding, FixRequest
+
+    loop = RepairLoop(LoopState(guards=Guards(), deterministic_fixer=True))
+    step = loop.begin("h0", 0)
+    blocked = ev(
+        "h0",
+        0.0,
+        failure_class=None,
+        compact_passed=True,
+        integrity_ok=False,
+        violations=[Finding(rule="wrapper_compute", detail="XLA does 100% at k.py:9")],
+    )
+    step = loop.on_evidence(step.action, blocked, 1)
+    assert step.action.kind == "fix"
+    request = FixRequest(
+        spec_path="s.py",
+        spec_source="",
+        source="",
+        candidate_name="k.py",
+        evidence=blocked,
+        round=1,
+        tried=[],
+    )
+    answer = propose(request)  # the playbook names what blocks certification
+    assert answer.source is None
+    assert answer.reason.startswith("the integrity gate blocks certification (wrapper_compute)")
+    assert "k.py:9" in answer.reason
+    step = loop.on_fix(fix(None, summary="", reason=answer.reason), 2)
+    assert step.action.reason == "integrity" and "wrapper_compute" in step.action.detail
+
+
 def test_the_deadline_is_checked_before_each_fix():
     loop, step = start(deadline_s=60)
     step = loop.on_evidence(step.action, ev("h0", 0.2), 61)

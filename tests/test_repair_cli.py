@@ -48,6 +48,20 @@ def test_repair_with_a_model_certifies_writes_the_fix_and_prints_json(
     assert "+        grid=(pl.cdiv(rows, BLOCK_R),)," in report["diff"]
 
 
+def test_a_repair_blocked_by_the_integrity_gate_says_so(temporal_address, postgres_dsn, tmp_path):
+    # Right numbers, the work done by XLA outside the kernel: the playbook has no edit for an
+    # integrity verdict, and the stop names the gate's rule and line, not "nothing to fix".
+    candidate = tmp_path / "copy_kernel_softmax.py"
+    candidate.write_text((OPS / "integrity" / "cheats" / "copy_kernel_softmax.py").read_text())
+    env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
+    result = run_cli("repair", OPS / "softmax_rows" / "spec.py", candidate, "--json", env=env)
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["certified"] is False and report["stop_reason"] == "integrity"
+    assert "wrapper_compute" in report["stop_detail"], report["stop_detail"]
+    assert "copy_kernel_softmax.py:" in report["stop_detail"]
+
+
 def test_a_repair_for_a_tpu_target_ends_certified_for_it(temporal_address, postgres_dsn, tmp_path):
     # Right in interpret mode, refused by TPU v5e (64-wide blocks off the (8, 128) tiling): the
     # playbook repairs it from the target's own error, and the certificate is for tpu-v5e.

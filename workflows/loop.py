@@ -32,6 +32,7 @@ StopReason = Literal[
     "cycle",
     "deadline",
     "no_fix",
+    "integrity",
     "fixer_error",
 ]
 
@@ -203,7 +204,9 @@ class RepairLoop:
             round_.outcome = "no_edit"
             s.signatures.append(self._signature())
             if s.deterministic_fixer:
-                return self._stop("no_fix", outcome.reason, events)
+                # Right numbers, refused by the integrity gate: say so, not just "no fix".
+                blocked = base is not None and not base.integrity_ok and not base.failure_class
+                return self._stop("integrity" if blocked else "no_fix", outcome.reason, events)
             return self._next_fix(now, events)
         round_.candidate_hash = outcome.candidate_hash
         if outcome.candidate_hash in s.seen:

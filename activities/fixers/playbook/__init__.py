@@ -40,11 +40,31 @@ def _classes(evidence: Evidence) -> list[str]:
     return [c for i, c in enumerate(ordered) if c and c not in ordered[:i]]
 
 
+def _unaddressed(evidence: Evidence) -> str:
+    """Why there is no failure class to address: what blocks certification, in words."""
+    if not evidence.integrity_ok:
+        rules = ", ".join(sorted({v.rule for v in evidence.violations})) or "unspecified"
+        first = f": {evidence.violations[0].detail}" if evidence.violations else ""
+        return (
+            f"the integrity gate blocks certification ({rules}){first}; no playbook recipe "
+            "rewrites a kernel to meet the integrity rules"
+        )
+    refused = [name for name, ok in evidence.targets.items() if not ok]
+    if refused:
+        return (
+            f"target {', '.join(refused)} does not accept the kernel, with no failure class "
+            "to address (what it could not verify is in the check's report)"
+        )
+    if evidence.certified:
+        return "the kernel is certified: nothing to fix"
+    return "no failure class to address: nothing the playbook can fix"
+
+
 def propose(request: FixRequest) -> FixResult:
     """The first applicable recipe's edit, or no source and a plain reason."""
     classes = _classes(request.evidence)
     if not classes:
-        return FixResult(model="playbook", reason="no failure class to address: nothing to fix")
+        return FixResult(model="playbook", reason=_unaddressed(request.evidence))
     tried, not_found, failed = [], [], []
     seen: set[str] = set()
     for failure_class in classes:
