@@ -225,7 +225,33 @@ HONEST = [
     "def kernel(x):\n    try:\n        y = x + 1\n    finally:\n        pass\n    return y\n",
     # The engine owns the execution mode: passing it is noted (execution_mode_notes), not cheating.
     INTERPRET_PASSED,
+    # Library code (JAX's own kernels): an optional import at module level, json for tables.
+    "try:\n    from jax.experimental.pallas import tpu as pltpu\nexcept ImportError:\n"
+    "    pltpu = None\n",
+    "try:\n    import jax.experimental.pallas.triton as plgpu\n"
+    "except (ImportError, ModuleNotFoundError):\n    pass\n",
+    "import json\nBLOCKS = json.loads('{\"v5e\": [128, 128]}')\n",
 ]
+# Near an optional import, but a fallback all the same: still refused.
+NOT_AN_OPTIONAL_IMPORT = [
+    ("try:\n    import jax\nexcept Exception:\n    jax = None\n", "exception_fallback"),
+    (
+        "def f():\n    try:\n        import jax\n    except ImportError:\n        pass\n",
+        "exception_fallback",
+    ),
+    (
+        "try:\n    import jax\n    y = jax.numpy.ones(3)\nexcept ImportError:\n    y = None\n",
+        "exception_fallback",
+    ),
+    ("try:\n    import jax\nexcept ImportError:\n    y = compute()\n", "exception_fallback"),
+    ("try:\n    import os\nexcept ImportError:\n    os = None\n", "forbidden_import"),
+    ("import json\nwith open('x') as f:\n    t = json.load(f)\n", "forbidden_import"),
+]
+
+
+@pytest.mark.parametrize(("source", "rule"), NOT_AN_OPTIONAL_IMPORT)
+def test_a_fallback_dressed_as_an_optional_import_is_still_refused(source, rule):
+    assert rule in {v.rule for v in static_violations(source, "cand.py")}
 
 
 def test_an_interpret_flag_is_noted_where_it_is_passed():

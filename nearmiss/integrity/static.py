@@ -62,6 +62,7 @@ ALLOWED_MODULES = frozenset(
         "abc",
         "numbers",
         "string",
+        "json",  # JAX's kernels read configuration tables with it (json.load/dump stay refused)
     }
 )
 # Builtins that reach code, files or attributes by name: refused wherever they are referenced
@@ -807,7 +808,7 @@ class _Scanner:
     visit_ClassDef = visit_FunctionDef
 
     def visit_Try(self, node: ast.Try) -> None:
-        if node.handlers:
+        if node.handlers and not self._optional_import(node):
             self.flag(
                 "exception_fallback",
                 node,
@@ -822,6 +823,31 @@ class _Scanner:
             )
 
     visit_TryStar = visit_Try
+
+    def _optional_import(self, node: ast.Try) -> bool:
+        """A module-level ``try: import X / except ImportError: X = None`` (library code's
+        optional dependency): it cannot switch the computation on a failure of the kernel, its
+        imports are judged like any other, and a path taken without the module is judged by
+        the dynamic rules like any computation."""
+        if not isinstance(self.parents.get(node), ast.Module) or node.orelse or node.finalbody:
+            return False
+        if not all(isinstance(s, ast.Import | ast.ImportFrom) for s in node.body):
+            return False
+        for handler in node.handlers:
+            caught = handler.type
+            names = caught.elts if isinstance(caught, ast.Tuple) else [caught]
+            if not names or not all(
+                isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError")
+                for n in names
+            ):
+                return False
+            for statement in handler.body:
+                simple = isinstance(statement, ast.Pass | ast.Import | ast.ImportFrom) or (
+                    isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Constant)
+                )
+                if not simple:
+                    return False
+        return True
 
 
 def _annotations(node: ast.AST) -> list[ast.AST]:
