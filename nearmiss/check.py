@@ -137,8 +137,9 @@ def case_evidence(raw: RawCase, candidate_name: str) -> tuple[CaseResult, LeafCo
         base.passed = True
         return base, worst
     base.localisation = localise(worst.stats.path, worst.bad, raw.geometry)
-    base.failure_class = classify_numeric(worst.stats, base.localisation)
-    base.diagnosis = describe_numeric(base.failure_class, worst.stats, base.localisation)
+    narrow = raw.narrow_floats
+    base.failure_class = classify_numeric(worst.stats, base.localisation, narrow)
+    base.diagnosis = describe_numeric(base.failure_class, worst.stats, base.localisation, narrow)
     return base, worst
 
 

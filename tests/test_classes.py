@@ -74,6 +74,14 @@ def test_unstable_names_the_value_profile_and_precision_is_not_wrong_values():
     assert precision.cases[0].localisation.spread
 
 
+def test_small_spread_errors_from_a_float32_only_kernel_are_not_precision():
+    # A mask off by one looks like rounding noise; with no narrower type in the kernel it is
+    # not precision, and the diagnosis says where to look instead.
+    report = check(SOFTMAX_SPEC, PLANTED / "softmax_sum_skips_last.py", "compact", seed=5)
+    assert report.failure_class == "wrong_values", report.diagnosis
+    assert "not precision" in report.diagnosis and "off by one" in report.diagnosis
+
+
 def test_seed_reproduces_a_run_and_the_default_seed_varies():
     first = check(SOFTMAX_SPEC, SOFTMAX_VARIANTS / "no_max_subtraction.py", "extended", seed=42)
     again = check(SOFTMAX_SPEC, SOFTMAX_VARIANTS / "no_max_subtraction.py", "extended", seed=42)

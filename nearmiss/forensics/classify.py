@@ -27,14 +27,23 @@ def error_class(error: ErrorInfo) -> str:
     return "runtime_error"
 
 
-def classify_numeric(stats: LeafStats, loc: Localisation) -> str:
+def classify_numeric(
+    stats: LeafStats, loc: Localisation, narrow_floats: list[str] | None = None
+) -> str:
+    """``narrow_floats``: the float types under 32 bits the kernel computes in (None: unknown).
+    Small spread errors from a kernel with none are not rounding in a narrower type."""
     if loc.tail_only:
         return "boundary"
     if stats.nan_count or stats.inf_count:
         return "nan_inf"
-    if is_precision_like(stats, loc):
+    if is_precision_like(stats, loc) and narrow_floats != []:
         return "precision"
     return "wrong_values"
+
+
+def computes_wide_only(stats: LeafStats, loc: Localisation, narrow_floats: list[str] | None):
+    """Errors that look like rounding, from a kernel with no narrower float type in it."""
+    return narrow_floats == [] and is_precision_like(stats, loc)
 
 
 def is_precision_like(stats: LeafStats, loc: Localisation) -> bool:
@@ -75,7 +84,9 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
-def describe_numeric(klass: str, stats: LeafStats, loc: Localisation) -> str:
+def describe_numeric(
+    klass: str, stats: LeafStats, loc: Localisation, narrow_floats: list[str] | None = None
+) -> str:
     """One readable paragraph: what is wrong, how much, and where."""
     where = "; ".join(
         f"axis {a.axis}: {a.bad_count}/{a.size} indices bad ({a.bad_ranges})"
@@ -115,7 +126,14 @@ def describe_numeric(klass: str, stats: LeafStats, loc: Localisation) -> str:
         )
     else:
         lead = "Values are wrong."
-        if stats.scale_fit is not None:
+        if computes_wide_only(stats, loc, narrow_floats):
+            lead = (
+                "Values are slightly wrong, spread like rounding noise, but the kernel computes "
+                "in 32-bit floats throughout (no bfloat16/float16 in it), so this is not "
+                "precision: look for a mask or bound off by one, an element missing from (or "
+                "extra in) a reduction, or a wrong constant."
+            )
+        elif stats.scale_fit is not None:
             lead = (
                 f"Outputs are a constant factor {stats.scale_fit:.6g} of the reference "
                 "(wrong scale or normalisation constant)."

@@ -91,6 +91,26 @@ def traced_callbacks(jaxpr) -> list[str]:
     )
 
 
+def narrow_floats(jaxpr) -> list[str]:
+    """Float types narrower than 32 bits the traced program computes in (kernel bodies too):
+    without one, small spread errors are not rounding in a narrower type."""
+    import jax.numpy as jnp
+
+    from nearmiss.runner.geometry import iter_eqns
+
+    found = set()
+    values = [v for e in iter_eqns(jaxpr, into_pallas=True) for v in e.outvars]
+    for value in values + list(jaxpr.invars):
+        dtype = getattr(getattr(value, "aval", None), "dtype", None)
+        try:  # JAX's own dtype lattice: NumPy does not count bfloat16 as floating
+            narrow = jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4
+        except TypeError:  # not an array type (a semaphore, a token)
+            narrow = False
+        if narrow:
+            found.add(str(dtype))
+    return sorted(found)
+
+
 # The kernel traced once per input shapes — or the exception its trace raised. Every artifact of
 # those shapes (the interpret export, each chip's lowering, the TPU-semantics run) is derived
 # from this one program (``runner.traced_program``): the candidate's Python never learns which
@@ -98,7 +118,7 @@ def traced_callbacks(jaxpr) -> list[str]:
 _TRACED: dict[str, TracedProgram | BaseException] = {}
 # Exports by input shapes: cases with the same shapes get the same artifact, as a jit cache
 # would give them the same executable.
-_EXPORTED: dict[str, tuple[list, list[str], bytes]] = {}
+_EXPORTED: dict[str, tuple[list, list[str], bytes, list[str] | None]] = {}
 # Lowerings for targets, by input shapes and target: the artifact's bytes, or why there is none.
 _EXPORTED_FOR: dict[str, bytes | str] = {}
 
@@ -149,14 +169,18 @@ def export_case(kernel, request: dict) -> dict:
             except Exception:  # geometry is a forensic hint; never fail a case over it
                 geometry = []
             callbacks = traced_callbacks(program.jaxpr.jaxpr)
+            try:
+                narrow = narrow_floats(program.jaxpr.jaxpr)
+            except Exception:  # a forensic hint, like the geometry
+                narrow = None
             phase = "compile"
             # On a CPU every pallas_call is interpreted, whatever the candidate passed.
             mode = True if jax.default_backend() == "cpu" else None
             exported = export_traced(jax.jit(program.function(mode)), avals_of(request))
-            _EXPORTED[key] = (geometry, callbacks, exported)
-        geometry, callbacks, artifact = _EXPORTED[key]
+            _EXPORTED[key] = (geometry, callbacks, exported, narrow)
+        geometry, callbacks, artifact, narrow = _EXPORTED[key]
         (Path(request["dir"]) / ARTIFACT_FILE).write_bytes(artifact)
-        result.update(geometry=geometry, callbacks=callbacks)
+        result.update(geometry=geometry, callbacks=callbacks, narrow_floats=narrow)
         result["compile_s"] = time.perf_counter() - started
         result.update(ok=True)
     except (Exception, SystemExit) as exc:

@@ -82,6 +82,8 @@ class RawCase:
     failure_detail: str = ""
     log_tail: str = ""
     geometry: list[dict[str, Any]] = field(default_factory=list)
+    # Float types under 32 bits the traced kernel computes in (a hint); None: not reported.
+    narrow_floats: list[str] | None = None
     compile_s: float | None = None
     run_s: float | None = None
     # Integrity evidence (only when the run audits): the artifact's audit — None when the
@@ -477,6 +479,9 @@ class _CandidateRunner(_Child):
             return None
         try:
             raw.geometry = _checked_geometry(message.get("geometry"))
+            narrow = message.get("narrow_floats")
+            ok = isinstance(narrow, list) and all(isinstance(n, str) for n in narrow)
+            raw.narrow_floats = narrow if ok else None
             raw.compile_s = _seconds(message.get("compile_s"))
             raw.run_s = _seconds(message.get("run_s"))
         except Exception as exc:
