@@ -60,6 +60,8 @@ def test_a_ragged_tail_bug_passes_compact_and_fails_extended_with_localisation()
     assert loc.tail_axes == [0] and loc.axes[0].bad_ranges == "40-44"
     assert loc.tiles.block_shape == [8, 320] and loc.tiles.only_partial_tiles
     assert ragged.kernel_grid == [5]  # floor(45 / 8): the evidence shows the short grid
+    # The unwritten tail is NaN: the sentence counts them, the error figures are the finite ones'.
+    assert "1600 NaN and 0 Inf where the reference is finite" in ragged.diagnosis
     # The compact suite alone certifies it: full coverage is what catches the bug.
     assert check(SOFTMAX_SPEC, SOFTMAX_VARIANTS / "floor_grid.py", "compact", seed=5).certified
 

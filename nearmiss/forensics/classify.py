@@ -101,11 +101,17 @@ def describe_numeric(
             + (", all partial (ragged edge)" if t.only_partial_tiles else "")
             + f", first {t.bad_tiles[:4]}."
         )
+    non_finite = ""
+    if stats.nan_count or stats.inf_count:  # the error figures below leave them out
+        non_finite = (
+            f"{stats.nan_count} NaN and {stats.inf_count} Inf where the reference is finite; "
+            "among the finite values "
+        )
     amount = (
         f"{stats.mismatched}/{stats.total} elements of {stats.path} out of tolerance "
-        f"({stats.mismatched_fraction:.1%}); max abs error {_fmt(stats.max_abs_error)}, "
-        f"rms error {_fmt(stats.rms_rel_error)} of the reference's rms; worst at "
-        f"{stats.worst_index}."
+        f"({stats.mismatched_fraction:.1%}); {non_finite}max abs error "
+        f"{_fmt(stats.max_abs_error)}, rms error {_fmt(stats.rms_rel_error)} of the reference's "
+        f"rms; worst at {stats.worst_index}."
     )
     if klass == "boundary":
         lead = (
