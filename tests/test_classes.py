@@ -95,3 +95,17 @@ def test_seed_reproduces_a_run_and_the_default_seed_varies():
     assert [c.leaves[0].max_abs_error for c in other.cases] != [
         c.leaves[0].max_abs_error for c in first.cases
     ]
+
+
+def test_an_exception_raised_without_a_message_still_says_what_it_knows(tmp_path):
+    # JAX's custom_vjp raises a bare AttributeError() (name and obj set, no text): the
+    # classic slip of treating megablox's `gmm` function as its module.
+    candidate = tmp_path / "gmm_slip.py"
+    candidate.write_text(
+        "from jax.experimental.pallas.ops.tpu import megablox\n\n\n"
+        "def kernel(x):\n    return megablox.gmm.gmm(x)\n"
+    )
+    report = check(SOFTMAX_SPEC, candidate, "compact", seed=5)
+    assert report.failure_class == "compile_error"
+    assert "AttributeError: 'custom_vjp' object has no attribute 'gmm'" in report.diagnosis
+    assert "gmm_slip.py:5" in report.diagnosis

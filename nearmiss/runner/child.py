@@ -43,6 +43,16 @@ def apply_limits() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_OUTPUT_FILE, MAX_OUTPUT_FILE))
 
 
+def _unsaid(exc: BaseException) -> str:
+    """What an exception raised without a message still knows (JAX's ``custom_vjp`` raises a
+    bare ``AttributeError()`` for a missing attribute, with ``name`` and ``obj`` set)."""
+    name = getattr(exc, "name", None)
+    if isinstance(exc, AttributeError) and isinstance(name, str):
+        owner = type(getattr(exc, "obj", None)).__name__
+        return f"'{owner}' object has no attribute '{name}'"
+    return "(raised without a message)"
+
+
 def describe_exception(exc: BaseException, phase: str) -> dict[str, Any]:
     """A JSON-able account of an exception: type, message and the traceback's frames."""
     frames = [
@@ -52,7 +62,7 @@ def describe_exception(exc: BaseException, phase: str) -> dict[str, Any]:
     info: dict[str, Any] = {
         "phase": phase,
         "type": type(exc).__name__,
-        "message": str(exc),
+        "message": str(exc) or _unsaid(exc),
         "frames": frames,
     }
     if isinstance(exc, SyntaxError):
