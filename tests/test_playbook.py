@@ -143,6 +143,19 @@ def kernel(x):
 )
 
 
+def in_grid_spec(source: str, spec: str = "pltpu.PrefetchScalarGridSpec") -> str:
+    """The same pallas_call written the way JAX's own kernels are: grid, block specs and
+    scratch in a grid_spec object (the TPU module imported as pltpu)."""
+    shape = "        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),\n"
+    scratch = "        scratch_shapes=[pl.ANY((BR, 1), jnp.float32)],\n"
+    prefetch = "            num_scalar_prefetch=0,\n" if "Prefetch" in spec else ""
+    return with_tpu(
+        source.replace(shape + scratch, scratch + shape)
+        .replace(shape, "        ),\n" + shape)
+        .replace("        grid=(", f"        grid_spec={spec}(\n{prefetch}            grid=(")
+    )
+
+
 def cumsum(reset="j == 0", init="jnp.zeros_like(carry_ref)", combine=None) -> str:
     combine = combine or "jnp.cumsum(x, axis=1) + carry_ref[...]"
     return CUMSUM.replace("RESET", reset).replace("INIT", init).replace("COMBINE", combine)
@@ -506,6 +519,13 @@ APPLIES = [
         ["grid=(pl.cdiv(rows, BR),),"],
     ),
     (
+        "ceil_div_grid",  # the grid inside a pl.GridSpec
+        in_grid_spec(SOFTMAX_OK.replace("pl.cdiv(rows, BR)", "rows // BR"), "pl.GridSpec"),
+        evidence("boundary"),
+        ["grid=(rows // BR,),"],
+        ["grid=(pl.cdiv(rows, BR),),"],
+    ),
+    (
         "mask_tail",
         cumsum().replace(
             "    col = j * BC + jax.lax.broadcasted_iota(jnp.int32, (BR, BC), 1)\n"
@@ -648,6 +668,13 @@ APPLIES = [
         evidence("compile_error", diagnosis=ANY_ERROR),
         ["scratch_shapes=[pl.ANY((BR, 1), jnp.float32)],"],
         [TPU_IMPORT.strip(), "scratch_shapes=[pltpu.VMEM((BR, 1), jnp.float32)],"],
+    ),
+    (
+        "vmem_scratch",  # scratch in a grid_spec object, as JAX's own kernels pass it
+        in_grid_spec(cumsum()),
+        evidence("compile_error", diagnosis=ANY_ERROR),
+        ["scratch_shapes=[pl.ANY((BR, 1), jnp.float32)],"],
+        ["scratch_shapes=[pltpu.VMEM((BR, 1), jnp.float32)],"],
     ),
     (
         "vmem_scratch",

@@ -22,7 +22,6 @@ from activities.fixers.playbook.source import (
     _ignored_axes,
     _index_map,
     _inits,
-    _kwarg,
     _listed,
     _Module,
     _pallas_calls,
@@ -297,7 +296,7 @@ def vmem_scratch(mod: _Module, evidence: Evidence) -> list[_Edit]:
     tpu = _tpu_alias(mod)
     edits = []
     for call in _pallas_calls(mod):
-        for scratch in _listed(call.scope, _kwarg(call.node, "scratch_shapes")):
+        for scratch in _listed(call.scope, call.scratch):
             if not isinstance(scratch, ast.Call):
                 continue
             base = _dotted(scratch.func) or ""

@@ -114,7 +114,7 @@ def f32_accumulation(mod: _Module, evidence: Evidence) -> list[_Edit]:
     float32 for each (stores into output refs keep their own cast)."""
     f32, edits = f"{mod.np}.float32", []
     for call in _pallas_calls(mod):
-        scratch = _kwarg(call.node, "scratch_shapes")
+        scratch = call.scratch
         for node in ast.walk(scratch) if scratch is not None else []:
             if _is_low(mod, node):
                 edits.append(_replace(node, f32))

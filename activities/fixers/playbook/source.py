@@ -188,6 +188,7 @@ class _PallasCall:
     in_specs: list[ast.expr]
     out_specs: list[ast.expr]
     out_shapes: list[ast.expr]
+    scratch: ast.expr | None = None  # the scratch_shapes expression, as written
 
 
 def _resolve(scope: ast.AST, node: ast.expr | None, depth: int = 3) -> ast.expr | None:
@@ -224,15 +225,26 @@ def _pallas_calls(mod: _Module) -> list[_PallasCall]:
         while isinstance(body_expr, ast.Call) and body_expr.args:  # functools.partial(f, ...)
             body_expr = _resolve(scope, body_expr.args[0])
         body = functions.get(body_expr.id) if isinstance(body_expr, ast.Name) else None
+        # JAX's own kernels pass grid, block specs and scratch in a grid_spec object
+        # (``pltpu.PrefetchScalarGridSpec(...)``, ``pl.GridSpec(...)``) instead.
+        grid_spec = _resolve(scope, _kwarg(node, "grid_spec"))
+
+        def option(name: str, node=node, grid_spec=grid_spec) -> ast.expr | None:
+            found = _kwarg(node, name)
+            if found is None and isinstance(grid_spec, ast.Call):
+                found = _kwarg(grid_spec, name)
+            return found
+
         calls.append(
             _PallasCall(
                 node,
                 scope,
                 body,
-                _resolve(scope, _kwarg(node, "grid")),
-                _listed(scope, _kwarg(node, "in_specs")),
-                _listed(scope, _kwarg(node, "out_specs")),
+                _resolve(scope, option("grid")),
+                _listed(scope, option("in_specs")),
+                _listed(scope, option("out_specs")),
                 _listed(scope, _kwarg(node, "out_shape", 1)),
+                option("scratch_shapes"),
             )
         )
     return calls
