@@ -31,6 +31,7 @@ from nearmiss.models import (
     CheckReport,
     ErrorInfo,
     IntegrityReport,
+    LeafStats,
     TargetResult,
     Violation,
 )
@@ -132,6 +133,7 @@ def case_evidence(raw: RawCase, candidate_name: str) -> tuple[CaseResult, LeafCo
         return base, None
     comparisons = compare_outputs(raw.reference, raw.outputs, info.atol, info.rtol)
     base.leaves = [c.stats for c in comparisons]
+    base.tolerance_used = case_tolerance_used(base.leaves)
     worst = max(comparisons, key=lambda c: c.stats.mismatched)
     if worst.stats.mismatched == 0:
         base.passed = True
@@ -141,6 +143,15 @@ def case_evidence(raw: RawCase, candidate_name: str) -> tuple[CaseResult, LeafCo
     base.failure_class = classify_numeric(worst.stats, base.localisation, narrow)
     base.diagnosis = describe_numeric(base.failure_class, worst.stats, base.localisation, narrow)
     return base, worst
+
+
+def case_tolerance_used(leaves: list[LeafStats]) -> float | None:
+    """How much of its tolerance the case used: its most demanding leaf's figure, None when any
+    leaf's is unbounded (then the case fails anyway) or there is no leaf to measure."""
+    used = [leaf.tolerance_used for leaf in leaves]
+    if not used or None in used:
+        return None
+    return max(u for u in used if u is not None)
 
 
 def require_file(role: str, path: Path) -> str:

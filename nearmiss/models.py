@@ -71,6 +71,10 @@ class LeafStats(BaseModel):
     worst_index: list[int] | None = None
     scale_fit: float | None = None  # c in out ≈ c·ref when that explains the error
     offset_fit: float | None = None  # b in out ≈ ref + b when that explains the error
+    # max |out - ref| / (atol + rtol·|ref|) over finite elements: how close the leaf came to
+    # failing (1 = on the edge, above 1 = fails). None where an element differs although its
+    # tolerance is 0 (exact comparison), or in reports saved before the figure existed.
+    tolerance_used: float | None = None
 
 
 class AxisProfile(BaseModel):
@@ -150,6 +154,10 @@ class CaseResult(BaseModel):
     diagnosis: str = ""
     atol: float = 0.0
     rtol: float = 0.0
+    # The largest of its leaves' ``tolerance_used``: a passing case near 1 may flake with a
+    # fresh seed. None when the outputs were not compared (crash, wrong structure), when an
+    # element differs where the tolerance allows no difference, or in older saved reports.
+    tolerance_used: float | None = None
     compile_s: float | None = None
     run_s: float | None = None
 

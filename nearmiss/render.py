@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 from nearmiss.models import CaseResult, CheckReport
+
+# A passing case that used more than this share of its tolerance may fail on another seed's
+# inputs: worth saying before it flakes in someone's CI.
+TOLERANCE_WARN = 0.5
 
 
 def _dims(case: CaseResult) -> str:
@@ -47,6 +53,38 @@ def _target_lines(report: CheckReport) -> list[str]:
     return lines
 
 
+def _share_used(used: float) -> str:
+    """The share as "at most N%", rounded up so it stays true (0.501 reads 51%, over half)."""
+    if used < 0.01:
+        return "under 1%"
+    return f"at most {math.ceil(round(used * 100, 6))}%"
+
+
+def tolerance_line(report: CheckReport) -> str | None:
+    """One line on how close a passing run came to its tolerance, naming the case that came
+    closest; None unless every case passed and says how much it used (older reports do not)."""
+    cases = report.cases
+    if not cases or not all(c.passed for c in cases):
+        return None
+    measured = [c for c in cases if c.tolerance_used is not None]
+    if not measured:
+        return None
+    closest = max(measured, key=lambda c: c.tolerance_used or 0.0)
+    used = closest.tolerance_used or 0.0
+    if used == 0:
+        return "tolerance: none used (every case matched the reference exactly)"
+    line = (
+        f"tolerance: {_share_used(used)} used (case {closest.name}, "
+        f"{closest.dtype} atol={closest.atol:g} rtol={closest.rtol:g})"
+    )
+    if used > TOLERANCE_WARN:
+        line += (
+            "\n  more than half of it: this case may fail (flake) with a fresh seed; "
+            f"see `nearmiss spec check {report.spec}`"
+        )
+    return line
+
+
 def render_report(report: CheckReport) -> str:
     head = (
         f"{report.op} ({report.category}) — candidate {report.candidate}\n"
@@ -89,6 +127,9 @@ def render_report(report: CheckReport) -> str:
         verdict = f"NOT CERTIFIED — {report.failure_class or 'integrity'}"
     lines = [head, "", body, "", f"integrity: {gate}", *_target_lines(report)]
     lines.append(f"verdict: {verdict}")
+    tolerance = tolerance_line(report)
+    if tolerance:
+        lines.append(tolerance)
     if not report.certified:
         lines.append(f"diagnosis: {report.diagnosis}")
         for case in report.cases:

@@ -6,6 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from nearmiss.check import case_tolerance_used
 from nearmiss.forensics.classify import (
     classify_numeric,
     describe_run,
@@ -51,6 +52,49 @@ def test_tolerance_is_atol_plus_rtol_times_reference():
     stats = compare_leaf("out", ref, out, atol=0.1, rtol=0.01).stats
     # |0.5| > 0.1 + 0.01*1 fails; |0.5| <= 0.1 + 0.01*100 passes.
     assert stats.mismatched == 1 and stats.worst_index == [0]
+
+
+def test_tolerance_used_is_the_largest_share_of_the_allowance():
+    # allowance = atol + rtol*|ref| = 0.1 + 0.01*|ref|: 0.2 and 1.1 for these references.
+    ref = np.array([10.0, 100.0], np.float64)
+    half = compare_leaf("out", ref, ref + np.array([0.1, 0.55]), atol=0.1, rtol=0.01).stats
+    assert half.mismatched == 0 and half.tolerance_used == pytest.approx(0.5)
+    exact = compare_leaf("out", ref, ref.copy(), atol=0.1, rtol=0.01).stats
+    assert exact.tolerance_used == 0.0
+    failing = compare_leaf("out", ref, ref + np.array([0.4, 0.0]), atol=0.1, rtol=0.01).stats
+    assert failing.mismatched == 1 and failing.tolerance_used == pytest.approx(2.0)
+
+
+def test_tolerance_used_counts_only_finite_elements():
+    ref = np.array([np.nan, 1.0, 2.0], np.float32)
+    out = np.array([np.nan, np.inf, 2.0], np.float32)
+    stats = compare_leaf("out", ref, out, atol=1e-5, rtol=1e-5).stats
+    # The Inf fails the case (mismatched, inf_count); the figure measures the finite rest.
+    assert stats.mismatched == 1 and stats.tolerance_used == 0.0
+
+
+def test_tolerance_used_with_a_zero_tolerance():
+    # Integer outputs get atol = rtol = 0: exact is 0 (0/0 counts 0), any difference has no
+    # finite ratio and reads None (and fails).
+    ref = np.array([0, 3, -2], np.int32)
+    assert compare_leaf("out", ref, ref.copy(), 0.0, 0.0).stats.tolerance_used == 0.0
+    off = compare_leaf("out", ref, ref + np.array([0, 1, 0], np.int32), 0.0, 0.0).stats
+    assert off.mismatched == 1 and off.tolerance_used is None
+    # atol = 0 allows nothing where the reference is 0, and something elsewhere.
+    stats = compare_leaf("out", np.array([0.0, 4.0]), np.array([0.0, 4.2]), 0.0, 0.1).stats
+    assert stats.tolerance_used == pytest.approx(0.5)
+
+
+def test_a_case_uses_as_much_tolerance_as_its_most_demanding_leaf():
+    ref = np.array([10.0, 100.0])
+    leaves = [
+        compare_leaf("out[0]", ref, ref + 0.05, atol=0.1, rtol=0.01).stats,  # 0.25
+        compare_leaf("out[1]", ref, ref + 0.15, atol=0.1, rtol=0.01).stats,  # 0.75
+    ]
+    assert case_tolerance_used(leaves) == pytest.approx(0.75)
+    leaves.append(compare_leaf("out[2]", np.zeros(2), np.ones(2), 0.0, 0.0).stats)
+    assert case_tolerance_used(leaves) is None
+    assert case_tolerance_used([]) is None
 
 
 def test_tail_nan_is_boundary_with_tile_evidence():

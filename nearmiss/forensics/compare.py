@@ -3,6 +3,9 @@
 A case passes when every element satisfies ``|out - ref| <= atol + rtol * |ref|`` and NaN/Inf
 appear only where the reference has them (with the same sign for Inf); output shape, dtype and
 pytree structure must equal the reference's.
+
+Each leaf also says how much of its tolerance it used (``tolerance_used``): a passing case at 0.9
+is one unlucky seed away from failing, which the verdict alone does not show.
 """
 
 from __future__ import annotations
@@ -62,6 +65,26 @@ def _fit_residuals(
     return scale, offset
 
 
+def tolerance_used(err: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> float | None:
+    """max(|out - ref| / (atol + rtol·|ref|)) over finite elements (``err`` = |out - ref|):
+    0 means exact, 1 means some element sits right on the tolerance, above 1 fails.
+
+    An element with no error counts 0 even where its tolerance is 0 (0/0: exact is exact). An
+    element with an error where its tolerance is 0 (atol = rtol = 0, as integer outputs get,
+    or atol = 0 at ref = 0) has no finite ratio: the figure is then None (JSON has no infinity),
+    and that element is a mismatch, so a passing leaf always has a number.
+    """
+    if not err.size:
+        return 0.0
+    allowed = atol + rtol * np.abs(ref)
+    if np.any((allowed <= 0) & (err > 0)):
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(err > 0, err / np.where(allowed > 0, allowed, 1.0), 0.0)
+    worst = float(ratio.max())
+    return worst if np.isfinite(worst) else None  # a subnormal tolerance can overflow it
+
+
 def compare_leaf(
     name: str, ref: np.ndarray, out: np.ndarray, atol: float, rtol: float
 ) -> LeafComparison:
@@ -104,6 +127,7 @@ def compare_leaf(
         nan_count=nan_count,
         inf_count=inf_count,
         ref_max_abs=float(np.abs(finite_ref).max()) if finite_ref.size else 0.0,
+        tolerance_used=tolerance_used(finite_err, finite_ref, atol, rtol),
         worst_index=worst,
         scale_fit=scale,
         offset_fit=offset,
