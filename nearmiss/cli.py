@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 from nearmiss import fleet_cli, kb_cli, replay_cli
+from nearmiss.authoring import cli as spec_cli
 from nearmiss.check import SUITES, check
 from nearmiss.cli_options import (
     add_sandbox_option,
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_cli.add_parser(commands)
     experiment_cli.add_parser(commands)
     replay_cli.add_parser(commands)
+    spec_cli.add_parser(commands)
     dev_cmd = commands.add_parser(
         "dev",
         help="the embedded dev stack: Temporal dev server + PostgreSQL on loopback",
@@ -272,6 +274,8 @@ def _dispatch(args) -> int:
         return _run_async(report_cli.main, args)
     if args.command == "replay":
         return _run_async(replay_cli.run, args)
+    if args.command == "spec":
+        return spec_cli.run(args)
     if args.command == "worker":
         return run_worker_command()
     if args.command == "kb":

@@ -20,6 +20,18 @@ def dtype_name(dtype: np.dtype) -> str:
     return np.dtype(dtype).name
 
 
+def is_float(dtype) -> bool:
+    """Whether arrays of ``dtype`` hold floating-point numbers, ml_dtypes' (bfloat16, float8...)
+    included: numpy files those under kind "V", not "f"."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or ("float" in dtype.name and hasattr(ml_dtypes, dtype.name))
+
+
+def float_eps(dtype) -> float:
+    """The spacing of 1.0 in ``dtype`` (bfloat16's 2^-7 included)."""
+    return float(ml_dtypes.finfo(np.dtype(dtype)).eps)
+
+
 def shapes_of(arrays: list[np.ndarray]) -> list[list]:
     """Arrays as ``[shape, dtype name]`` pairs: what a tracing child is told of a case's inputs."""
     return [[list(a.shape), dtype_name(a.dtype)] for a in arrays]

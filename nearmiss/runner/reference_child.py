@@ -229,7 +229,12 @@ def prepare(channel: Channel, request: dict) -> None:
 def main() -> None:
     channel = start_child()
     request = channel.receive()
-    prepare(channel, request)
+    if request.get("cmd") == "calibrate":
+        from nearmiss.runner.spec_noise import calibrate
+
+        calibrate(channel, request)
+    else:
+        prepare(channel, request)
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown: nothing is left to flush, and JAX's is slow
 
