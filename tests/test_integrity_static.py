@@ -149,11 +149,13 @@ BYPASSES = [
     ("import jax\njax.config.update('jax_enable_x64', True)\n", "config_tamper"),
     ("from jax._src import config\n", "config_tamper"),
     ("import jax\nc = jax._src.config.config\n", "config_tamper"),
+    # A precision setting outside a decorator or a `with` item (or with a computed value).
+    ("import jax\np = jax.default_matmul_precision\n", "config_tamper"),
+    ("import jax\njax.default_matmul_precision('float32').__enter__()\n", "config_tamper"),
     (
-        "import jax\n@jax.default_matmul_precision('highest')\ndef kernel(x):\n    return x\n",
+        "import jax\n@jax.default_matmul_precision(pick())\ndef kernel(x):\n    return x\n",
         "config_tamper",
     ),
-    ("import jax\nwith jax.default_matmul_precision('float32'):\n    pass\n", "config_tamper"),
     ("from jax.experimental import enable_x64\n", "config_tamper"),
     ("import jax\nwith jax.experimental.enable_x64():\n    pass\n", "config_tamper"),
     ("import jax\nwith jax.numpy_dtype_promotion('standard'):\n    pass\n", "config_tamper"),
@@ -231,8 +233,16 @@ HONEST = [
     "try:\n    import jax.experimental.pallas.triton as plgpu\n"
     "except (ImportError, ModuleNotFoundError):\n    pass\n",
     "import json\nBLOCKS = json.loads('{\"v5e\": [128, 128]}')\n",
+    # A precision choice scoped to one trace (JAX's flash attention decorates its reference).
+    "import jax\n@jax.default_matmul_precision('bfloat16')\ndef kernel(x):\n    return x\n",
+    "import jax\ndef kernel(x):\n    with jax.default_matmul_precision('float32'):\n"
+    "        return x @ x\n",
+    # An error reworded and raised again (JAX's splash attention): no other path is taken.
+    "def shard(s, n):\n    try:\n        return s.shard_shape(n)\n    except ValueError as exc:\n"
+    "        raise ValueError(f'must divide {n}') from exc\n",
+    "def f(x):\n    try:\n        return g(x)\n    except (KeyError, IndexError):\n        raise\n",
 ]
-# Near an optional import, but a fallback all the same: still refused.
+# Near an optional import or a reworded error, but a fallback all the same: still refused.
 NOT_AN_OPTIONAL_IMPORT = [
     ("try:\n    import jax\nexcept Exception:\n    jax = None\n", "exception_fallback"),
     (
@@ -245,12 +255,33 @@ NOT_AN_OPTIONAL_IMPORT = [
     ),
     ("try:\n    import jax\nexcept ImportError:\n    y = compute()\n", "exception_fallback"),
     ("try:\n    import os\nexcept ImportError:\n    os = None\n", "forbidden_import"),
+    # A handler that raises, but computes first or in what it raises: a second path.
+    (
+        "def f(x):\n    try:\n        return g(x)\n    except ValueError:\n"
+        "        y = fallback(x)\n        raise\n",
+        "exception_fallback",
+    ),
+    (
+        "def f(x):\n    try:\n        return g(x)\n    except ValueError:\n"
+        "        raise Stop(fallback(x))\n",
+        "exception_fallback",
+    ),
+    (
+        "def f(x):\n    try:\n        return g(x)\n    except ValueError:\n"
+        "        raise Stop(f'{fallback(x)}')\n",
+        "exception_fallback",
+    ),
+    (
+        "def f(x):\n    try:\n        return g(x)\n    except ValueError:\n        raise\n"
+        "    except KeyError:\n        return x\n",
+        "exception_fallback",
+    ),
     ("import json\nwith open('x') as f:\n    t = json.load(f)\n", "forbidden_import"),
 ]
 
 
 @pytest.mark.parametrize(("source", "rule"), NOT_AN_OPTIONAL_IMPORT)
-def test_a_fallback_dressed_as_an_optional_import_is_still_refused(source, rule):
+def test_a_fallback_dressed_as_library_code_is_still_refused(source, rule):
     assert rule in {v.rule for v in static_violations(source, "cand.py")}
 
 

@@ -24,11 +24,14 @@ they are read from, because Python hands out modules and frames through attribut
   annotations (``typing.get_type_hints`` and ``functools.singledispatch`` evaluate them);
 - ``host_callback``: ``pure_callback``, ``io_callback``, ``jax.debug.callback``... referenced,
   not only called;
-- ``config_tamper``: ``jax.config``, JAX's configuration context managers
-  (``jax.default_matmul_precision``, ``enable_x64``...), the questions that tell where a kernel
-  is traced (``jax.default_backend``, ``get_abstract_mesh``, ``force_tpu_interpret_mode``...);
-- ``exception_fallback``: ``try/except``, a ``finally`` that returns, a context manager of the
-  candidate's own (its ``__exit__`` can swallow the failure).
+- ``config_tamper``: ``jax.config``, JAX's configuration context managers (``enable_x64``...;
+  ``jax.default_matmul_precision`` too, except as a decorator or ``with`` item with constant
+  arguments, where it only sets the precision of what is traced under it), the questions that
+  tell where a kernel is traced (``jax.default_backend``, ``get_abstract_mesh``,
+  ``force_tpu_interpret_mode``...);
+- ``exception_fallback``: ``try/except`` (except a module-level optional import, and handlers
+  that only raise again), a ``finally`` that returns, a context manager of the candidate's own
+  (its ``__exit__`` can swallow the failure).
 
 Each violation names its rule, what was found and the line. The scan is iterative
 (``ast.walk``): a deeply nested source cannot crash it, and a source too deep to parse is
@@ -366,6 +369,12 @@ CONFIG_NAMES = frozenset(
         "update_thread_local_jit_state",
     }
 )
+# Settings that only fix how the operations traced under them compute, written into the traced
+# program itself (``jax.default_matmul_precision("float32")`` sets each dot's ``precision``): as a
+# decorator or a ``with`` item, with constant arguments, they are the kernel's own choice, as
+# ``precision=`` is, and every artifact of the one trace carries them. JAX's flash attention
+# decorates its reference helper this way. Anywhere else, they are configuration.
+SCOPED_CONFIG_NAMES = frozenset({"default_matmul_precision"})
 # Names that tell a kernel where, or in which mode, it is being traced (the backend, the
 # devices, the chip, the abstract mesh the engine lowers a TPU target under, the Pallas
 # interpreter's settings). A kernel whose meaning depends on them can show the engine one kernel
@@ -704,6 +713,8 @@ class _Scanner:
         for index, name in enumerate(parts):
             if name == "__setattr__" and _frozen_dataclass_setattr(parent, node, index, parts):
                 continue
+            if name in SCOPED_CONFIG_NAMES and self._scoped_setting(node, parent, called):
+                continue
             reason = _name_reason(name)
             if reason:
                 rule, why = reason
@@ -807,8 +818,20 @@ class _Scanner:
     visit_AsyncFunctionDef = visit_FunctionDef
     visit_ClassDef = visit_FunctionDef
 
+    def _scoped_setting(self, node: ast.AST, parent: ast.AST | None, called: bool) -> bool:
+        """``node`` (a ``SCOPED_CONFIG_NAMES`` attribute) called with constant arguments as a
+        decorator or a ``with`` item: the setting applies to that trace only."""
+        if not called or not isinstance(parent, ast.Call) or parent.keywords:
+            return False
+        if not all(isinstance(arg, ast.Constant) for arg in parent.args):
+            return False
+        holder = self.parents.get(parent)
+        if isinstance(holder, ast.FunctionDef | ast.AsyncFunctionDef):
+            return parent in holder.decorator_list
+        return isinstance(holder, ast.withitem) and holder.context_expr is parent
+
     def visit_Try(self, node: ast.Try) -> None:
-        if node.handlers and not self._optional_import(node):
+        if node.handlers and not self._optional_import(node) and not _only_reraises(node):
             self.flag(
                 "exception_fallback",
                 node,
@@ -848,6 +871,45 @@ class _Scanner:
                 if not simple:
                     return False
         return True
+
+
+def _plain_value(node: ast.AST | None) -> bool:
+    """A constant, a name or an attribute chain of names: nothing that runs code when read
+    (an f-string's formatted parts must be such values too)."""
+    if node is None or isinstance(node, ast.Constant | ast.Name):
+        return True
+    if isinstance(node, ast.Attribute):
+        return _plain_value(node.value)
+    if isinstance(node, ast.JoinedStr):
+        return all(
+            isinstance(part, ast.Constant)
+            or isinstance(part, ast.FormattedValue)
+            and _plain_value(part.value)
+            and part.format_spec is None
+            for part in node.values
+        )
+    return False
+
+
+def _only_reraises(node: ast.Try) -> bool:
+    """Every handler is one ``raise`` (bare, or of a new exception built from plain values,
+    ``from`` the caught one): library code's way to reword an error. The failure still
+    surfaces — no handler can return, assign or compute — so there is no other path to take."""
+    for handler in node.handlers:
+        if len(handler.body) != 1 or not isinstance(handler.body[0], ast.Raise):
+            return False
+        raised = handler.body[0]
+        exc = raised.exc
+        if isinstance(exc, ast.Call):
+            if exc.keywords or not _plain_value(exc.func):
+                return False
+            if not all(_plain_value(arg) for arg in exc.args):
+                return False
+        elif not _plain_value(exc):
+            return False
+        if not _plain_value(raised.cause):
+            return False
+    return True
 
 
 def _annotations(node: ast.AST) -> list[ast.AST]:

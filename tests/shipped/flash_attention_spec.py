@@ -1,0 +1,32 @@
+"""softmax(q k^T / sqrt(D)) v over (B, H, S, D)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from nearmiss.spec import Case, OpSpec
+
+
+def reference(q, k, v):
+    qf, kf, vf = (x.astype(jnp.float32) for x in (q, k, v))
+    s = jnp.einsum("bhqd,bhkd->bhqk", qf, kf, precision=jax.lax.Precision.HIGHEST)
+    p = jax.nn.softmax(s / math.sqrt(q.shape[-1]), axis=-1)
+    return jnp.einsum("bhqk,bhkd->bhqd", p, vf, precision=jax.lax.Precision.HIGHEST).astype(q.dtype)
+
+
+def make_inputs(case, key):
+    ks = jax.random.split(key, 3)
+    shape = (case.dims["B"], case.dims["H"], case.dims["S"], case.dims["D"])
+    return tuple(jax.random.normal(k, shape, jnp.float32).astype(case.dtype) for k in ks)
+
+
+SPEC = OpSpec(
+    name="wild_attention",
+    category="attention",
+    reference=reference,
+    make_inputs=make_inputs,
+    compact=[Case("base", {"B": 1, "H": 2, "S": 128, "D": 128})],
+    tolerance={"float32": (2e-4, 2e-4)},
+    description="JAX's shipped ops/tpu/flash_attention.py, non-causal",
+)

@@ -1,0 +1,75 @@
+"""JAX's own Pallas modules, as a user hands them over: the installed module's source plus a
+`kernel` entry point is a candidate that certifies.
+
+Nothing of JAX is copied into this repository: each candidate is assembled at test time from
+the module installed with jax (so the test follows the pinned version), the entry points and
+specs (`tests/shipped/`) are ours. These modules pass `interpret=` through (the engine
+overrides it), decorate a helper with `jax.default_matmul_precision`, reword errors in
+`try/except ... raise`, import `json`, `dataclasses` and their siblings: library code the
+integrity gate must let through while it still refuses the cheat corpus.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from nearmiss.check import check
+
+SPECS = Path(__file__).parent / "shipped"
+
+SHIPPED = {
+    "flash_attention": (
+        "jax.experimental.pallas.ops.tpu.flash_attention",
+        "def kernel(q, k, v):\n"
+        "    scale = 1.0 / math.sqrt(q.shape[-1])\n"
+        "    return flash_attention(q, k, v, causal=False, sm_scale=scale)\n",
+    ),
+    "splash_attention": (
+        "jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel",
+        "def kernel(q, k, v):\n"
+        "    heads, seq, _ = q.shape\n"
+        "    mask = mask_lib.MultiHeadMask([mask_lib.CausalMask((seq, seq))] * heads)\n"
+        "    blocks = BlockSizes(block_q=128, block_kv=128, block_kv_compute=128)\n"
+        "    return make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=blocks)(\n"
+        "        q, k, v\n"
+        "    )\n",
+    ),
+    "tpu_matmul": (
+        "jax.experimental.pallas.ops.tpu.matmul",
+        "def kernel(x, y):\n    return matmul(x, y, block_shape=(128, 128), block_k=128)\n",
+    ),
+    "gpu_rms_norm": (
+        "jax.experimental.pallas.ops.gpu.rms_norm",
+        "def kernel(x, weight, bias):\n    return rms_norm(x, weight, bias)\n",
+    ),
+}
+
+
+def shipped_candidate(tmp_path: Path, name: str) -> Path:
+    module, entry = SHIPPED[name]
+    origin = importlib.util.find_spec(module).origin
+    candidate = tmp_path / f"{name}.py"
+    candidate.write_text(Path(origin).read_text() + "\n\n" + entry)
+    return candidate
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_a_shipped_module_with_an_entry_point_certifies(tmp_path, name):
+    report = check(SPECS / f"{name}_spec.py", shipped_candidate(tmp_path, name), "compact", 3)
+    assert report.integrity.ok, [v.model_dump() for v in report.integrity.violations]
+    assert report.certified, [c.model_dump() for c in report.cases]
+
+
+@pytest.mark.parametrize("name", ["flash_attention", "tpu_matmul"])
+def test_a_shipped_tpu_module_certifies_for_the_chip(tmp_path, name):
+    report = check(
+        SPECS / f"{name}_spec.py",
+        shipped_candidate(tmp_path, name),
+        "compact",
+        3,
+        targets=("tpu-v5e",),
+    )
+    assert report.certified and report.targets["tpu-v5e"].ok, report.targets
