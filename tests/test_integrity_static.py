@@ -169,6 +169,12 @@ BYPASSES = [
     ("import jax\non_cpu = jax.default_backend() == 'cpu'\n", "config_tamper"),
     ("import jax\nmesh = jax.sharding.get_abstract_mesh()\n", "config_tamper"),
     (
+        "from jax.experimental.pallas.ops.tpu.megablox import common\n"
+        "BLOCK = 256 if common.tpu_generation() >= 5 else 128\n",
+        "config_tamper",
+    ),
+    ("from jax.experimental.pallas.ops.tpu.megablox.common import is_tpu\n", "config_tamper"),
+    (
         "from jax.experimental.pallas import tpu as pltpu\nm = pltpu.force_tpu_interpret_mode\n",
         "config_tamper",
     ),

@@ -395,6 +395,10 @@ PLATFORM_NAMES = frozenset(
         "abstract_device",
         "get_tpu_info",
         "get_tpu_info_for_chip",
+        # JAX's kernels' own helpers for the same question (ops/tpu/megablox/common.py).
+        "is_tpu",
+        "tpu_kind",
+        "tpu_generation",
         "is_tpu_device",
         "force_tpu_interpret_mode",
         "set_tpu_interpret_mode",
