@@ -9,6 +9,7 @@ import pytest
 from nearmiss.check import case_tolerance_used
 from nearmiss.forensics.classify import (
     classify_numeric,
+    describe_numeric,
     describe_run,
     ranked_classes,
     refine_unstable,
@@ -125,6 +126,36 @@ def test_rounding_noise_is_precision():
     klass, stats, loc = classify(out)
     assert klass == "precision", stats
     assert loc.spread and stats.rms_rel_error < 0.01
+
+
+def _spread_noise(rms_rel: float) -> np.ndarray:
+    noise = np.random.default_rng(1).standard_normal(REF.shape).astype(np.float32)
+    return (REF + noise * rms_rel * np.sqrt(np.mean(REF**2))).astype(np.float32)
+
+
+def test_precision_is_judged_against_the_kernel_s_narrowest_type():
+    comparison = compare_leaf("out", REF, _spread_noise(0.02), 1e-5, 1e-5)
+    loc = localise("out", comparison.bad, GEOMETRY)
+    # 2 % rms error: bfloat16 rounding (eps 2^-7) can leave it, float16's (eps 2^-10) cannot.
+    assert classify_numeric(comparison.stats, loc, ["bfloat16"]) == "precision"
+    assert classify_numeric(comparison.stats, loc, ["float16"]) == "wrong_values"
+    f16 = REF.astype(np.float16).astype(np.float32)
+    comparison = compare_leaf("out", REF, f16, 1e-6, 1e-6)
+    loc = localise("out", comparison.bad, GEOMETRY)
+    assert classify_numeric(comparison.stats, loc, ["float16"]) == "precision"
+
+
+def test_errors_at_the_output_type_s_own_rounding_point_at_the_tolerance():
+    ulp_off = np.nextafter(REF, np.float32(np.inf))  # one ulp up everywhere
+    comparison = compare_leaf("out", REF, ulp_off, 0.0, 1e-9)
+    loc = localise("out", comparison.bad, GEOMETRY)
+    klass = classify_numeric(comparison.stats, loc, [])
+    text = describe_numeric(klass, comparison.stats, loc, [])
+    assert text.startswith("Errors are within 4 ulps of float32") and "spec check" in text
+    # A real error is not excused as rounding.
+    comparison = compare_leaf("out", REF, _spread_noise(1e-4), 1e-6, 1e-6)
+    loc = localise("out", comparison.bad, GEOMETRY)
+    assert "ulps" not in describe_numeric("wrong_values", comparison.stats, loc, [])
 
 
 def test_constant_factor_is_wrong_values_with_the_factor():

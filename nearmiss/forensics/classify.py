@@ -9,11 +9,18 @@ numeric failure confined to adversarial value profiles while normal inputs pass 
 from __future__ import annotations
 
 from nearmiss.models import FAILURE_PRIORITY, CaseResult, ErrorInfo, LeafStats, Localisation
+from nearmiss.runner.arrays import float_eps, restore_dtype
 
 # Reduced precision (bfloat16/float16 intermediates) leaves errors of this size relative to the
 # output's scale; a bug in the algorithm leaves larger or structured ones.
 PRECISION_RMS_MAX = 0.05
 PRECISION_PEAK_MAX = 0.25
+# ... and at most this many of the narrowest type's epsilon (rounding errors of a long sum
+# grow, and partly cancel): float16 (eps 2^-10) rounding cannot leave a 4 % rms error.
+PRECISION_EPS_MULTIPLE = 8
+# Errors within this many of the output type's own epsilon are its rounding: no kernel can
+# promise less, so a failure that small is the tolerance's, not the kernel's.
+ROUNDING_ULPS = 4
 NUMERIC_CLASSES = ("nan_inf", "wrong_values", "precision")
 COMPILE_PHASES = ("import", "trace", "compile")
 
@@ -36,9 +43,32 @@ def classify_numeric(
         return "boundary"
     if stats.nan_count or stats.inf_count:
         return "nan_inf"
-    if is_precision_like(stats, loc) and narrow_floats != []:
+    if is_precision_like(stats, loc, narrow_floats) and narrow_floats != []:
         return "precision"
     return "wrong_values"
+
+
+def precision_rms_bound(narrow_floats: list[str] | None) -> float:
+    """The largest rms relative error rounding can explain, given the float types under 32
+    bits the kernel computes in (None or none known: the bfloat16-sized default)."""
+    epsilons = []
+    for name in narrow_floats or ():
+        try:
+            epsilons.append(float_eps(restore_dtype(name)))
+        except (TypeError, ValueError):
+            continue
+    if not epsilons:
+        return PRECISION_RMS_MAX
+    return min(PRECISION_RMS_MAX, PRECISION_EPS_MULTIPLE * max(epsilons))
+
+
+def at_output_rounding(stats: LeafStats) -> bool:
+    """Errors no larger than a few ulps of the output's own type, relative to the reference."""
+    try:
+        eps = float_eps(restore_dtype(stats.dtype))
+    except (TypeError, ValueError):
+        return False
+    return 0 < stats.max_rel_error <= ROUNDING_ULPS * eps
 
 
 def computes_wide_only(stats: LeafStats, loc: Localisation, narrow_floats: list[str] | None):
@@ -46,11 +76,13 @@ def computes_wide_only(stats: LeafStats, loc: Localisation, narrow_floats: list[
     return narrow_floats == [] and is_precision_like(stats, loc)
 
 
-def is_precision_like(stats: LeafStats, loc: Localisation) -> bool:
+def is_precision_like(
+    stats: LeafStats, loc: Localisation, narrow_floats: list[str] | None = None
+) -> bool:
     """Small, unbiased, spread errors: what rounding in a narrower type produces."""
     scale = stats.ref_max_abs or 1.0
     return (
-        stats.rms_rel_error <= PRECISION_RMS_MAX
+        stats.rms_rel_error <= precision_rms_bound(narrow_floats)
         and stats.max_abs_error <= PRECISION_PEAK_MAX * scale
         and stats.scale_fit is None
         and stats.offset_fit is None
@@ -126,9 +158,11 @@ def describe_numeric(
             "e.g. exp of large values, gives Inf/NaN)."
         )
     elif klass == "precision":
+        types = f" (the kernel computes in {', '.join(narrow_floats)})" if narrow_floats else ""
         lead = (
             "Errors are small and spread like rounding noise: consistent with a narrower "
-            "intermediate type (bfloat16/float16 accumulation, missing preferred_element_type)."
+            f"intermediate type{types}: bfloat16/float16 accumulation, missing "
+            "preferred_element_type."
         )
     else:
         lead = "Values are wrong."
@@ -148,6 +182,13 @@ def describe_numeric(
             lead = f"Outputs are offset by a constant {_fmt(stats.offset_fit)} from the reference."
         elif loc.suspected_axis is not None:
             lead = f"Errors are structured, concentrated along axis {loc.suspected_axis}."
+    if klass in NUMERIC_CLASSES and not stats.nan_count and at_output_rounding(stats):
+        lead = (
+            f"Errors are within {ROUNDING_ULPS} ulps of {stats.dtype}, the output type's own "
+            "rounding: no kernel can promise less, so the tolerance is tighter than the type "
+            "holds (`nearmiss spec check SPEC` measures the reference's noise and suggests one). "
+            + lead
+        )
     return f"{lead} {amount} {where}.{tiles}".strip()
 
 
