@@ -48,11 +48,15 @@ SHIPPED = {
 }
 
 
+def installed_source(module: str) -> str:
+    """The source of a module as installed with jax (the pinned version)."""
+    return Path(importlib.util.find_spec(module).origin).read_text()
+
+
 def shipped_candidate(tmp_path: Path, name: str) -> Path:
     module, entry = SHIPPED[name]
-    origin = importlib.util.find_spec(module).origin
     candidate = tmp_path / f"{name}.py"
-    candidate.write_text(Path(origin).read_text() + "\n\n" + entry)
+    candidate.write_text(installed_source(module) + "\n\n" + entry)
     return candidate
 
 
