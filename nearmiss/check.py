@@ -23,6 +23,7 @@ from nearmiss.forensics.classify import (
 from nearmiss.forensics.compare import LeafComparison, compare_outputs, structure_difference
 from nearmiss.forensics.errors import crash_evidence, headline, summarise_error
 from nearmiss.forensics.localise import localise
+from nearmiss.forensics.triggers import geometry_blocks, value_trigger
 from nearmiss.inputs import parse_source, read_source
 from nearmiss.integrity.gate import MODES, blocks_execution, judge, static_violations
 from nearmiss.integrity.static import execution_mode_notes
@@ -139,6 +140,9 @@ def case_evidence(raw: RawCase, candidate_name: str) -> tuple[CaseResult, LeafCo
         base.passed = True
         return base, worst
     base.localisation = localise(worst.stats.path, worst.bad, raw.geometry)
+    base.localisation.trigger = value_trigger(
+        worst.bad, raw.integer_inputs, info.dims, geometry_blocks(raw.geometry)
+    )
     narrow = raw.narrow_floats
     base.failure_class = classify_numeric(worst.stats, base.localisation, narrow)
     base.diagnosis = describe_numeric(base.failure_class, worst.stats, base.localisation, narrow)
@@ -329,5 +333,7 @@ def target_note(results: dict[str, TargetResult]) -> str:
         if not result.ok:
             text = result.error or "; ".join(result.undetermined)
             text = text.removeprefix(name).removeprefix(":").strip()
+            if not result.error and not result.failure_class:  # nothing failed: not verified
+                text = f"unverified: {text}"
             said.setdefault(text, []).append(name)
     return "".join(f"{', '.join(names)}: {text.rstrip('.')}. " for text, names in said.items())

@@ -133,6 +133,8 @@ class Localisation(BaseModel):
     suspected_axis: int | None = None
     spread: bool = False  # mismatches scattered like noise rather than structured
     heatmap: MismatchMap | None = None  # None for a 0-D output
+    # The input value that sets failing rows apart from passing ones (forensics.triggers).
+    trigger: str | None = None
 
 
 class CaseResult(BaseModel):
@@ -191,6 +193,7 @@ class TargetResult(BaseModel):
     memory: dict[str, int] = Field(default_factory=dict)  # the largest case's figures
     findings: list[dict[str, Any]] = Field(default_factory=list)  # grid semantics
     undetermined: list[str] = Field(default_factory=list)  # what could not be verified
+    notes: list[str] = Field(default_factory=list)  # judged and let through (an unused output)
 
 
 class CheckReport(BaseModel):

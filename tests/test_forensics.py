@@ -263,3 +263,37 @@ def test_geometry_from_the_child_is_used_only_when_well_formed():
         [{"grid": [1], "outputs": [{"array_shape": [2], "block_shape": None}]}],
     ):
         assert _checked_geometry(forged) == []
+
+
+def _rows_bad(fail_rows, shape=(6, 4)):
+    bad = np.zeros(shape, bool)
+    bad[list(fail_rows)] = True
+    return bad
+
+
+def test_the_integer_input_that_sets_failing_rows_apart_is_named():
+    from nearmiss.forensics.triggers import value_trigger
+
+    lengths = np.array([512, 256, 279, 395, 100, 512], np.int32)
+    # Rows with a length off the 128-block fail; the whole-block ones pass.
+    text = value_trigger(_rows_bad([2, 3, 4]), [("lengths", lengths)], {"S": 512}, [128])
+    assert "exactly those where lengths is not a multiple of 128" in text
+    assert "279, 395" in text and "output axis 0: 2-4 fail" in text
+    # Rows shorter than the sequence fail: a threshold, named after the dim it equals.
+    lengths = np.array([512, 300, 200, 512, 100, 512], np.int32)
+    text = value_trigger(_rows_bad([1, 2, 4]), [("lengths", lengths)], {"S": 512})
+    assert "lengths < 512 (= S)" in text
+
+
+def test_no_trigger_without_contrast_or_a_matching_input():
+    from nearmiss.forensics.triggers import value_trigger
+
+    lengths = np.array([5, 5, 7, 7, 9, 9], np.int32)
+    assert value_trigger(_rows_bad(range(6)), [("lengths", lengths)], {}) is None  # all fail
+    assert value_trigger(_rows_bad([0]), [("lengths", lengths[:5])], {}) is None  # no such axis
+    # One value both fails and passes: it is not what triggers the failure.
+    assert value_trigger(_rows_bad([0, 2]), [("lengths", lengths)], {}) is None
+    # Sets apart, but by no simple rule: the values themselves are the evidence.
+    text = value_trigger(_rows_bad([0, 1, 4, 5]), [("lengths", lengths)], {}, [])
+    assert text.startswith("The failing rows differ from the passing ones in lengths")
+    assert "5, 9 where it fails, 7 where it passes" in text

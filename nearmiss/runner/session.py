@@ -74,6 +74,9 @@ class RawCase:
     reference: list[np.ndarray]
     reference_tree: str
     inputs: list[str] = field(default_factory=list)  # "x: float32[64, 256]", from the spec's child
+    # The case's small integer inputs by name (lengths, group sizes): forensics looks for the
+    # values that set failing rows apart (``forensics.triggers``).
+    integer_inputs: list[tuple[str, np.ndarray]] = field(default_factory=list)
     outputs: list[np.ndarray] | None = None
     output_extra: dict[str, Any] = field(default_factory=dict)  # what the child filed with them
     output_tree: str | None = None
@@ -186,6 +189,21 @@ def _record_integrity(raw: RawCase, message: dict[str, Any], case_dir: Path) -> 
     for probe in raw.probes:
         if probe.input in done:
             probe.outputs, _ = load_arrays(case_dir / f"probe-{probe.input}" / "output.npz")
+
+
+# Integer inputs larger than this are data (token ids, indices), not per-row parameters.
+MAX_INTEGER_INPUT = 4096
+
+
+def _integer_inputs(path: Path) -> list[tuple[str, np.ndarray]]:
+    """The small integer inputs of a case, with the reference's parameter names."""
+    arrays, extra = load_arrays(path)
+    names = extra.get("names") or [f"x{i}" for i in range(len(arrays))]
+    return [
+        (str(name), array)
+        for name, array in zip(names, arrays, strict=False)
+        if array.dtype.kind in "iu" and 0 < array.size <= MAX_INTEGER_INPUT
+    ]
 
 
 class _Child:
@@ -745,6 +763,7 @@ def run_sandboxed(
                     raw.probes.append(Probe(probe["input"], probe_ref))
                     probe_dirs[probe["input"]] = probe_dir
             inputs = Path(ready["dir"]) / "inputs.npz"
+            raw.integer_inputs = _integer_inputs(inputs)
             if artifact is not None:  # every export is done: the child may see values now
                 for plan in plans:
                     if plan.compile:
