@@ -53,6 +53,19 @@ def test_a_carry_across_a_parallel_axis_is_stopped_by_the_tpu_semantics_run():
     assert not kinds(tpu) & {"parallel_revisit", "nonconsecutive_revisit"}, tpu.findings
 
 
+def test_a_carry_through_a_discarded_output_is_stopped_by_the_tpu_semantics_run():
+    # The grid check lets an unused output's parallel revisits through (a note, not a finding):
+    # the kernel reading its carry back from that block is core-local state, as scratch is.
+    report = check(
+        CUMSUM_SPEC, FORGERIES / "target_dead_output_carry.py", "compact", 3, targets=("tpu-v5p",)
+    )
+    tpu = report.targets["tpu-v5p"]
+    assert right_in_program_order(report)
+    assert not report.certified and not tpu.ok and tpu.failure_class == "grid_race"
+    assert kinds(tpu) & {"order_dependent", "race_detected"}, tpu.findings
+    assert any("nothing uses that output" in note for note in tpu.notes), tpu.notes
+
+
 def test_an_output_written_by_dma_leaves_the_grid_undetermined_not_clean():
     report = check(
         DOUBLE_SPEC,

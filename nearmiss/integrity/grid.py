@@ -17,6 +17,17 @@ with a small strict interpreter, and says where one output block is written by s
   block is written back when left and not read again when re-entered, unless its BlockSpec asks
   for ``RevisitMode.ANY``).
 
+An output the artifact never uses (no use of the custom call's result: not returned, not read by
+any op, not aliased to an input) cannot change the program's result. JAX's own kernels keep
+running statistics in such outputs (splash attention's m/l/o, index map ``(0, 0)``, discarded
+by the wrapper). Under ``tpu`` its revisits along a parallel axis are therefore not a finding,
+only a note: each TensorCore holds its own VMEM copy of an output block, so what the kernel
+reads back from it is core-local state, exactly as scratch is (a carry across a parallel axis
+through either is the TPU-semantics run's to catch, not the index maps'). Its re-entries
+(``nonconsecutive_revisit``) stay findings: a re-entered block is a stale buffer, and the kernel
+may read it into a live output. Under ``gpu`` nothing is skipped: an output block is global
+memory that concurrent programs can read back.
+
 Strict: the interpreter knows integer ``arith`` ops and nothing else. An unknown op, a value read
 from scalar-prefetch memory, undefined behaviour (division by zero, overflow of the index
 arithmetic), an element (``pl.Element``) window, an output left in ``ANY``/HBM (written by DMA),
@@ -111,6 +122,7 @@ class OutputSummary:
     revisit_mode: str
     analysis: Literal["exhaustive", "per_axis", "none"]
     points: int  # grid points evaluated
+    unused: bool = False  # the artifact never uses this output's result (see the module doc)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,6 +149,8 @@ class GridReport:
     kernels: list[KernelSummary] = field(default_factory=list)
     # {"kernel": int | None, "output": int | None, "reason": str}
     undetermined: list[dict[str, Any]] = field(default_factory=list)
+    # what was judged and let through, in words (an unused output's revisits)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -150,6 +164,7 @@ class GridReport:
             "findings": [f.as_dict() for f in self.findings],
             "kernels": [k.as_dict() for k in self.kernels],
             "undetermined": [dict(u) for u in self.undetermined],
+            "notes": list(self.notes),
         }
 
 
@@ -261,6 +276,28 @@ def _aliases(call: Any) -> list[tuple[int, int]]:
     if found is None:
         return []
     return [(int(m["operand"]), int(m["output"] or 0)) for m in _ALIAS.finditer(str(found))]
+
+
+def _unused_outputs(call: Any, n_out: int) -> set[int]:
+    """Outputs of a custom call whose results nothing in the artifact uses. Conservative: a
+    use of any kind (an op, ``func.return`` of a called function, a tuple read as a whole)
+    counts, and an output aliased to an input is used (its buffer is the input's)."""
+    ir = _ir()
+    results = list(call.results)
+    if len(results) == 1 and isinstance(results[0].type, ir.TupleType):
+        used: set[int] = set()
+        for use in results[0].uses:
+            owner = use.owner
+            index = _int_attr(owner.attributes, "index") if hasattr(owner, "attributes") else None
+            if _name(owner) != "stablehlo.get_tuple_element" or index is None:
+                return set()  # the tuple read as a whole: every output is used
+            used.add(index)
+        unused = set(range(n_out)) - used
+    elif len(results) == n_out:
+        unused = {number for number, result in enumerate(results) if not list(result.uses)}
+    else:
+        return set()
+    return unused - {output for _, output in _aliases(call)}
 
 
 def _int_attr(attributes: Any, name: str) -> int | None:
@@ -784,7 +821,16 @@ class _Analysis:
             else []
         )
         if any(b == _DYNAMIC or b < 0 for b in grid):
-            raise Undetermined(f"dynamic grid {grid}")
+            # A grid bound computed at run time (megablox gmm's tile count, from its group
+            # sizes): which grid points exist, and so which blocks are written, depends on
+            # values the artifact does not hold. Undetermined, never certified: a certificate
+            # for a target says every grid point keeps the target's rules.
+            shown = ", ".join("?" if b == _DYNAMIC or b < 0 else str(b) for b in grid)
+            raise Undetermined(
+                f"dynamic grid [{shown}]: the grid's size is computed at run time from "
+                "scalar-prefetch values; the engine cannot enumerate which blocks each grid "
+                "point writes"
+            )
         if any(b >= 1 << 31 for b in grid):
             raise Undetermined(f"grid {grid} beyond i32 indices")
         semantics = _semantics(kernel, len(grid))
@@ -812,9 +858,10 @@ class _Analysis:
             unknown = sorted(set(semantics) - set(KNOWN_SEMANTICS))
             if unknown and self.semantics == "tpu":
                 raise Undetermined(f"unknown dimension semantics {unknown}")
+        unused = _unused_outputs(call, n_out)
         for output, window in enumerate(windows[n_in:]):
             try:
-                self.output(summary, output, window, functions)
+                self.output(summary, output, window, functions, output in unused)
             except Undetermined as error:
                 self.undetermined(index, output, str(error))
         if self.semantics == "gpu":
@@ -909,10 +956,15 @@ class _Analysis:
             return
 
     def output(
-        self, kernel: KernelSummary, output: int, window: _Window, functions: dict[str, Any]
+        self,
+        kernel: KernelSummary,
+        output: int,
+        window: _Window,
+        functions: dict[str, Any],
+        unused: bool = False,
     ) -> None:
         summary = OutputSummary(
-            output, window.block_shape, [], None, None, window.revisit_mode, "none", 0
+            output, window.block_shape, [], None, None, window.revisit_mode, "none", 0, unused
         )
         kernel.outputs.append(summary)
         if window.transform is None:
@@ -937,7 +989,7 @@ class _Analysis:
             facts = _revisits(_evaluate(program, list(coords)), coords, shrunk)
             summary.analysis, summary.points = "exhaustive", points
             summary.varies_along, summary.revisit_axes = facts.varies_along, facts.revisit_axes
-            self.judge(kernel, output, window, facts)
+            self.judge(kernel, output, window, facts, unused)
             return
         # Too many points: per-axis facts only. An unread axis is revisited for certain.
         unread = [axis for axis, size in enumerate(grid) if size > 1 and axis not in read]
@@ -949,7 +1001,7 @@ class _Analysis:
         reentry, evaluated = self.witness(program, grid, unread, read)
         summary.analysis, summary.points = "per_axis", evaluated
         summary.revisit_axes = unread
-        self.judge(kernel, output, window, _Revisits([], unread, examples, reentry))
+        self.judge(kernel, output, window, _Revisits([], unread, examples, reentry), unused)
         self.undetermined(
             kernel.kernel,
             output,
@@ -983,7 +1035,14 @@ class _Analysis:
                 return [origin, step, again], evaluated
         return None, evaluated
 
-    def judge(self, kernel: KernelSummary, output: int, window: _Window, facts: _Revisits) -> None:
+    def judge(
+        self,
+        kernel: KernelSummary,
+        output: int,
+        window: _Window,
+        facts: _Revisits,
+        unused: bool = False,
+    ) -> None:
         name, index = kernel.name, kernel.kernel
         axes = facts.revisit_axes
         if self.semantics == "gpu":
@@ -1005,7 +1064,13 @@ class _Analysis:
             return
         semantics = kernel.dimension_semantics or []
         parallel = [a for a in axes if semantics[a] in PARALLEL_KINDS]
-        if parallel:
+        if parallel and unused:
+            self.report.notes.append(
+                f"output {output} of kernel {name!r} revisits one block along grid axis "
+                f"{_list(parallel)} declared parallel, but nothing uses that output (the "
+                "program discards it), so its revisits are no race on the result"
+            )
+        elif parallel:
             declared = ", ".join(f"{a}: {semantics[a]}" for a in parallel)
             self.report.findings.append(
                 Finding(

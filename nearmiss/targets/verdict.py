@@ -39,7 +39,17 @@ def judge_target(
             continue
         lowered = case.get("lowered") or {}
         if not lowered.get("ok"):
-            _refused(result, f"{target} refuses the kernel ({key}): {lowered.get('error', '')}")
+            why = lowered.get("error") or "the lowering failed without saying why"
+            if structure != target:
+                # A lowering borrowed to read the grid (the gpu target's, through a TPU
+                # lowering without a GPU): its refusal is that lowering's, not the target's.
+                _unverified(
+                    result,
+                    f"{key}: its grid could not be read without a {target.upper()}: the TPU "
+                    f"lowering it is read from failed: {why}",
+                )
+            else:
+                _refused(result, f"{target} refuses the kernel ({key}): {why}")
             continue
         if case.get("error"):
             _unverified(result, f"{key}: {case['error']}")
@@ -54,7 +64,8 @@ def judge_target(
             if _footprint(memory) >= _footprint(result.memory):
                 result.memory = {k: int(v) for k, v in memory.items() if isinstance(v, int)}
             if not compiled.get("ok"):
-                _refused(result, f"{target} refuses the kernel ({key}): {compiled.get('error')}")
+                why = compiled.get("error") or "the compiler failed without saying why"
+                _refused(result, f"{target} refuses the kernel ({key}): {why}")
                 continue
         grid = case.get("grid")
         if not isinstance(grid, dict):
@@ -71,7 +82,10 @@ def judge_target(
             result.failure_class = result.failure_class or "grid_race"
             result.error = result.error or f"{target}: {finding.get('detail', '')}"
         for item in grid.get("undetermined", []):
-            _unverified(result, f"{key}: {item.get('reason', 'undetermined')}")
+            _unverified(result, f"{key}: {item.get('reason') or 'undetermined'}")
+        for note in grid.get("notes", []):
+            if note not in result.notes and len(result.notes) < MAX_FINDINGS:
+                result.notes.append(str(note)[:300])
         _judge_semantics(result, target, key, case.get("semantics"), seen_findings)
     if compiles:
         result.compile_s = round(compile_s, 3)
