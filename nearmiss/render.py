@@ -50,7 +50,22 @@ def _target_lines(report: CheckReport) -> list[str]:
         lines.append(f"target {name}: {state} ({target.verified_by}{extra})")
         if not target.ok:
             lines.append(f"  {target.error or '; '.join(target.undetermined)}")
+        lines += [f"  note: {note}" for note in target.notes]
     return lines
+
+
+def not_certified_because(report: CheckReport) -> str:
+    """Why a report is not certified, in a word or three: its failure class; else the
+    integrity gate; else the targets that could not verify the kernel (an undetermined grid is
+    no failure class, and no integrity violation either); else "integrity" as before."""
+    if report.failure_class:
+        return report.failure_class
+    if report.integrity.violations and report.integrity.mode == "enforce":
+        return "integrity"
+    unverified = [name for name, t in report.targets.items() if not t.ok and not t.failure_class]
+    if unverified:
+        return f"unverified on {', '.join(unverified)}"
+    return "integrity"
 
 
 def _share_used(used: float) -> str:
@@ -124,7 +139,7 @@ def render_report(report: CheckReport) -> str:
         if integrity.mode != "enforce":
             verdict += f" with the integrity gate {integrity.mode!r}, not enforced"
     else:
-        verdict = f"NOT CERTIFIED — {report.failure_class or 'integrity'}"
+        verdict = f"NOT CERTIFIED — {not_certified_because(report)}"
     lines = [head, "", body, "", f"integrity: {gate}", *_target_lines(report)]
     lines.append(f"verdict: {verdict}")
     tolerance = tolerance_line(report)
