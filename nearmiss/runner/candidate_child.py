@@ -11,6 +11,7 @@ children, which run untrusted code on real inputs but never certify.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -200,15 +201,23 @@ def export_for_target(program: TracedProgram, request: dict, target: str) -> dic
     import json
 
     from nearmiss.runner.artifact import target_artifact_file
+    from nearmiss.runner.target_plan import GPU_GRID, STRUCTURE_CHIP
     from nearmiss.targets import export_for_tpu, trim_exception
+    from nearmiss.targets.tpu import without_tiling_rules
 
     key = json.dumps([request["avals"], target])
     if key not in _EXPORTED_FOR:
         try:
-            function = program.function(interpret=False)  # the chip's compiler, not interpret
-            _EXPORTED_FOR[key] = export_for_tpu(
-                function, avals_of(request), target, jaxpr=program.jaxpr
-            )
+            # the chip's compiler, not interpret; for the gpu target's grid, grids only
+            grid_only = target == GPU_GRID
+            function = program.function(interpret=False, grid_only=grid_only)
+            with without_tiling_rules() if grid_only else contextlib.nullcontext():
+                _EXPORTED_FOR[key] = export_for_tpu(
+                    function,
+                    avals_of(request),
+                    STRUCTURE_CHIP if grid_only else target,
+                    jaxpr=program.jaxpr,
+                )
         except (Exception, SystemExit) as exc:
             _EXPORTED_FOR[key] = trim_exception(exc, os.environ.get(CANDIDATE_ENV))
     found = _EXPORTED_FOR[key]

@@ -6,7 +6,10 @@
   semantics (a reduction axis declared ``parallel``, an output block left and re-entered).
 - ``gpu``: without a GPU, judged by grid semantics only: the kernel's BlockSpecs are read from a
   TPU lowering (GPU lowering needs a GPU), and two grid programs writing one output block are a
-  race, because GPU grid programs run concurrently.
+  race, because GPU grid programs run concurrently. That lowering is its own (``GPU_GRID``):
+  every pallas_call with its grid, BlockSpecs, scratch and aliases but an empty body and no GPU
+  compiler parameters (``TracedProgram.function(grid_only=True)``), so a Triton-style kernel
+  (``plgpu.CompilerParams``, a body Mosaic cannot lower) still has its grid read.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from nearmiss.targets.registry import DEFAULT_TARGETS, GPU, TARGETS, parse_targe
 # The chip whose lowering gives the GPU target its grid when no TPU target is asked for: any
 # chip's lowering has the same BlockSpecs; v5e's is the most permissive common one.
 STRUCTURE_CHIP = "tpu-v5e"
+# The lowering the gpu target's grid is read from: STRUCTURE_CHIP's, of the kernels' grids only.
+GPU_GRID = "gpu-grid"
 
 
 @dataclass(frozen=True)
@@ -49,18 +54,18 @@ def choose_targets(
 
 
 def plan_targets(targets: tuple[str, ...]) -> list[TargetPlan]:
-    tpus = [name for name in targets if TARGETS[name].is_tpu]
     plans = []
     for name in targets:
         if TARGETS[name].is_tpu:
             plans.append(TargetPlan(name, name, compile=True, semantics="tpu"))
         elif name == GPU:
-            plans.append(TargetPlan(name, tpus[0] if tpus else STRUCTURE_CHIP, semantics="gpu"))
+            plans.append(TargetPlan(name, GPU_GRID, semantics="gpu"))
         else:
             plans.append(TargetPlan(name))
     return plans
 
 
 def lowerings(plans: list[TargetPlan]) -> list[str]:
-    """The TPU lowerings the candidate child must export for these plans, each once."""
+    """The TPU lowerings the candidate child must export for these plans, each once (a chip's
+    name, or ``GPU_GRID``)."""
     return list(dict.fromkeys(p.structure for p in plans if p.structure))

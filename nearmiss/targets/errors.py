@@ -166,8 +166,20 @@ def trim_error(
 
 
 def trim_exception(exc: BaseException, candidate: str | os.PathLike | None = None) -> str:
-    """``trim_error`` of an exception raised while lowering or compiling a kernel."""
-    return trim_error(exception_text(exc), candidate, exception_frames(exc))
+    """``trim_error`` of an exception raised while lowering or compiling a kernel. One raised
+    without a message (a bare ``assert`` in JAX) is named by its type and the frame that
+    raised it: never an empty reason."""
+    text = exception_text(exc)
+    if not str(exc).strip():
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = ""
+        if frames:
+            last = frames[-1]
+            where = f" in {last.name} ({Path(last.filename).name}:{last.lineno})"
+            if last.line:
+                where += f": `{last.line.strip()[:120]}`"
+        text = f"{type(exc).__name__} raised without a message{where}\n{text}".rstrip()
+    return trim_error(text, candidate, exception_frames(exc))
 
 
 _LOC_DEF = re.compile(r"^#(?P<name>loc\d*) = loc\((?P<body>.*)\)\s*$")
