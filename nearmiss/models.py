@@ -135,6 +135,9 @@ class Localisation(BaseModel):
     heatmap: MismatchMap | None = None  # None for a 0-D output
     # The input value that sets failing rows apart from passing ones (forensics.triggers).
     trigger: str | None = None
+    # The input positions, along an axis the output reduces away, that the error follows
+    # (forensics.attribution).
+    follows: str | None = None
 
 
 class CaseResult(BaseModel):

@@ -297,3 +297,49 @@ def test_no_trigger_without_contrast_or_a_matching_input():
     text = value_trigger(_rows_bad([0, 1, 4, 5]), [("lengths", lengths)], {}, [])
     assert text.startswith("The failing rows differ from the passing ones in lengths")
     assert "5, 9 where it fails, 7 where it passes" in text
+
+
+def _attention(q, k, v, lengths, shift=0):
+    """Per-row length-masked attention; ``shift`` moves the mask's edge (the planted bug)."""
+    s = np.einsum("bqd,bkd->bqk", q, k)
+    keep = np.arange(k.shape[1])[None, None, :] < (lengths + shift)[:, None, None]
+    s = np.where(keep, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bqk,bkd->bqd", p / p.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.parametrize(
+    ("shift", "said"),
+    [
+        (-1, "at lengths - 1, each row's last valid position"),
+        (1, "at lengths, the first position past each row's valid ones"),
+    ],
+)
+def test_the_error_is_followed_to_the_reduced_position_it_comes_from(shift, said):
+    from nearmiss.forensics.attribution import attribute_error
+
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((4, 8, 32)) * 0.3 for _ in range(3))
+    v = rng.standard_normal((4, 64, 32))
+    k = rng.standard_normal((4, 64, 32)) * 0.3
+    lengths = np.array([64, 17, 40, 9], np.int32) - (shift > 0)  # room for one more key
+    ref = _attention(q, k, v, lengths)
+    out = _attention(q, k, v, lengths, shift)
+    error = out - ref
+    inputs = [("q", q), ("k", k), ("v", v), ("lengths", lengths)]
+    text = attribute_error(error, np.abs(error) > 1e-6, inputs)
+    assert text.startswith("The error follows v along its axis 1 (size 64")
+    assert said in text
+
+
+def test_a_dropped_diagonal_is_named_and_unrelated_errors_are_not_attributed():
+    from nearmiss.forensics.attribution import attribute_error
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((16, 16, 32))  # (rows, reduced, features)
+    ref = x.sum(axis=1)  # (16, 32)
+    out = ref - x[np.arange(16), np.arange(16)]  # row i drops element i: a diagonal
+    text = attribute_error(out - ref, np.ones_like(ref, bool), [("x", x)])
+    assert "at the output's own index along axis 0 (a diagonal)" in text
+    noise = rng.standard_normal(ref.shape)  # wrong everywhere, following no input element
+    assert attribute_error(noise, np.ones_like(ref, bool), [("x", x)]) is None

@@ -182,8 +182,9 @@ def describe_numeric(
             lead = f"Outputs are offset by a constant {_fmt(stats.offset_fit)} from the reference."
         elif loc.suspected_axis is not None:
             lead = f"Errors are structured, concentrated along axis {loc.suspected_axis}."
-    if loc.trigger:
-        lead = f"{lead} {loc.trigger}"
+    for found in (loc.trigger, loc.follows):
+        if found:
+            lead = f"{lead} {found}"
     if klass in NUMERIC_CLASSES and not stats.nan_count and at_output_rounding(stats):
         lead = (
             f"Errors are within {ROUNDING_ULPS} ulps of {stats.dtype}, the output type's own "

@@ -18,6 +18,7 @@ import numpy as np
 from nearmiss.forensics.localise import index_ranges
 
 MAX_VALUES_LISTED = 6
+MAX_PER_ROW = 4096  # an integer input longer than this is data (token ids), not per-row values
 TILE_SIZES = (8, 128)  # a TPU tile's sublanes and lanes: the usual block multiples
 
 
@@ -78,6 +79,7 @@ def value_trigger(
     pairs; ``blocks`` the kernel's block sizes: with the TPU's tile sizes they are tested as
     multiples, largest first (a row of 256 is a multiple of 8 too, but 128 is the block)."""
     candidates = sorted({*blocks, *TILE_SIZES}, reverse=True)
+    inputs = [(n, v) for n, v in inputs if v.dtype.kind in "iu" and v.size <= MAX_PER_ROW]
     for axis in range(bad.ndim):
         others = tuple(a for a in range(bad.ndim) if a != axis)
         rows = np.any(bad, axis=others) if others else bad

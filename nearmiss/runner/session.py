@@ -74,9 +74,9 @@ class RawCase:
     reference: list[np.ndarray]
     reference_tree: str
     inputs: list[str] = field(default_factory=list)  # "x: float32[64, 256]", from the spec's child
-    # The case's small integer inputs by name (lengths, group sizes): forensics looks for the
-    # values that set failing rows apart (``forensics.triggers``).
-    integer_inputs: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    # The case's inputs by name, kept for forensics (``forensics.triggers``: integer values
+    # that set failing rows apart, input positions the error follows); none past a size.
+    input_arrays: list[tuple[str, np.ndarray]] = field(default_factory=list)
     outputs: list[np.ndarray] | None = None
     output_extra: dict[str, Any] = field(default_factory=dict)  # what the child filed with them
     output_tree: str | None = None
@@ -191,19 +191,17 @@ def _record_integrity(raw: RawCase, message: dict[str, Any], case_dir: Path) -> 
             probe.outputs, _ = load_arrays(case_dir / f"probe-{probe.input}" / "output.npz")
 
 
-# Integer inputs larger than this are data (token ids, indices), not per-row parameters.
-MAX_INTEGER_INPUT = 4096
+# Forensics keeps a case's inputs only up to this many elements in all (a few MB).
+MAX_KEPT_INPUT_ELEMENTS = 1 << 22
 
 
-def _integer_inputs(path: Path) -> list[tuple[str, np.ndarray]]:
-    """The small integer inputs of a case, with the reference's parameter names."""
+def _kept_inputs(path: Path) -> list[tuple[str, np.ndarray]]:
+    """A case's inputs with the reference's parameter names, or none when they are large."""
     arrays, extra = load_arrays(path)
+    if sum(a.size for a in arrays) > MAX_KEPT_INPUT_ELEMENTS:
+        return []
     names = extra.get("names") or [f"x{i}" for i in range(len(arrays))]
-    return [
-        (str(name), array)
-        for name, array in zip(names, arrays, strict=False)
-        if array.dtype.kind in "iu" and 0 < array.size <= MAX_INTEGER_INPUT
-    ]
+    return [(str(name), array) for name, array in zip(names, arrays, strict=False)]
 
 
 class _Child:
@@ -763,7 +761,7 @@ def run_sandboxed(
                     raw.probes.append(Probe(probe["input"], probe_ref))
                     probe_dirs[probe["input"]] = probe_dir
             inputs = Path(ready["dir"]) / "inputs.npz"
-            raw.integer_inputs = _integer_inputs(inputs)
+            raw.input_arrays = _kept_inputs(inputs)
             if artifact is not None:  # every export is done: the child may see values now
                 for plan in plans:
                     if plan.compile:
