@@ -323,6 +323,79 @@ MATMUL_MIN = (
 )
 
 
+# Kernels written the way JAX's own are: values in local variables and keyword arguments, masks
+# assigned before use (and applied additively), a body that hands its work to a helper.
+
+
+def dispatched(helper: str, call: str, kw: str) -> str:
+    """A row-blocked module whose body (behind functools.partial) only calls ``helper``."""
+    return rows(f"    {call}\n", kw=kw).replace("\n\ndef _body", f"\n\n{helper}\n\ndef _body", 1)
+
+
+ADDITIVE_CAUSAL = dispatched(
+    "def _attend(s_ref, o_ref, *, mask_value):\n"
+    "    s = s_ref[...]\n"
+    "    row_ids = jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)\n"
+    "    row_ids += pl.program_id(0) * BR\n"
+    "    col_ids = jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)\n"
+    "    causal_mask = col_ids < row_ids\n"
+    "    mask = causal_mask if s.ndim == 2 else jnp.logical_and(causal_mask, s > 0)\n"
+    "    o_ref[...] = s + jnp.where(mask, 0.0, mask_value)\n",
+    "_attend(x_ref, o_ref, mask_value=mask_value)",
+    "mask_value=-1e30",
+)
+ARANGE_CAUSAL = rows(
+    "    span_q = pl.program_id(0) * BR + jnp.arange(BR)\n"
+    "    span_k = jnp.arange(x_ref.shape[1])\n"
+    "    causal_mask = span_q[:, None] > span_k[None, :]\n"
+    "    o_ref[...] = jnp.where(causal_mask, x_ref[...], DEFAULT_MASK_VALUE)\n"
+)
+LENGTH_MASK = rows(
+    "    indices = pl.program_id(0) * BC + jnp.arange(BC)\n"
+    "    mask = (indices <= kv_len)[None, :]\n"
+    "    s = x_ref[...]\n"
+    "    s += (~mask) * (0.7 * jnp.finfo(s.dtype).min)\n"
+    "    o_ref[...] = s\n",
+    kw="kv_len=cols",
+)
+ACC_DTYPE_MATMUL = (
+    matmul(
+        "    @pl.when(pl.program_id(2) == 0)\n"
+        "    def _init():\n"
+        "        acc_ref[...] = jnp.zeros_like(acc_ref)\n"
+        "\n"
+        "    acc_ref[...] += jnp.dot(\n"
+        "        a_ref[...], b_ref[...], preferred_element_type=acc_ref.dtype\n"
+        "    )\n"
+        "    o_ref[...] = acc_ref[...].astype(o_ref.dtype)\n",
+        extra="        scratch_shapes=[pl.ANY((BM, BN), acc_dtype)],\n",
+    )
+    .replace("def _body(a_ref, b_ref, o_ref):", "def _body(a_ref, b_ref, o_ref, acc_ref):")
+    .replace(
+        "    n = b.shape[1]\n",
+        "    n = b.shape[1]\n"
+        "    acc_dtype = jnp.bfloat16\n"
+        "    if a.dtype == jnp.int8:\n"
+        "        acc_dtype = jnp.int32\n",
+    )
+)
+EPS_KEYWORD_NORM = rows(
+    "    x = x_ref[...]\n"
+    "    var = jnp.mean(x * x, axis=-1, keepdims=True)\n"
+    "    o_ref[...] = x * (1 / jnp.sqrt(var))\n",
+    kw="eps=1e-5",
+).replace("EPS = 1e-6\n", "")
+PADDED_WIDTH_MEAN = rows(
+    "    n_col = x_ref.shape[1]\n"
+    "    col_idx = jnp.arange(BC)\n"
+    "    mask = col_idx < n_col\n"
+    "    x = jnp.where(mask, x_ref[...], 0.0)\n"
+    "    mean = jnp.sum(x, axis=-1, keepdims=True)\n"
+    "    mean /= BC\n"
+    "    o_ref[...] = x - mean\n"
+)
+
+
 # (recipe, source, evidence, removed lines, added lines) — removed/added compare stripped lines:
 # every other line of the module must come through untouched.
 APPLIES = [
@@ -729,6 +802,48 @@ APPLIES = [
             semantics("parallel", "arbitrary").strip(),
         ],
     ),
+    (
+        "causal_diagonal",  # assigned, additive, through mask_value, in a dispatched helper
+        ADDITIVE_CAUSAL,
+        evidence(),
+        ["causal_mask = col_ids < row_ids"],
+        ["causal_mask = col_ids <= row_ids"],
+    ),
+    (
+        "causal_diagonal",  # positions from arange broadcast by [:, None] / [None, :]
+        ARANGE_CAUSAL,
+        evidence(),
+        ["causal_mask = span_q[:, None] > span_k[None, :]"],
+        ["causal_mask = span_q[:, None] >= span_k[None, :]"],
+    ),
+    (
+        "mask_bound",
+        LENGTH_MASK,
+        evidence(),
+        ["mask = (indices <= kv_len)[None, :]"],
+        ["mask = (indices < kv_len)[None, :]"],
+    ),
+    (
+        "f32_accumulation",  # the scratch dtype in a variable (every low assignment of it)
+        ACC_DTYPE_MATMUL,
+        evidence("precision"),
+        ["acc_dtype = jnp.bfloat16"],
+        ["acc_dtype = jnp.float32"],
+    ),
+    (
+        "rsqrt_eps",  # eps a keyword of the body, the normaliser 1 / sqrt(var)
+        EPS_KEYWORD_NORM,
+        evidence("nan_inf"),
+        ["o_ref[...] = x * (1 / jnp.sqrt(var))"],
+        ["o_ref[...] = x * (1 / jnp.sqrt(var + eps))"],
+    ),
+    (
+        "masked_mean",  # a masked sum divided by the arange's padded width
+        PADDED_WIDTH_MEAN,
+        evidence(),
+        ["mean /= BC"],
+        ["mean /= n_col"],
+    ),
 ]
 
 # (recipe, source, evidence): the pattern is absent (or the code is already right) → None.
@@ -923,6 +1038,41 @@ ABSENT = [
             "by several grid points along axis 2; GPU grid programs run concurrently",
         ),
     ),
+    (
+        "causal_diagonal",
+        ADDITIVE_CAUSAL.replace("col_ids < row_ids", "col_ids <= row_ids"),
+        evidence(),
+    ),
+    (
+        "causal_diagonal",  # the mask value selects what is dropped: col > row is right there
+        rows(
+            "    s = x_ref[...]\n"
+            "    row = jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)\n"
+            "    col = jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)\n"
+            "    drop = col > row\n"
+            "    o_ref[...] = jnp.where(drop, -jnp.inf, s)\n"
+        ),
+        evidence(),
+    ),
+    ("mask_bound", LENGTH_MASK.replace("indices <= kv_len", "indices < kv_len"), evidence()),
+    ("mask_bound", ARANGE_CAUSAL.replace(" > ", " >= "), evidence()),  # positions both sides
+    (
+        "mask_bound",  # a bound that is a position, not a length
+        LENGTH_MASK.replace("indices <= kv_len", "indices <= last").replace("kv_len=", "last="),
+        evidence(),
+    ),
+    (
+        "f32_accumulation",
+        ACC_DTYPE_MATMUL.replace("acc_dtype = jnp.bfloat16", "acc_dtype = jnp.float32"),
+        evidence("precision"),
+    ),
+    ("rsqrt_eps", EPS_KEYWORD_NORM.replace("sqrt(var)", "sqrt(var + eps)"), evidence("nan_inf")),
+    (
+        "rsqrt_eps",  # a keyword that is not an epsilon: nothing to add
+        EPS_KEYWORD_NORM.replace("eps", "scale"),
+        evidence("nan_inf"),
+    ),
+    ("masked_mean", PADDED_WIDTH_MEAN.replace("mean /= BC", "mean /= n_col"), evidence()),
 ]
 
 

@@ -18,16 +18,21 @@ from activities.fixers.playbook.source import (
     _indent,
     _index_map,
     _is_call,
+    _is_position_call,
+    _kernel_functions,
     _kwarg,
     _Module,
     _pallas_calls,
     _PallasCall,
+    _position_dim,
+    _positions,
     _reads,
     _refs,
     _replace,
     _resolve,
     _stores,
     _text,
+    _values_of,
 )
 from workflows.models import Evidence
 
@@ -51,7 +56,9 @@ def _iota_dims(mod: _Module, body: ast.FunctionDef) -> dict[str, int]:
 
 
 def _is_mask_value(mod: _Module, node: ast.expr) -> bool:
-    """-inf, a large negative constant, or a constant named like a mask value."""
+    """-inf, a large negative constant, a constant or parameter named like a mask value
+    (``DEFAULT_MASK_VALUE``, ``mask_value``), or a fraction of a dtype's lowest value
+    (``0.7 * jnp.finfo(x.dtype).min``)."""
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         inner = node.operand
         return (isinstance(inner, ast.Attribute) and inner.attr == "inf") or (
@@ -59,7 +66,44 @@ def _is_mask_value(mod: _Module, node: ast.expr) -> bool:
         )
     if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
         return node.value <= -1e9
-    return isinstance(node, ast.Name) and bool(re.search(r"MASK|NEG|INF", node.id))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return any(_is_mask_value(mod, side) for side in (node.left, node.right))
+    if isinstance(node, ast.Attribute) and node.attr == "min":
+        return isinstance(node.value, ast.Call) and _dotted(node.value.func) in {
+            f"{n}.finfo" for n in mod.np_names
+        }
+    return isinstance(node, ast.Name) and bool(
+        re.search(r"MASK|NEG|INF", node.id) or re.search(r"mask_val", node.id, re.IGNORECASE)
+    )
+
+
+def _keep_masks(mod: _Module, fn: ast.AST) -> list[ast.expr]:
+    """Conditions that keep elements where they hold: ``jnp.where(keep, s, mask_value)``, the
+    additive ``s + jnp.where(keep, 0.0, mask_value)`` and ``s += (~keep) * mask_value``."""
+    found = []
+    for node in ast.walk(fn):
+        if _is_call(node, mod.np_names, "where") and len(node.args) == 3:
+            if _is_mask_value(mod, node.args[2]):
+                found.append(node.args[0])
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for dropped, value in ((node.left, node.right), (node.right, node.left)):
+                inverted = isinstance(dropped, ast.UnaryOp) and isinstance(dropped.op, ast.Invert)
+                if inverted and _is_mask_value(mod, value):
+                    found.append(dropped.operand)
+    return found
+
+
+def _mask_comparisons(mod: _Module, fn: ast.AST) -> list[ast.Compare]:
+    """Single comparisons a keep-mask is built from, directly or through the names it is
+    assigned from (``causal_mask = col_ids <= row_ids``, ``mask = jnp.logical_and(mask,
+    causal_mask)``, ``jnp.where(mask, ...)``)."""
+    found: list[ast.Compare] = []
+    for cond in _keep_masks(mod, fn):
+        for value in _values_of(fn, cond):
+            for cmp in ast.walk(value):
+                if isinstance(cmp, ast.Compare) and len(cmp.ops) == 1 and cmp not in found:
+                    found.append(cmp)
+    return found
 
 
 @_recipe(
@@ -68,28 +112,74 @@ def _is_mask_value(mod: _Module, node: ast.expr) -> bool:
     "a causal mask keeping col < row (dropping the diagonal) → col <= row",
 )
 def causal_diagonal(mod: _Module, evidence: Evidence) -> list[_Edit]:
-    """Pattern: ``jnp.where(col < row, s, -inf)`` with ``col``/``row`` from broadcasted_iota along
-    the last/first axis: each query loses its own key (the first query sees none). Fix:
-    ``col <= row`` (``row > col`` → ``row >= col``)."""
+    """Pattern: a keep-mask ``col < row`` (or ``row > col``) applied with a mask value —
+    ``jnp.where(col < row, s, -inf)``, or assigned first and applied later
+    (``jnp.where(mask, s, mask_value)``, additively ``s + jnp.where(mask, 0.0, mask_value)``) —
+    where ``col``/``row`` are positions along the last/first axis (``broadcasted_iota`` along
+    that axis, or an ``arange`` broadcast as ``[None, :]``/``[:, None]``): each query loses its
+    own key (the first query sees none). Fix: ``col <= row`` (``row > col`` → ``row >= col``)."""
     edits = []
-    for body in _bodies(mod):
-        dims = _iota_dims(mod, body)
-        for node in ast.walk(body):
-            if not _is_call(node, mod.np_names, "where") or len(node.args) != 3:
-                continue
-            if not _is_mask_value(mod, node.args[2]):
-                continue
-            for cmp in ast.walk(node.args[0]):
-                if not isinstance(cmp, ast.Compare) or len(cmp.ops) != 1:
-                    continue
-                left, right = cmp.left, cmp.comparators[0]
-                if not (isinstance(left, ast.Name) and isinstance(right, ast.Name)):
-                    continue
-                dl, dr = dims.get(left.id), dims.get(right.id)
-                if isinstance(cmp.ops[0], ast.Lt) and dl in (1, -1) and dr in (0, -2):
-                    edits.append(_replace(cmp, f"{left.id} <= {right.id}"))
-                if isinstance(cmp.ops[0], ast.Gt) and dl in (0, -2) and dr in (1, -1):
-                    edits.append(_replace(cmp, f"{left.id} >= {right.id}"))
+    for fn in _kernel_functions(mod):
+        positions = _positions(fn)
+        for cmp in _mask_comparisons(mod, fn):
+            left, right = cmp.left, cmp.comparators[0]
+            dl = _position_dim(fn, left, positions)
+            dr = _position_dim(fn, right, positions)
+            lhs, rhs = _text(mod.source, left), _text(mod.source, right)
+            if isinstance(cmp.ops[0], ast.Lt) and dl in (1, -1) and dr in (0, -2):
+                edits.append(_replace(cmp, f"{lhs} <= {rhs}"))
+            if isinstance(cmp.ops[0], ast.Gt) and dl in (0, -2) and dr in (1, -1):
+                edits.append(_replace(cmp, f"{lhs} >= {rhs}"))
+    return edits
+
+
+_LENGTH = re.compile(r"(len|length|size|count|extent|limit)s?$|^(n|num)_", re.IGNORECASE)
+
+
+def _is_position(node: ast.expr, positions: dict[str, ast.Call]) -> bool:
+    return any(
+        (isinstance(n, ast.Name) and n.id in positions) or _is_position_call(n)
+        for n in ast.walk(node)
+    )
+
+
+def _is_length(node: ast.expr, positions: dict[str, ast.Call]) -> bool:
+    return (
+        isinstance(node, ast.Name)
+        and node.id not in positions
+        and _LENGTH.search(node.id) is not None
+    )
+
+
+@_recipe(
+    "mask_bound",
+    ("wrong_values", "boundary"),
+    "a keep-mask position <= length (lets the first padding element in) → position < length",
+)
+def mask_bound(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: a keep-mask compares element positions (``arange``/``broadcasted_iota``, through
+    names) with a length (a name like ``kv_seq_len``, ``n_valid``, ``num_rows``) as ``pos <=
+    length`` (``length >= pos``): lengths count elements, so position ``length`` is the first
+    one past the end and the mask lets it in. Fix: ``pos < length`` (``length > pos``)."""
+    edits = []
+    for fn in _kernel_functions(mod):
+        positions = _positions(fn)
+
+        for cmp in _mask_comparisons(mod, fn):
+            left, right = cmp.left, cmp.comparators[0]
+            lhs, rhs = _text(mod.source, left), _text(mod.source, right)
+            if (
+                isinstance(cmp.ops[0], ast.LtE)
+                and _is_position(left, positions)
+                and _is_length(right, positions)
+            ):
+                edits.append(_replace(cmp, f"{lhs} < {rhs}"))
+            if (
+                isinstance(cmp.ops[0], ast.GtE)
+                and _is_length(left, positions)
+                and _is_position(right, positions)
+            ):
+                edits.append(_replace(cmp, f"{lhs} > {rhs}"))
     return edits
 
 
@@ -109,15 +199,19 @@ def _is_low(mod: _Module, node: ast.AST) -> bool:
 )
 def f32_accumulation(mod: _Module, evidence: Evidence) -> list[_Edit]:
     """Pattern: state carried across steps or taps in bfloat16/float16 — a scratch declared in a
-    low dtype, ``.astype(jnp.bfloat16)`` on a running value, a local accumulator created in a
+    low dtype (directly or through the local names it is built from, such as an ``acc_dtype``
+    variable), ``.astype(jnp.bfloat16)`` on a running value, a local accumulator created in a
     ref's dtype and then ``+=``-ed — or a ``jnp.dot`` without ``preferred_element_type``. Fix:
     float32 for each (stores into output refs keep their own cast)."""
     f32, edits = f"{mod.np}.float32", []
     for call in _pallas_calls(mod):
+        # The scratch as written, and the values of the names it is built from
+        # (``scratch_shapes=scratch_shapes``, ``pltpu.VMEM((l, r), acc_dtype)``).
         scratch = call.scratch
-        for node in ast.walk(scratch) if scratch is not None else []:
-            if _is_low(mod, node):
-                edits.append(_replace(node, f32))
+        for value in _values_of(call.scope, scratch) if scratch is not None else []:
+            for node in ast.walk(value):
+                if _is_low(mod, node):
+                    edits.append(_replace(node, f32))
     for body in _bodies(mod):
         refs = set(_refs(body))
         stored = {id(s.value) for _, s in _stores(body, refs)}
@@ -237,12 +331,13 @@ def _masks(mod: _Module, body: ast.FunctionDef) -> dict[str, tuple[int, str]]:
 @_recipe(
     "masked_mean",
     ("wrong_values",),
-    "jnp.mean over a zero-padded, masked axis → jnp.sum(...) / the true extent",
+    "jnp.mean over a zero-padded, masked axis, or a masked sum / the padded width → / the extent",
 )
 def masked_mean(mod: _Module, evidence: Evidence) -> list[_Edit]:
     """Pattern: the body masks a padded axis (``valid = col < n``, ``x = jnp.where(valid, x,
     0)``) and then takes ``jnp.mean`` of the masked values along that axis, dividing by the
-    padded width. Fix: ``jnp.sum(..., same axis) / n``."""
+    padded width; or it builds positions from ``arange(width)``, keeps ``pos < n`` and divides a
+    sum by ``width`` (``var /= block_size``). Fix: ``jnp.sum(..., same axis) / n``; ``/ n``."""
     edits = []
     for body in _bodies(mod):
         masks = _masks(mod, body)
@@ -276,6 +371,36 @@ def masked_mean(mod: _Module, evidence: Evidence) -> list[_Edit]:
             total = _text(mod.source, node).replace(f"{_text(mod.source, node.func)}(", "", 1)
             new = f"{mod.np}.sum({total} / {extent}"
             edits.append(_replace(node, _bare(mod.source, node, new)))
+    return edits + _padded_divisors(mod)
+
+
+def _padded_divisors(mod: _Module) -> list[_Edit]:
+    """Divisions by a padded width where a mask says the true extent: the body builds positions
+    from ``arange(width)`` (``col_idx = i * block_size + jnp.arange(block_size)``), keeps
+    ``col_idx < n_col``, and then divides by ``width`` (``var /= block_size``): the mean of the
+    masked values over the padded width. The divisor becomes the extent."""
+    edits = []
+    for fn in _kernel_functions(mod):
+        positions = _positions(fn)
+        extents: dict[str, set[str]] = {}  # padded width → the extents masks compare with
+        for cmp in ast.walk(fn):
+            if not (isinstance(cmp, ast.Compare) and len(cmp.ops) == 1):
+                continue
+            left, right = cmp.left, cmp.comparators[0]
+            if not (isinstance(cmp.ops[0], ast.Lt) and isinstance(left, ast.Name)):
+                continue
+            call = positions.get(left.id)
+            if call is None or not isinstance(right, ast.Name) or right.id in positions:
+                continue
+            if _dotted(call.func).split(".")[-1] == "arange" and len(call.args) == 1:
+                width = call.args[0]
+                if isinstance(width, ast.Name) and width.id != right.id:
+                    extents.setdefault(width.id, set()).add(right.id)
+        for node in ast.walk(fn):
+            if isinstance(node, ast.AugAssign | ast.BinOp) and isinstance(node.op, ast.Div):
+                divisor = node.value if isinstance(node, ast.AugAssign) else node.right
+                if isinstance(divisor, ast.Name) and len(extents.get(divisor.id, ())) == 1:
+                    edits.append(_replace(divisor, next(iter(extents[divisor.id]))))
     return edits
 
 
@@ -647,34 +772,58 @@ def stable_tanh(mod: _Module, evidence: Evidence) -> list[_Edit]:
     return edits
 
 
+_EPS_NAME = re.compile(r"_?(EPS|EPSILON)\w*", re.IGNORECASE)
+
+
+_RSQRT, _SQRT = ("jax.lax.rsqrt", "lax.rsqrt"), ("jax.lax.sqrt", "lax.sqrt")
+
+
+def _inverse_sqrt_args(mod: _Module, fn: ast.AST) -> list[ast.expr]:
+    """What a body normalises by: the argument of ``rsqrt(v)`` or of a ``jnp.sqrt(v)`` it divides
+    by (``1 / jnp.sqrt(var)``, ``x / jnp.sqrt(var)``)."""
+    found = []
+    for node in ast.walk(fn):
+        rsqrt = isinstance(node, ast.Call) and _dotted(node.func) in _RSQRT
+        if rsqrt and len(node.args) == 1:
+            found.append(node.args[0])
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            root = node.right
+            sqrt = _is_call(root, mod.np_names, "sqrt") or (
+                isinstance(root, ast.Call) and _dotted(root.func) in _SQRT
+            )
+            if sqrt and len(root.args) == 1:
+                found.append(root.args[0])
+    return found
+
+
 @_recipe(
     "rsqrt_eps",
     ("unstable", "nan_inf"),
-    "rsqrt(x) without the module's EPS constant → rsqrt(x + EPS)",
+    "rsqrt(x) or 1 / sqrt(x) without the module's or the body's eps → rsqrt(x + eps)",
 )
 def rsqrt_eps(mod: _Module, evidence: Evidence) -> list[_Edit]:
-    """Pattern: the module defines an epsilon constant (``EPS = 1e-6``) but a kernel body takes
-    ``rsqrt(x)`` without it: an all-zero row gives rsqrt(0) = inf and 0 * inf = NaN. Fix:
-    ``rsqrt(x + EPS)``. (No constant, no edit: the recipe does not invent an epsilon.)"""
-    eps = [
+    """Pattern: the kernel has an epsilon — a module constant (``EPS = 1e-6``) or a parameter of
+    the body (``*, eps: float``, bound by ``functools.partial(body, eps=eps)``) — but a body
+    normalises by ``rsqrt(x)`` or ``1 / jnp.sqrt(x)`` without it: an all-zero row gives
+    rsqrt(0) = inf and 0 * inf = NaN. Fix: ``rsqrt(x + eps)`` (``jnp.sqrt(x + eps)``). (No
+    epsilon, no edit: the recipe does not invent one.)"""
+    constants = [
         t.id
         for node in mod.tree.body
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
         for t in node.targets
-        if isinstance(t, ast.Name) and re.fullmatch(r"_?(EPS|EPSILON)\w*", t.id, re.IGNORECASE)
+        if isinstance(t, ast.Name) and _EPS_NAME.fullmatch(t.id)
     ]
-    if len(eps) != 1:
-        return []
     edits = []
-    for body in _bodies(mod):
-        for node in ast.walk(body):
-            if not (isinstance(node, ast.Call) and len(node.args) == 1):
-                continue
-            if _dotted(node.func) not in ("jax.lax.rsqrt", "lax.rsqrt"):
-                continue
-            names = {n.id for n in ast.walk(node.args[0]) if isinstance(n, ast.Name)}
-            if not names & set(eps):
-                arg = node.args[0]
+    for fn in _kernel_functions(mod):
+        arguments = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+        params = [a.arg for a in arguments if _EPS_NAME.fullmatch(a.arg)]
+        eps = params or constants
+        if len(eps) != 1:
+            continue
+        for arg in _inverse_sqrt_args(mod, fn):
+            names = {n.id for n in ast.walk(arg) if isinstance(n, ast.Name)}
+            if eps[0] not in names and not (names & set(constants)):
                 edits.append(_replace(arg, f"{_text(mod.source, arg)} + {eps[0]}"))
     return edits
 

@@ -558,3 +558,99 @@ def _failed_statements(mod: _Module, evidence: Evidence) -> list[ast.stmt]:
         for node in ast.walk(mod.tree)
         if isinstance(node, ast.stmt) and lines[node.lineno - 1].strip() == wanted
     ]
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading kernels in other styles (JAX's own): values through local names, bodies behind a
+# dispatcher, positions built from iota or arange.
+
+
+def _values_of(scope: ast.AST, node: ast.AST, depth: int = 4) -> Iterator[ast.AST]:
+    """``node`` and, for every name in it, every value that name is assigned in ``scope`` (all
+    the assignments, not only the last: ``acc_dtype = jnp.float32`` then ``acc_dtype = ...`` in
+    an ``if``), followed a few steps; each value once."""
+    seen: set[int] = set()
+    todo = [(node, depth)]
+    while todo:
+        current, left = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        if not left:
+            continue
+        names = {n.id for n in ast.walk(current) if isinstance(n, ast.Name)}
+        for stmt in ast.walk(scope):
+            for target, value in _bindings(stmt):
+                if isinstance(target, ast.Name) and target.id in names:
+                    todo.append((value, left - 1))
+
+
+def _kernel_functions(mod: _Module) -> list[ast.FunctionDef]:
+    """Kernel bodies and the module functions they hand work to (a dispatcher such as JAX's
+    ``_flash_attention_kernel`` that picks ``kernel = _single_batch`` and calls it), a few
+    steps deep."""
+    functions = {n.name: n for n in mod.tree.body if isinstance(n, ast.FunctionDef)}
+    found = list(_bodies(mod))
+    for fn in found:  # grows while it is walked
+        if len(found) > 16:
+            break
+        for node in ast.walk(fn):
+            callee = functions.get(node.id) if isinstance(node, ast.Name) else None
+            if callee is not None and callee not in found:
+                found.append(callee)
+    return found
+
+
+_POSITION_CALLS = ("broadcasted_iota", "iota", "arange")
+
+
+def _is_position_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and (_dotted(node.func) or "").split(".")[-1] in (
+        _POSITION_CALLS
+    )
+
+
+def _positions(fn: ast.AST) -> dict[str, ast.Call]:
+    """Names holding element positions in ``fn``: assigned (or ``+=``-ed) an expression built
+    from ``broadcasted_iota``/``arange`` or from such names: name → the iota/arange call."""
+    found: dict[str, ast.Call] = {}
+    changed = True
+    while changed:
+        changed = False
+        for node in ast.walk(fn):
+            for target, value in _bindings(node):
+                if not isinstance(target, ast.Name) or target.id in found:
+                    continue
+                for sub in ast.walk(value):
+                    call = sub if _is_position_call(sub) else None
+                    if isinstance(sub, ast.Name) and sub.id in found:
+                        call = found[sub.id]
+                    if call is not None:
+                        found[target.id], changed = call, True
+                        break
+    return found
+
+
+def _position_dim(fn: ast.AST, node: ast.expr, positions: dict[str, ast.Call]) -> int | None:
+    """The axis along which a position expression varies: a ``broadcasted_iota``'s dimension
+    (through names), or a 1-D ``arange`` broadcast as ``p[:, None]`` (0) or ``p[None, :]`` (1)."""
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+        index = node.slice
+        if node.value.id in positions and isinstance(index, ast.Tuple) and len(index.elts) == 2:
+            kinds = [
+                "new" if isinstance(e, ast.Constant) and e.value is None else type(e).__name__
+                for e in index.elts
+            ]
+            if kinds == ["Slice", "new"]:
+                return 0
+            if kinds == ["new", "Slice"]:
+                return 1
+        return None
+    if isinstance(node, ast.Name) and node.id in positions:
+        call = positions[node.id]
+        if (call.func.attr if isinstance(call.func, ast.Attribute) else "") == "broadcasted_iota":
+            dim = call.args[2] if len(call.args) >= 3 else None
+            if isinstance(dim, ast.Constant) and isinstance(dim.value, int):
+                return dim.value
+    return None
