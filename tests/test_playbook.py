@@ -824,6 +824,13 @@ APPLIES = [
         ["mask = (indices < kv_len)[None, :]"],
     ),
     (
+        "mask_bound",  # the length read from a ref of lengths (scalar prefetch)
+        LENGTH_MASK.replace("(indices <= kv_len)", "(indices <= lengths_ref[0])"),
+        evidence(),
+        ["mask = (indices <= lengths_ref[0])[None, :]"],
+        ["mask = (indices < lengths_ref[0])[None, :]"],
+    ),
+    (
         "f32_accumulation",  # the scratch dtype in a variable (every low assignment of it)
         ACC_DTYPE_MATMUL,
         evidence("precision"),

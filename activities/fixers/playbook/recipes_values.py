@@ -144,6 +144,9 @@ def _is_position(node: ast.expr, positions: dict[str, ast.Call]) -> bool:
 
 
 def _is_length(node: ast.expr, positions: dict[str, ast.Call]) -> bool:
+    """A name like a length (``kv_seq_len``), or a read of a ref of lengths (``lengths_ref[b]``)."""
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+        node = ast.Name(node.value.id.removesuffix("_ref"))
     return (
         isinstance(node, ast.Name)
         and node.id not in positions
