@@ -11,8 +11,6 @@ import secrets
 import time
 from pathlib import Path
 
-import numpy as np
-
 from nearmiss.errors import UsageError
 from nearmiss.forensics.attribution import attribute_error
 from nearmiss.forensics.classify import (
@@ -147,8 +145,9 @@ def case_evidence(raw: RawCase, candidate_name: str) -> tuple[CaseResult, LeafCo
         worst.bad, raw.input_arrays, info.dims, geometry_blocks(raw.geometry)
     )
     leaf = comparisons.index(worst)
-    error = raw.outputs[leaf].astype(np.float64) - raw.reference[leaf].astype(np.float64)
-    base.localisation.follows = attribute_error(error, worst.bad, raw.input_arrays)
+    base.localisation.follows = attribute_error(
+        raw.outputs[leaf], raw.reference[leaf], worst.bad, raw.input_arrays
+    )
     narrow = raw.narrow_floats
     base.failure_class = classify_numeric(worst.stats, base.localisation, narrow)
     base.diagnosis = describe_numeric(base.failure_class, worst.stats, base.localisation, narrow)

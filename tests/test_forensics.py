@@ -325,9 +325,8 @@ def test_the_error_is_followed_to_the_reduced_position_it_comes_from(shift, said
     lengths = np.array([64, 17, 40, 9], np.int32) - (shift > 0)  # room for one more key
     ref = _attention(q, k, v, lengths)
     out = _attention(q, k, v, lengths, shift)
-    error = out - ref
     inputs = [("q", q), ("k", k), ("v", v), ("lengths", lengths)]
-    text = attribute_error(error, np.abs(error) > 1e-6, inputs)
+    text = attribute_error(out, ref, np.abs(out - ref) > 1e-6, inputs)
     assert text.startswith("The error follows v along its axis 1 (size 64")
     assert said in text
 
@@ -339,7 +338,12 @@ def test_a_dropped_diagonal_is_named_and_unrelated_errors_are_not_attributed():
     x = rng.standard_normal((16, 16, 32))  # (rows, reduced, features)
     ref = x.sum(axis=1)  # (16, 32)
     out = ref - x[np.arange(16), np.arange(16)]  # row i drops element i: a diagonal
-    text = attribute_error(out - ref, np.ones_like(ref, bool), [("x", x)])
+    everywhere = np.ones_like(ref, bool)
+    text = attribute_error(out, ref, everywhere, [("x", x)])
     assert "at the output's own index along axis 0 (a diagonal)" in text
     noise = rng.standard_normal(ref.shape)  # wrong everywhere, following no input element
-    assert attribute_error(noise, np.ones_like(ref, bool), [("x", x)]) is None
+    assert attribute_error(ref + noise, ref, everywhere, [("x", x)]) is None
+    # An elementwise path scaled wrong follows its own input element: no reduction to blame.
+    y = rng.standard_normal((16, 32))
+    scaled = 2.0 * y
+    assert attribute_error(scaled * 1.1, scaled, np.ones_like(y, bool), [("y", y)]) is None

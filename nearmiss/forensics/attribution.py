@@ -51,7 +51,23 @@ def _match(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> dict[int, int]
     return mapping
 
 
-def _candidate(name: str, x: np.ndarray, reduced: int, error: np.ndarray, mask: np.ndarray):
+def _correlations(values: np.ndarray, slices: np.ndarray) -> np.ndarray:
+    """Per row, the correlation of ``values`` (n, F) with each slice of ``slices`` (n, R, F)."""
+    v = values - values.mean(axis=-1, keepdims=True)
+    x = slices - slices.mean(axis=-1, keepdims=True)
+    norms = np.linalg.norm(v, axis=-1)[:, None] * np.linalg.norm(x, axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(norms > 0, np.einsum("nf,nrf->nr", v, x) / norms, 0.0)
+
+
+def _candidate(
+    name: str,
+    x: np.ndarray,
+    reduced: int,
+    error: np.ndarray,
+    mask: np.ndarray,
+    reference: np.ndarray,
+):
     """The attribution of ``error`` to ``x``'s slices along ``reduced``, or None when the
     input's other axes do not line up with the output's."""
     rest = tuple(a for a in range(x.ndim) if a != reduced)
@@ -82,13 +98,15 @@ def _candidate(name: str, x: np.ndarray, reduced: int, error: np.ndarray, mask: 
         if present
         else np.broadcast_to(xt, (len(rows), *xt.shape))
     )  # (n, R, F)
-    e_c = e_rows - e_rows.mean(axis=-1, keepdims=True)
-    x_c = x_rows - x_rows.mean(axis=-1, keepdims=True)
-    norms = np.linalg.norm(e_c, axis=-1)[:, None] * np.linalg.norm(x_c, axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        corr = np.where(norms > 0, np.einsum("nf,nrf->nr", e_c, x_c) / norms, 0.0)
-    best = np.abs(corr).argmax(axis=-1)
-    strength = float(np.median(np.abs(corr)[np.arange(len(rows)), best]))
+    corr = np.abs(_correlations(e_rows, x_rows))
+    best = corr.argmax(axis=-1)
+    strength = float(np.median(corr[np.arange(len(rows)), best]))
+    # Where the reference itself follows that slice, it is the output's own source (a scale or
+    # offset error of an elementwise path), not an element a reduction took or dropped.
+    r_rows = np.moveaxis(reference, feature_out, -1)[tuple(rows.T)]
+    own = np.abs(_correlations(r_rows, x_rows))[np.arange(len(rows)), best]
+    if np.all(np.isfinite(r_rows)) and float(np.median(own)) >= STRONG:
+        return None
     return Attribution(
         name, reduced, x.shape[reduced], best, strength, rows, row_axes, matched, error.shape
     )
@@ -137,16 +155,20 @@ def _describe(found: Attribution, integers: Sequence[tuple[str, np.ndarray]]) ->
 
 
 def attribute_error(
-    error: np.ndarray, mask: np.ndarray, inputs: Sequence[tuple[str, np.ndarray]]
+    output: np.ndarray,
+    reference: np.ndarray,
+    mask: np.ndarray,
+    inputs: Sequence[tuple[str, np.ndarray]],
 ) -> str | None:
     """One sentence naming the input positions the error follows, or None.
 
-    ``error`` is ``out - ref`` of one output leaf, ``mask`` its elements out of tolerance;
+    ``output`` and ``reference`` are one output leaf's, ``mask`` its elements out of tolerance;
     ``inputs`` the case's (name, array) pairs. Every float input and every one of its axes is
     tried as the reduced one; the best-explained wins, if it explains well enough."""
-    if error.ndim == 0 or not mask.any():
+    if output.ndim == 0 or not mask.any():
         return None
-    error = error.astype(np.float64)
+    reference = reference.astype(np.float64)
+    error = output.astype(np.float64) - reference
     integers = [(n, v) for n, v in inputs if v.dtype.kind in "iu"]
     best: Attribution | None = None
     for name, x in inputs:
@@ -156,7 +178,7 @@ def attribute_error(
         for reduced in range(x.ndim):
             if x.shape[reduced] < MIN_POSITIONS:
                 continue  # picking one of two positions proves little
-            found = _candidate(name, x, reduced, error, mask)
+            found = _candidate(name, x, reduced, error, mask, reference)
             if found is not None and (best is None or found.strength > best.strength):
                 best = found
     if best is None or best.strength < STRONG:
