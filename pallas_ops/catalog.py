@@ -38,6 +38,8 @@ BUG_FAMILIES = {
     "wrong_reduction_axis": "a reduction over the wrong axis",
     "wrong_scale_factor": "a wrong constant or scale factor",
     "causal_mask_off_by_one": "the causal mask admits or drops the diagonal",
+    "length_mask_off_by_one": "a per-row length mask admits the position at the length or drops "
+    "the last valid one",
     "wrong_out_dtype": "out_shape declares the wrong dtype",
     "compile_time_error": "index_map arity, block rank, dtype of a store, Python control flow "
     "on traced values",

@@ -396,9 +396,62 @@ PADDED_WIDTH_MEAN = rows(
 )
 
 
+# JAX's TPU style: lengths scalar-prefetched (the body's first ref, every index_map's last
+# parameter), a PrefetchScalarGridSpec, the accumulator's dtype a keyword parameter.
+PREFETCH_STYLE = """
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+
+def _body(lengths_ref, x_ref, o_ref, acc_scr, *, block):
+    b, j = pl.program_id(0), pl.program_id(1)
+
+    @pl.when(j == 0)
+    def _init():
+        acc_scr[...] = jnp.zeros_like(acc_scr)
+
+    col = j * block + jax.lax.broadcasted_iota(jnp.int32, x_ref.shape, 1)
+    mask = col < lengths_ref[b]
+    acc_scr[...] += jnp.sum(jnp.where(mask, x_ref[...], 0.0), axis=1, keepdims=True)
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _done():
+        o_ref[...] = acc_scr[...].astype(o_ref.dtype)
+
+
+def prefix_sums(x, lengths, *, block=128, acc_dtype=jnp.float32):
+    rows, cols = x.shape
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1,
+        grid=(rows // 8, pl.cdiv(cols, block)),
+        in_specs=[pl.BlockSpec((8, block), lambda b, j, lengths_ref: (b, j))],
+        out_specs=pl.BlockSpec((8, 1), lambda b, j, lengths_ref: (b, 0)),
+        scratch_shapes=[pltpu.VMEM((8, 1), acc_dtype)],
+    )
+    body = functools.partial(_body, block=block)
+    return pl.pallas_call(
+        body, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct((rows, 1), x.dtype)
+    )(lengths, x)
+
+
+def kernel(x, lengths):
+    return prefix_sums(x, lengths)
+"""
+
 # (recipe, source, evidence, removed lines, added lines) — removed/added compare stripped lines:
 # every other line of the module must come through untouched.
 APPLIES = [
+    (
+        "f32_accumulation",
+        PREFETCH_STYLE.replace("acc_dtype=jnp.float32", "acc_dtype=jnp.bfloat16"),
+        evidence("precision"),
+        ["def prefix_sums(x, lengths, *, block=128, acc_dtype=jnp.bfloat16):"],
+        ["def prefix_sums(x, lengths, *, block=128, acc_dtype=jnp.float32):"],
+    ),
     (
         "store_cast",
         rows("    y = x_ref[...] * 2.0\n    o_ref[...] = y\n"),
@@ -855,6 +908,11 @@ APPLIES = [
 
 # (recipe, source, evidence): the pattern is absent (or the code is already right) → None.
 ABSENT = [
+    # The init's axis is the one the output's index_map ignores; the scalar-prefetch parameter
+    # the index_map also ignores is no grid axis.
+    ("reset_axis", PREFETCH_STYLE, evidence("wrong_values")),
+    ("accumulator_init", PREFETCH_STYLE, evidence("nan_inf")),
+    ("f32_accumulation", PREFETCH_STYLE, evidence("precision")),
     ("store_cast", rows("    o_ref[...] = x_ref[...]\n"), evidence("compile_error")),
     (
         "store_cast",
@@ -1242,6 +1300,9 @@ EXPECTED_REPAIRS = {
     "layer_norm/f32_output",
     "layer_norm/padded_width_mean",
     "leaky_relu/python_if",
+    "length_masked_attention/bf16_accumulator",
+    "length_masked_attention/length_mask_admits_length",
+    "length_masked_attention/missing_acc_init",
     "log_softmax_rows/reduce_axis0",
     "logsumexp_rows/floor_grid",
     "logsumexp_rows/no_max_subtraction",
@@ -1284,7 +1345,7 @@ def test_expected_repairs_name_corpus_variants():
     assert names >= EXPECTED_REPAIRS
     total = sum(len(op.variants) for op in operators())
     print(f"playbook repairs {len(EXPECTED_REPAIRS)}/{total} corpus variants")
-    assert len(EXPECTED_REPAIRS) == 53
+    assert len(EXPECTED_REPAIRS) == 56
 
 
 @pytest.mark.parametrize(("op", "variant"), VARIANTS, ids=[variant_id(op, v) for op, v in VARIANTS])

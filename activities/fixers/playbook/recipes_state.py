@@ -18,6 +18,7 @@ from activities.fixers.playbook.source import (
     _dotted,
     _Edit,
     _first_line,
+    _grid_params,
     _identity,
     _ignored_axes,
     _indent,
@@ -128,14 +129,14 @@ def accumulate(mod: _Module, evidence: Evidence) -> list[_Edit]:
         if call is None:
             continue
         carried = set(_accumulators(mod, body, inits))
-        n_in = len(call.in_specs)
+        n_in = call.body_inputs
         for init in inits:
             for ref in init.refs:
                 position = _refs(body).index(ref) - n_in
                 if ref in carried or not 0 <= position < len(call.out_specs):
                     continue
                 index_map = _index_map(call.out_specs[position])
-                if index_map is None or not _ignored_axes(index_map):
+                if index_map is None or not _ignored_axes(index_map, call.scalar_prefetch):
                     continue
                 for stmt in body.body:  # top level: runs on every step
                     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
@@ -161,7 +162,7 @@ def out_index_map_axis(mod: _Module, evidence: Evidence) -> list[_Edit]:
         body = call.body
         if body is None:
             continue
-        inits, refs, n_in = _inits(mod, body), _refs(body), len(call.in_specs)
+        inits, refs, n_in = _inits(mod, body), _refs(body), call.body_inputs
         initialised = {r for i in inits for r in i.refs}
         whens = {f for f in ast.walk(body) if isinstance(f, ast.FunctionDef) and _when_cond(mod, f)}
         for position, spec in enumerate(call.out_specs):
@@ -172,7 +173,7 @@ def out_index_map_axis(mod: _Module, evidence: Evidence) -> list[_Edit]:
             accesses = list(_accesses(body.body, {ref}, whens))
             if ref in initialised or not accesses or any(k == "read" for _, k in accesses):
                 continue
-            ignored = _ignored_axes(index_map)
+            ignored = _ignored_axes(index_map, call.scalar_prefetch)
             returned = index_map.body.elts if isinstance(index_map.body, ast.Tuple) else []
             zeros = [e for e in returned if isinstance(e, ast.Constant) and e.value == 0]
             if len(ignored) == 1 and len(zeros) == 1:
@@ -198,7 +199,7 @@ def reduction_axis_last(mod: _Module, evidence: Evidence) -> list[_Edit]:
         index_map = _index_map(call.out_specs[0]) if call.out_specs else None
         if index_map is None or body is None or not isinstance(grid, ast.Tuple | ast.List):
             continue
-        rank, reduction = len(grid.elts), _ignored_axes(index_map)
+        rank, reduction = len(grid.elts), _ignored_axes(index_map, call.scalar_prefetch)
         if not reduction or reduction == tuple(range(rank - len(reduction), rank)):
             continue
         order = [a for a in range(rank) if a not in reduction] + list(reduction)
@@ -213,7 +214,8 @@ def reduction_axis_last(mod: _Module, evidence: Evidence) -> list[_Edit]:
                 if n != o
             ]
         for spec in call.in_specs + call.out_specs:
-            params = index_map.args.args if (index_map := _index_map(spec)) else []
+            index_map = _index_map(spec)
+            params = _grid_params(index_map, call.scalar_prefetch) if index_map else []
             if len(params) == rank:
                 edits += [_replace(params[n], params[o].arg) for n, o in enumerate(order) if n != o]
         for node in ast.walk(body):

@@ -322,7 +322,7 @@ def _carried_axes(mod: _Module, call: _PallasCall) -> set[int]:
     axes: set[int] = set()
     for spec in call.out_specs:
         if (index_map := _index_map(spec)) is not None:
-            axes.update(_ignored_axes(index_map))
+            axes.update(_ignored_axes(index_map, call.scalar_prefetch))
     if call.body is not None:
         body = call.body
         for ref in _accumulators(mod, body, _inits(mod, body)):

@@ -503,11 +503,12 @@ def mask_tail(mod: _Module, evidence: Evidence) -> list[_Edit]:
             if param in compared or not isinstance(value, ast.Name) or value.id not in extents:
                 continue
             array, dim = extents[value.id]
-            for k, operand in enumerate(operands[: len(call.in_specs)]):
+            for k, operand in enumerate(operands[call.scalar_prefetch : call.body_inputs]):
                 if isinstance(operand, ast.Name) and operand.id == array:
                     by_input.setdefault(k, []).append((dim, param))
         for k, dims in by_input.items():
-            spec, ref = call.in_specs[k], refs[k] if k < len(refs) else None
+            at = call.scalar_prefetch + k
+            spec, ref = call.in_specs[k], refs[at] if at < len(refs) else None
             index_map = _index_map(spec)
             block = spec.args[0] if isinstance(spec, ast.Call) and spec.args else None
             if index_map is None or not isinstance(block, ast.Tuple) or ref is None:

@@ -189,6 +189,14 @@ class _PallasCall:
     out_specs: list[ast.expr]
     out_shapes: list[ast.expr]
     scratch: ast.expr | None = None  # the scratch_shapes expression, as written
+    # Leading operands passed as scalar prefetch (``PrefetchScalarGridSpec(num_scalar_prefetch=
+    # N)``): the body's first N refs, and every index_map's last N parameters.
+    scalar_prefetch: int = 0
+
+    @property
+    def body_inputs(self) -> int:
+        """How many body refs come before the outputs' (scalar prefetch, then inputs)."""
+        return self.scalar_prefetch + len(self.in_specs)
 
 
 def _resolve(scope: ast.AST, node: ast.expr | None, depth: int = 3) -> ast.expr | None:
@@ -208,6 +216,17 @@ def _listed(scope: ast.AST, node: ast.expr | None) -> list[ast.expr]:
     if isinstance(node, ast.List | ast.Tuple):
         return [_resolve(scope, e) or e for e in node.elts]
     return [node]
+
+
+def _scalar_prefetch(scope: ast.AST, grid_spec: ast.expr | None) -> int:
+    """``num_scalar_prefetch`` of a grid_spec call, when it is a literal (or a name bound to
+    one); 0 without a grid_spec."""
+    if not isinstance(grid_spec, ast.Call):
+        return 0
+    value = _resolve(scope, _kwarg(grid_spec, "num_scalar_prefetch"))
+    if isinstance(value, ast.Constant) and isinstance(value.value, int):
+        return value.value
+    return 0
 
 
 def _pallas_calls(mod: _Module) -> list[_PallasCall]:
@@ -245,6 +264,7 @@ def _pallas_calls(mod: _Module) -> list[_PallasCall]:
                 _listed(scope, option("out_specs")),
                 _listed(scope, _kwarg(node, "out_shape", 1)),
                 option("scratch_shapes"),
+                _scalar_prefetch(scope, grid_spec),
             )
         )
     return calls
@@ -303,10 +323,16 @@ def _index_map(spec: ast.expr | None) -> ast.Lambda | None:
     return None
 
 
-def _ignored_axes(index_map: ast.Lambda) -> tuple[int, ...]:
+def _grid_params(index_map: ast.Lambda, prefetch: int = 0) -> list[ast.arg]:
+    """An index_map's grid-index parameters (the scalar-prefetch refs after them left out)."""
+    params = index_map.args.args
+    return params[: len(params) - prefetch] if prefetch else params
+
+
+def _ignored_axes(index_map: ast.Lambda, prefetch: int = 0) -> tuple[int, ...]:
     """Grid axes an index_map ignores: the block stays put while they advance (a reduction)."""
     used = {n.id for n in ast.walk(index_map.body) if isinstance(n, ast.Name)}
-    return tuple(i for i, a in enumerate(index_map.args.args) if a.arg not in used)
+    return tuple(i for i, a in enumerate(_grid_params(index_map, prefetch)) if a.arg not in used)
 
 
 def _grid_rank(call: _PallasCall) -> int | None:
@@ -316,7 +342,7 @@ def _grid_rank(call: _PallasCall) -> int | None:
         return 1
     for spec in call.out_specs + call.in_specs:
         if (index_map := _index_map(spec)) is not None:
-            return len(index_map.args.args)
+            return len(_grid_params(index_map, call.scalar_prefetch))
     return None
 
 
@@ -329,12 +355,13 @@ def _reduction_axes(call: _PallasCall | None, body: ast.FunctionDef, ref: str):
     scratch ref, the first output's), else the innermost grid axis (a scan's carry)."""
     if call is None:
         return None
-    refs, n_in, outputs = _refs(body), len(call.in_specs), call.out_specs
+    refs, n_in, outputs = _refs(body), call.body_inputs, call.out_specs
     if ref not in refs or refs.index(ref) < n_in:
         return None  # an input
     position = refs.index(ref) - n_in
     spec = outputs[position] if position < len(outputs) else (outputs or [None])[0]
-    if (index_map := _index_map(spec)) and (axes := _ignored_axes(index_map)):
+    index_map = _index_map(spec)
+    if index_map and (axes := _ignored_axes(index_map, call.scalar_prefetch)):
         return axes
     rank = _grid_rank(call)
     return (rank - 1,) if rank else None
@@ -565,10 +592,31 @@ def _failed_statements(mod: _Module, evidence: Evidence) -> list[ast.stmt]:
 # dispatcher, positions built from iota or arange.
 
 
+def _parameter_defaults(scope: ast.AST) -> dict[str, ast.expr]:
+    """A function's parameters that have a default, with it (``acc_dtype=jnp.float32``)."""
+    if not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+        return {}
+    arguments = scope.args
+    positional = arguments.posonlyargs + arguments.args
+    found = dict(
+        zip(
+            [a.arg for a in positional[len(positional) - len(arguments.defaults) :]],
+            arguments.defaults,
+            strict=True,
+        )
+    )
+    found.update(
+        (a.arg, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True) if d
+    )
+    return found
+
+
 def _values_of(scope: ast.AST, node: ast.AST, depth: int = 4) -> Iterator[ast.AST]:
     """``node`` and, for every name in it, every value that name is assigned in ``scope`` (all
     the assignments, not only the last: ``acc_dtype = jnp.float32`` then ``acc_dtype = ...`` in
-    an ``if``), followed a few steps; each value once."""
+    an ``if``) or given as the default of ``scope``'s parameter of that name (JAX's kernels take
+    ``acc_dtype=jnp.float32`` as a keyword), followed a few steps; each value once."""
+    defaults = _parameter_defaults(scope)
     seen: set[int] = set()
     todo = [(node, depth)]
     while todo:
@@ -584,6 +632,7 @@ def _values_of(scope: ast.AST, node: ast.AST, depth: int = 4) -> Iterator[ast.AS
             for target, value in _bindings(stmt):
                 if isinstance(target, ast.Name) and target.id in names:
                     todo.append((value, left - 1))
+        todo.extend((defaults[name], left - 1) for name in names if name in defaults)
 
 
 def _kernel_functions(mod: _Module) -> list[ast.FunctionDef]:
