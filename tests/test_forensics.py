@@ -347,3 +347,15 @@ def test_a_dropped_diagonal_is_named_and_unrelated_errors_are_not_attributed():
     y = rng.standard_normal((16, 32))
     scaled = 2.0 * y
     assert attribute_error(scaled * 1.1, scaled, np.ones_like(y, bool), [("y", y)]) is None
+
+
+def test_a_vector_output_is_one_row():
+    from nearmiss.forensics.attribution import attribute_error
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((64, 32))  # a column sum: (rows, cols) -> (cols,)
+    ref = x.sum(axis=0)
+    out = ref - x[63]  # the last row left out of every column's sum
+    text = attribute_error(out, ref, np.ones_like(ref, bool), [("x", x)])
+    assert "along its axis 0 (size 64" in text and "position 63 (its last)" in text
+    assert attribute_error(ref[:1] + 1, ref[:1], np.ones(1, bool), [("x", x)]) is None

@@ -20,6 +20,7 @@ MIN_FEATURES = 8  # a correlation over fewer values proves little
 MIN_POSITIONS = 8  # a reduced axis shorter than this is no reduction worth naming
 STRONG = 0.9  # the median failing row's best correlation must reach this
 MAX_ROWS = 512  # failing rows looked at (the first ones)
+MAX_VALUES = 4_000_000  # input values gathered for one candidate axis (32 MB of float64)
 OFFSETS = (-1, 0, 1)
 AGREEMENT = 0.9  # the share of failing rows a stated relation must hold for
 
@@ -56,8 +57,10 @@ def _correlations(values: np.ndarray, slices: np.ndarray) -> np.ndarray:
     v = values - values.mean(axis=-1, keepdims=True)
     x = slices - slices.mean(axis=-1, keepdims=True)
     norms = np.linalg.norm(v, axis=-1)[:, None] * np.linalg.norm(x, axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(norms > 0, np.einsum("nf,nrf->nr", v, x) / norms, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        corr = np.where(norms > 0, np.einsum("nf,nrf->nr", v, x) / norms, 0.0)
+    # Non-finite inputs (an adversarial profile's huge values) correlate with nothing.
+    return np.clip(np.nan_to_num(corr, nan=0.0, posinf=0.0, neginf=0.0), -1.0, 1.0)
 
 
 def _candidate(
@@ -85,7 +88,9 @@ def _candidate(
     # Rows holding NaN or Inf say nothing about which element was taken: left out.
     e = np.moveaxis(error, feature_out, -1)
     usable = np.moveaxis(mask, feature_out, -1).any(axis=-1) & np.isfinite(e).all(axis=-1)
-    rows = np.argwhere(usable)[:MAX_ROWS]
+    # Bounded work: (rows x positions x features) values at most; fewer rows when larger.
+    per_row = x.shape[reduced] * x.shape[feature_in]
+    rows = np.argwhere(usable)[: min(MAX_ROWS, MAX_VALUES // per_row)]
     if not len(rows):
         return None
     e_rows = e[tuple(rows.T)]  # (n, F)
@@ -167,6 +172,8 @@ def attribute_error(
     tried as the reduced one; the best-explained wins, if it explains well enough."""
     if output.ndim == 0 or not mask.any():
         return None
+    if output.ndim == 1:  # one row: a leading axis of one, so rows are always 2-D
+        output, reference, mask = output[None], reference[None], mask[None]
     reference = reference.astype(np.float64)
     error = output.astype(np.float64) - reference
     integers = [(n, v) for n, v in inputs if v.dtype.kind in "iu"]
