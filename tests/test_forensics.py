@@ -359,3 +359,16 @@ def test_a_vector_output_is_one_row():
     text = attribute_error(out, ref, np.ones_like(ref, bool), [("x", x)])
     assert "along its axis 0 (size 64" in text and "position 63 (its last)" in text
     assert attribute_error(ref[:1] + 1, ref[:1], np.ones(1, bool), [("x", x)]) is None
+
+
+def test_failing_rows_that_are_an_input_s_zero_rows_are_named():
+    from nearmiss.forensics.triggers import value_trigger
+
+    x = np.random.default_rng(6).standard_normal((2, 8, 16))
+    x[:, [0, 4]] = 0.0  # two all-zero rows per batch
+    bad = np.zeros_like(x, bool)
+    bad[:, [0, 4]] = True
+    text = value_trigger(bad, [("x", x)], {})
+    assert text.startswith("The failing rows are exactly those where x is all zeros")
+    bad[0, 1, 3] = True  # a failing row that is not zero: no such claim
+    assert value_trigger(bad, [("x", x)], {}) is None

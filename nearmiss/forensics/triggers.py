@@ -1,5 +1,5 @@
-"""Which input value triggers a failure: per-row integers (lengths, counts, offsets) set apart
-the output rows that fail from those that pass.
+"""Which input value triggers a failure: per-row integers (lengths, counts, offsets), or rows of
+an input that are all zeros or constant, set apart the output rows that fail from those that pass.
 
 Kernels written like JAX's take per-row integers — each sequence's length, each group's size —
 and their bugs often fire only for some values: a length mask off by one spares the rows that use
@@ -67,6 +67,31 @@ def geometry_blocks(geometry: Sequence[Mapping]) -> list[int]:
     )
 
 
+def _row_trigger(bad: np.ndarray, inputs: Sequence[tuple[str, np.ndarray]]) -> str | None:
+    """Failing rows (along the last axis) that are exactly an input's all-zero or constant
+    rows: a normaliser dividing by a zero variance or norm, an eps left out."""
+    if bad.ndim < 2:
+        return None
+    failing = bad.any(axis=-1)
+    if failing.all() or not failing.any():
+        return None
+    for name, values in inputs:
+        if values.dtype.kind in "iub" or values.shape[:-1] != bad.shape[:-1]:
+            continue
+        values = values.astype(np.float64)
+        for word, rows in (
+            ("all zeros", np.all(values == 0, axis=-1)),
+            ("constant", np.all(values == values[..., :1], axis=-1)),
+        ):
+            if np.array_equal(rows, failing):
+                return (
+                    f"The failing rows are exactly those where {name} is {word} along its last "
+                    f"axis ({int(failing.sum())} of {failing.size}): a normaliser that divides "
+                    "by their zero spread, or an eps left out."
+                )
+    return None
+
+
 def value_trigger(
     bad: np.ndarray,
     inputs: Sequence[tuple[str, np.ndarray]],
@@ -78,6 +103,9 @@ def value_trigger(
     ``bad`` is the mismatch mask of an output; ``inputs`` the case's (name, integer array)
     pairs; ``blocks`` the kernel's block sizes: with the TPU's tile sizes they are tested as
     multiples, largest first (a row of 256 is a multiple of 8 too, but 128 is the block)."""
+    by_rows = _row_trigger(bad, inputs)
+    if by_rows:
+        return by_rows
     candidates = sorted({*blocks, *TILE_SIZES}, reverse=True)
     inputs = [(n, v) for n, v in inputs if v.dtype.kind in "iu" and v.size <= MAX_PER_ROW]
     for axis in range(bad.ndim):
