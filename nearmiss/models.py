@@ -71,6 +71,9 @@ class LeafStats(BaseModel):
     worst_index: list[int] | None = None
     scale_fit: float | None = None  # c in out ≈ c·ref when that explains the error
     offset_fit: float | None = None  # b in out ≈ ref + b when that explains the error
+    # [min, max] of c_r in out ≈ c_r·ref row by row (last axis), when the factor differs by row
+    # and that explains the error: each row's own normalisation is wrong.
+    row_scale_range: list[float] | None = None
     # max |out - ref| / (atol + rtol·|ref|) over finite elements: how close the leaf came to
     # failing (1 = on the edge, above 1 = fails). None where an element differs although its
     # tolerance is 0 (exact comparison), or in reports saved before the figure existed.

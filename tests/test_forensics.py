@@ -158,6 +158,18 @@ def test_errors_at_the_output_type_s_own_rounding_point_at_the_tolerance():
     assert "ulps" not in describe_numeric("wrong_values", comparison.stats, loc, [])
 
 
+def test_a_factor_that_differs_by_row_is_named_as_such():
+    factors = np.linspace(0.82, 0.89, REF.shape[0], dtype=np.float32)[:, None]
+    comparison = compare_leaf("out", REF, REF * factors, 1e-5, 1e-5)
+    stats = comparison.stats
+    assert stats.scale_fit is None
+    assert stats.row_scale_range == pytest.approx([0.82, 0.89], rel=1e-4)
+    loc = localise("out", comparison.bad, GEOMETRY)
+    klass = classify_numeric(stats, loc, [])
+    assert klass == "wrong_values"
+    assert "a factor that differs by row (0.82 to 0.89" in describe_numeric(klass, stats, loc, [])
+
+
 def test_constant_factor_is_wrong_values_with_the_factor():
     # Small enough to look like rounding by magnitude alone: the scale fit tells them apart.
     klass, stats, _ = classify(REF * np.float32(320 / 319))

@@ -86,6 +86,7 @@ def is_precision_like(
         and stats.max_abs_error <= PRECISION_PEAK_MAX * scale
         and stats.scale_fit is None
         and stats.offset_fit is None
+        and stats.row_scale_range is None
         and loc.spread
     )
 
@@ -172,6 +173,14 @@ def describe_numeric(
                 "in 32-bit floats throughout (no bfloat16/float16 in it), so this is not "
                 "precision: look for a mask or bound off by one, an element missing from (or "
                 "extra in) a reduction, or a wrong constant."
+            )
+        elif stats.row_scale_range is not None:
+            low, high = stats.row_scale_range
+            lead = (
+                f"Outputs are the reference times a factor that differs by row ({low:.4g} to "
+                f"{high:.4g}, rows along the last axis): each row's own normalisation is wrong — "
+                "a sum, max or count that takes padded lanes, misses an element (a mask off by "
+                "one) or takes the wrong ones."
             )
         elif stats.scale_fit is not None:
             lead = (

@@ -85,6 +85,31 @@ def tolerance_used(err: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -
     return worst if np.isfinite(worst) else None  # a subnormal tolerance can overflow it
 
 
+# Per-row factors that differ by more than this (relative) are not one constant factor.
+ROW_SCALE_SPREAD = 0.01
+
+
+def _row_scales(out: np.ndarray, ref: np.ndarray, err_rms: float) -> list[float] | None:
+    """[min, max] of per-row factors c_r (out ≈ c_r·ref along the last axis) when they differ
+    by row and explain the error; None otherwise (or when some value is not finite)."""
+    if out.ndim < 2 or err_rms <= 0 or not (np.isfinite(out).all() and np.isfinite(ref).all()):
+        return None
+    rows_out = out.reshape(-1, out.shape[-1])
+    rows_ref = ref.reshape(-1, ref.shape[-1])
+    power = np.einsum("rf,rf->r", rows_ref, rows_ref)
+    keep = power > _TINY
+    if keep.sum() < 2:
+        return None
+    scales = np.einsum("rf,rf->r", rows_out[keep], rows_ref[keep]) / power[keep]
+    residual = rows_out[keep] - scales[:, None] * rows_ref[keep]
+    if np.sqrt(np.mean(residual**2)) >= FIT_EXPLAINS * err_rms:
+        return None
+    low, high = float(scales.min()), float(scales.max())
+    if high - low <= ROW_SCALE_SPREAD * max(abs(float(np.median(scales))), _TINY):
+        return None
+    return [low, high]
+
+
 def compare_leaf(
     name: str, ref: np.ndarray, out: np.ndarray, atol: float, rtol: float
 ) -> LeafComparison:
@@ -110,9 +135,12 @@ def compare_leaf(
         nonfinite = bad & ref_finite & ~out_finite
         flat = np.argmax(nonfinite) if nonfinite.any() else np.argmax(np.where(bad, err, -1.0))
         worst = [int(i) for i in np.unravel_index(flat, bad.shape)]
-    scale, offset = (None, None)
+    scale, offset, row_scales = None, None, None
     if mismatched and finite_err.size:
         scale, offset = _fit_residuals(finite_out, finite_ref, err_rms)
+        row_scales = _row_scales(o, r, err_rms)
+        if row_scales is not None:
+            scale = None  # one factor per row, not one for all
     rel = finite_err / (np.abs(finite_ref) + atol + _TINY) if finite_err.size else finite_err
     stats = LeafStats(
         path=name,
@@ -131,6 +159,7 @@ def compare_leaf(
         worst_index=worst,
         scale_fit=scale,
         offset_fit=offset,
+        row_scale_range=row_scales,
     )
     return LeafComparison(stats, bad)
 
