@@ -5,27 +5,38 @@ from __future__ import annotations
 from nearmiss.models import CheckReport
 from workflows.models import Evidence, Finding
 
+# How far a failing case got, by its class: it did not build, it built and crashed, it ran and
+# returned the wrong structure, it ran and returned numbers (wrong ones).
+_STAGE = {"compile_error": 0, "runtime_error": 1, "timeout": 1, "shape_mismatch": 2}
+_STAGES = 3
 
-def _case_score(case) -> float:
-    """1 for a passing case; for a failing one, the share of elements within tolerance."""
-    if case.passed:
-        return 1.0
-    if not case.leaves:
-        return 0.0  # did not compile, crashed, wrong structure
-    total = sum(leaf.total for leaf in case.leaves) or 1
-    mismatched = sum(leaf.mismatched for leaf in case.leaves)
-    return max(0.0, 1.0 - mismatched / total)
+
+def _partial(case) -> float:
+    """How close a failing case came, in [0, 1): half for how far it got, half for the share of
+    its elements within tolerance (none unless it ran)."""
+    stage = _STAGE.get(case.failure_class or "", _STAGES)  # numbers, a grid race: it ran
+    closeness = 0.0
+    if case.leaves:
+        total = sum(leaf.total for leaf in case.leaves) or 1
+        closeness = max(0.0, 1.0 - sum(leaf.mismatched for leaf in case.leaves) / total)
+    return min(0.5 * stage / _STAGES + 0.5 * closeness, 0.999)
 
 
 def score(report: CheckReport) -> float:
+    """Candidates ranked by how far they get: certified 1.0; else by the cases that pass, then
+    — among candidates passing as many — by how far the failing ones got (a kernel that runs
+    and is wrong outranks one that does not build) and how many of their elements are right.
+    An integrity violation scores 0. Lexicographic by construction: ``(passed + partial) /
+    (cases + 1)`` with ``partial < 1``, so one more passing case always wins."""
     if report.certified:
         return 1.0
     if not report.integrity.ok or not report.cases:
         return 0.0
-    passed = sum(c.passed for c in report.cases) / len(report.cases)
-    closeness = sum(_case_score(c) for c in report.cases) / len(report.cases)
+    failing = [c for c in report.cases if not c.passed]
+    passed = len(report.cases) - len(failing)
+    partial = sum(_partial(c) for c in failing) / len(failing) if failing else 0.0
     # Below 1 by construction: an uncertified candidate never ties a certified one.
-    return 0.99 * (0.5 * passed + 0.5 * closeness)
+    return 0.99 * (passed + partial) / (len(report.cases) + 1)
 
 
 def signature(report: CheckReport) -> str:
