@@ -207,16 +207,13 @@ def test_each_installed_module_certifies_on_its_spec_unplanted(tmp_path, pair):
     assert report.certified, report.diagnosis
 
 
-@pytest.mark.parametrize("name", sorted(HELD_OUT))
-async def test_playbook_on_a_held_out_kernel(name, tmp_path: Path, record_property):
-    case = HELD_OUT[name]
-    spec = SPECS / f"{case.spec}_spec.py"
-    source, tried, steps = planted(case), [], []
-    candidate = tmp_path / "kernel.py"
+async def repair_planted(spec: Path, source: str, candidate: Path):
+    """Check the planted kernel, then let the playbook repair it for up to ROUNDS rounds from
+    the engine's evidence, as the corpus test does: (first report, last report, steps)."""
     candidate.write_text(source)
     report = check(spec, candidate, SUITE, SEED)
     assert not report.certified and report.integrity.ok, report.diagnosis
-    steps.append(f"diagnosed {report.failure_class}")
+    first, tried, steps = report, [], [f"diagnosed {report.failure_class}"]
     fixer = PlaybookFixer()
     for round_ in range(1, ROUNDS + 1):
         result = await fixer.propose(
@@ -242,6 +239,14 @@ async def test_playbook_on_a_held_out_kernel(name, tmp_path: Path, record_proper
         steps.append(f"{result.summary} -> {report.failure_class or 'certified'}")
         if report.certified:
             break
+    return first, report, steps
+
+
+@pytest.mark.parametrize("name", sorted(HELD_OUT))
+async def test_playbook_on_a_held_out_kernel(name, tmp_path: Path, record_property):
+    case = HELD_OUT[name]
+    spec = SPECS / f"{case.spec}_spec.py"
+    _, report, steps = await repair_planted(spec, planted(case), tmp_path / "kernel.py")
     record_property("playbook_steps", " | ".join(steps))
     print(f"{name}: {' | '.join(steps)}")
     if name in EXPECTED_REPAIRS:

@@ -46,13 +46,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_playbook_shipped import FLASH_ENTRY, LAYER_NORM_ENTRY, OPS, HeldOut, planted
+from test_playbook_shipped import (
+    FLASH_ENTRY,
+    LAYER_NORM_ENTRY,
+    OPS,
+    HeldOut,
+    planted,
+    repair_planted,
+)
 from test_shipped_kernels import SHIPPED, SPECS, installed_source
 
-from activities.evidence import evidence_from_report
-from activities.fixers.playbook import RECIPES, PlaybookFixer
 from nearmiss.check import check
-from workflows.models import FixRequest
 
 GPU_ATTENTION_ENTRY = (
     "def kernel(q, k, v):\n"
@@ -151,7 +155,7 @@ EXPECTED_CLASS = {
 }
 # The ones the playbook certifies (zero tokens, within ROUNDS); every other must end uncertified.
 EXPECTED_CERTIFIED = {"softmax_no_max_subtraction"}
-ROUNDS = 3
+
 SUITE, SEED = "compact", 3
 
 
@@ -180,38 +184,8 @@ def test_each_installed_module_certifies_on_its_spec_unplanted(tmp_path, pair):
 async def test_playbook_on_an_unseen_kernel(name, tmp_path: Path, record_property):
     case = UNSEEN[name]
     spec = SPECS / f"{case.spec}_spec.py"
-    source, tried, steps = planted(case), [], []
-    candidate = tmp_path / "kernel.py"
-    candidate.write_text(source)
-    report = check(spec, candidate, SUITE, SEED)
-    assert not report.certified and report.integrity.ok, report.diagnosis
-    diagnosed = report.failure_class
-    steps.append(f"diagnosed {diagnosed}")
-    fixer = PlaybookFixer()
-    for round_ in range(1, ROUNDS + 1):
-        result = await fixer.propose(
-            FixRequest(
-                spec_path=str(spec),
-                spec_source=spec.read_text(),
-                source=source,
-                candidate_name=candidate.name,
-                evidence=evidence_from_report(report, "sha256:x", ""),
-                round=round_,
-                tried=tried,
-            )
-        )
-        assert result.tokens.total == 0 and result.model == "playbook"
-        if result.source is None:
-            steps.append("no recipe")
-            break
-        assert result.summary in RECIPES and result.summary not in tried
-        tried.append(result.summary)
-        source = result.source
-        candidate.write_text(source)
-        report = check(spec, candidate, SUITE, SEED)
-        steps.append(f"{result.summary} -> {report.failure_class or 'certified'}")
-        if report.certified:
-            break
+    first, report, steps = await repair_planted(spec, planted(case), tmp_path / "kernel.py")
+    diagnosed = first.failure_class
     record_property("playbook_steps", " | ".join(steps))
     print(f"{name}: {' | '.join(steps)}")
     assert diagnosed == EXPECTED_CLASS[name], f"{name}: diagnosed {diagnosed}"
