@@ -34,7 +34,6 @@ class Attribution:
     strength: float  # median |correlation| over the failing rows
     rows: np.ndarray  # (count, output rank - 1) coordinates of the failing rows, feature axis out
     row_axes: tuple[int, ...]  # the output axes those coordinates index
-    matched: dict[int, int]  # input axis -> output axis
     out_shape: tuple[int, ...]
 
 
@@ -112,9 +111,7 @@ def _candidate(
     own = np.abs(_correlations(r_rows, x_rows))[np.arange(len(rows)), best]
     if np.all(np.isfinite(r_rows)) and float(np.median(own)) >= STRONG:
         return None
-    return Attribution(
-        name, reduced, x.shape[reduced], best, strength, rows, row_axes, matched, error.shape
-    )
+    return Attribution(name, reduced, x.shape[reduced], best, strength, rows, row_axes, error.shape)
 
 
 def _offset(values: np.ndarray, positions: np.ndarray) -> int | None:

@@ -48,15 +48,18 @@ def classify_numeric(
     return "wrong_values"
 
 
+def _epsilon(dtype_name: str) -> float | None:
+    """The spacing of 1.0 in a float type named as the engine reports it; None otherwise."""
+    try:
+        return float_eps(restore_dtype(dtype_name))
+    except (TypeError, ValueError):
+        return None
+
+
 def precision_rms_bound(narrow_floats: list[str] | None) -> float:
     """The largest rms relative error rounding can explain, given the float types under 32
     bits the kernel computes in (None or none known: the bfloat16-sized default)."""
-    epsilons = []
-    for name in narrow_floats or ():
-        try:
-            epsilons.append(float_eps(restore_dtype(name)))
-        except (TypeError, ValueError):
-            continue
+    epsilons = [e for e in map(_epsilon, narrow_floats or ()) if e is not None]
     if not epsilons:
         return PRECISION_RMS_MAX
     return min(PRECISION_RMS_MAX, PRECISION_EPS_MULTIPLE * max(epsilons))
@@ -64,11 +67,8 @@ def precision_rms_bound(narrow_floats: list[str] | None) -> float:
 
 def at_output_rounding(stats: LeafStats) -> bool:
     """Errors no larger than a few ulps of the output's own type, relative to the reference."""
-    try:
-        eps = float_eps(restore_dtype(stats.dtype))
-    except (TypeError, ValueError):
-        return False
-    return 0 < stats.max_rel_error <= ROUNDING_ULPS * eps
+    eps = _epsilon(stats.dtype)
+    return eps is not None and 0 < stats.max_rel_error <= ROUNDING_ULPS * eps
 
 
 def computes_wide_only(stats: LeafStats, loc: Localisation, narrow_floats: list[str] | None):

@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core
 
+from nearmiss.runner.arrays import is_float
+
 # Primitives that only call a sub-jaxpr: evaluated inline, so their fixed signatures (and
 # shardings, names, custom rules) do not have to be rebuilt for the new type.
 _CALLS = {
@@ -41,14 +43,19 @@ _CALLS = {
 
 
 def _is_float(dtype: Any) -> bool:
+    """``arrays.is_float`` for anything a jaxpr holds: no dtype (a Python literal), a dtype, a
+    scalar type such as ``jnp.float32``."""
+    if dtype is None:
+        return False
     try:
-        return jnp.issubdtype(np.dtype(dtype), jnp.floating)
+        return is_float(dtype)
     except TypeError:
         return False
 
 
 def _cast(value: Any, dtype: np.dtype) -> Any:
-    if _is_float(getattr(value, "dtype", None)) and value.dtype != dtype:
+    own = getattr(value, "dtype", None)
+    if _is_float(own) and own != dtype:
         return jnp.asarray(value).astype(dtype)
     return value
 
@@ -103,16 +110,6 @@ def evaluate(closed: core.ClosedJaxpr | core.Jaxpr, args: Sequence[Any], dtype: 
             if not isinstance(var, core.DropVar):
                 env[var] = value
     return [read(v) for v in jaxpr.outvars]
-
-
-def retyped_leaves(function, inputs: Sequence[Any], dtype: Any) -> list[np.ndarray]:
-    """``function(*inputs)``'s output leaves, the whole computation done in ``dtype``.
-
-    The trace is taken on ``inputs`` as they are (the case's own types, with the process's
-    current x64 setting); float inputs are then converted and everything evaluated in ``dtype``.
-    """
-    closed = jax.make_jaxpr(function)(*inputs)
-    return retyped_evaluation(closed, inputs, dtype)
 
 
 def retyped_evaluation(closed: core.ClosedJaxpr, inputs: Sequence[Any], dtype: Any) -> list:
