@@ -442,6 +442,82 @@ def kernel(x, lengths):
     return prefix_sums(x, lengths)
 """
 
+
+# GPU style (Triton-like): one program per row, masked loads whose padding the body must keep
+# neutral, loops whose trip count is computed from a length.
+def gpu_rows(body: str) -> str:
+    return (
+        HEADER
+        + "\n\ndef _body(x_ref, o_ref, *, n_col, block):\n"
+        + "    col = jnp.arange(block)\n"
+        + "    mask = col < n_col\n"
+        + body
+        + "\n\ndef kernel(x):\n"
+        + "    rows, cols = x.shape\n"
+        + "    body = functools.partial(_body, n_col=cols, block=BC)\n"
+        + "    return pl.pallas_call(body, grid=(rows,),\n"
+        + "        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)\n"
+    )
+
+
+GPU_SOFTMAX = gpu_rows(
+    "    row = pl.load(x_ref.at[0, pl.ds(0, block)], mask=mask, other=-float('inf'))\n"
+    "    row_max = jnp.max(row, axis=0)\n"
+    "    e = jnp.exp(row - row_max)\n"
+    "    pl.store(o_ref.at[0, pl.ds(0, block)], e / jnp.sum(e, axis=0), mask=mask)\n"
+)
+GPU_VARIANCE = gpu_rows(
+    "    a = pl.load(x_ref.at[0, pl.ds(0, block)], mask=mask, other=0.0)\n"
+    "    mean = jnp.sum(a) / n_col\n"
+    "    a = jnp.where(mask, a - mean, 0.0)\n"
+    "    var = jnp.sum(a * a) / n_col\n"
+    "    pl.store(o_ref.at[0, pl.ds(0, block)], a / jnp.sqrt(var + EPS), mask=mask)\n"
+)
+GPU_LOOP = gpu_rows(
+    "    start = pl.program_id(0) * block\n"
+    "\n"
+    "    def step(i, acc):\n"
+    "        return acc + pl.load(x_ref.at[0, pl.ds(i * BK, BK)], mask=mask, other=0.0)\n"
+    "\n"
+    "    n_it = jnp.minimum(pl.cdiv(n_col - start, BK), block // BK)\n"
+    "    acc = jax.lax.fori_loop(0, n_it, step, jnp.zeros(BK))\n"
+    "    o_ref[0, :BK] = acc\n"
+)
+GPU_ONLINE_SOFTMAX = gpu_rows(
+    "    log2e = math.log2(math.e)\n"
+    "    s = x_ref[0, :] * log2e\n"
+    "    m_prev, m_next = jnp.float32(0), jnp.max(s)\n"
+    "    correction = jnp.exp2(m_prev - m_next)\n"
+    "    p = jnp.exp2(s - m_next)\n"
+    "    o_ref[0, :] = p * correction\n"
+)
+DOT_CAST = rows(
+    "    p = jnp.exp(x_ref[...])\n"
+    "    v = x_ref[...].T\n"
+    "    o_ref[...] = jax.lax.dot(p.astype(v.dtype), v)\n"
+)
+# JAX's TPU flash style: the pallas_call body dispatches to a helper that holds the carries.
+DISPATCHED_CARRY = matmul(
+    "    _carry(a_ref, b_ref, o_ref)\n",
+    extra="        scratch_shapes=[],\n",
+).replace(
+    "\n\ndef kernel(a, b):",
+    "\n\ndef _carry(a_ref, b_ref, o_ref):\n"
+    "    kk = pl.program_id(2)\n"
+    "\n"
+    "    @pl.when(kk == 0)\n"
+    "    def _init():\n"
+    "        o_ref[...] = jnp.zeros_like(o_ref)\n"
+    "\n"
+    "    o_ref[...] += jnp.dot(a_ref[...], b_ref[...])\n"
+    "\n"
+    "    @pl.when(kk == pl.num_programs(2) - 1)\n"
+    "    def _done():\n"
+    "        o_ref[...] = o_ref[...] * 1.0\n"
+    "\n\ndef kernel(a, b):",
+)
+
+
 # (recipe, source, evidence, removed lines, added lines) — removed/added compare stripped lines:
 # every other line of the module must come through untouched.
 APPLIES = [
@@ -904,10 +980,70 @@ APPLIES = [
         ["mean /= BC"],
         ["mean /= n_col"],
     ),
+    (
+        "index_map_order",  # b's block indices swapped: its (BK, BN) block walks (j, kk)
+        matmul("    o_ref[...] += jnp.dot(a_ref[...], b_ref[...])\n").replace(
+            "(BK, BN), lambda i, j, kk: (kk, j)", "(BK, BN), lambda i, j, kk: (j, kk)"
+        ),
+        evidence(),
+        ["pl.BlockSpec((BK, BN), lambda i, j, kk: (j, kk)),"],
+        ["pl.BlockSpec((BK, BN), lambda i, j, kk: (kk, j)),"],
+    ),
+    (
+        "reset_axis",  # in a helper the body dispatches to: the axis the carry is written out on
+        DISPATCHED_CARRY.replace("@pl.when(kk == 0)", "@pl.when(pl.program_id(1) == 0)"),
+        evidence(),
+        ["@pl.when(pl.program_id(1) == 0)"],
+        ["@pl.when(kk == 0)"],
+    ),
+    (
+        "padding_identity",  # padded lanes as 0 under a max and an exp: each adds exp(-max)
+        GPU_SOFTMAX.replace("other=-float('inf')", "other=0.0"),
+        evidence(),
+        ["row = pl.load(x_ref.at[0, pl.ds(0, block)], mask=mask, other=0.0)"],
+        ['row = pl.load(x_ref.at[0, pl.ds(0, block)], mask=mask, other=-float("inf"))'],
+    ),
+    (
+        "masked_shift",  # the shift turns the padded zeros into -mean before a sum of squares
+        GPU_VARIANCE.replace("a = jnp.where(mask, a - mean, 0.0)", "a = a - mean"),
+        evidence(),
+        ["a = a - mean"],
+        ["a = jnp.where(mask, a - mean, 0.0)"],
+    ),
+    (
+        "ceil_div_loop",  # the remaining length floor-divided: the last partial block is skipped
+        GPU_LOOP.replace("pl.cdiv(n_col - start, BK)", "(n_col - start) // BK"),
+        evidence(),
+        ["n_it = jnp.minimum((n_col - start) // BK, block // BK)"],
+        ["n_it = jnp.minimum(pl.cdiv(n_col - start, BK), block // BK)"],
+    ),
+    (
+        "exp_base",  # base-2 logits, but the rescale taken in base e
+        GPU_ONLINE_SOFTMAX.replace("jnp.exp2(m_prev - m_next)", "jnp.exp(m_prev - m_next)"),
+        evidence(),
+        ["correction = jnp.exp(m_prev - m_next)"],
+        ["correction = jnp.exp2(m_prev - m_next)"],
+    ),
+    (
+        "narrowing_cast",  # a bf16 MXU feed whatever the inputs' dtype
+        DOT_CAST.replace("p.astype(v.dtype)", "p.astype(jnp.bfloat16)"),
+        evidence("precision"),
+        ["o_ref[...] = jax.lax.dot(p.astype(jnp.bfloat16), v)"],
+        ["o_ref[...] = jax.lax.dot(p.astype(v.dtype), v)"],
+    ),
 ]
 
 # (recipe, source, evidence): the pattern is absent (or the code is already right) → None.
 ABSENT = [
+    ("index_map_order", matmul("    o_ref[...] += jnp.dot(a_ref[...], b_ref[...])\n"), evidence()),
+    ("padding_identity", GPU_SOFTMAX, evidence()),
+    ("padding_identity", GPU_VARIANCE, evidence()),  # 0 is a sum's identity
+    ("masked_shift", GPU_VARIANCE, evidence()),
+    ("ceil_div_loop", GPU_LOOP, evidence()),
+    # A ratio of static sizes is the block count the kernel was built for.
+    ("ceil_div_loop", GPU_LOOP.replace("pl.cdiv(n_col - start, BK)", "block // BK"), evidence()),
+    ("exp_base", GPU_ONLINE_SOFTMAX, evidence()),
+    ("narrowing_cast", DOT_CAST, evidence("precision")),
     # The init's axis is the one the output's index_map ignores; the scalar-prefetch parameter
     # the index_map also ignores is no grid axis.
     ("reset_axis", PREFETCH_STYLE, evidence("wrong_values")),

@@ -42,7 +42,7 @@ from pathlib import Path
 import pytest
 from test_shipped_kernels import SHIPPED, SPECS, installed_source
 
-from activities.evidence import evidence_from_report
+from activities.evidence import evidence_from_report, score
 from activities.fixers.playbook import RECIPES, PlaybookFixer
 from nearmiss.check import check
 from workflows.models import FixRequest
@@ -209,11 +209,13 @@ def test_each_installed_module_certifies_on_its_spec_unplanted(tmp_path, pair):
 
 async def repair_planted(spec: Path, source: str, candidate: Path):
     """Check the planted kernel, then let the playbook repair it for up to ROUNDS rounds from
-    the engine's evidence, as the corpus test does: (first report, last report, steps)."""
+    the engine's evidence, as the repair loop does (a regression is reverted, the next recipe
+    starts from the best candidate): (first report, last report, steps)."""
     candidate.write_text(source)
     report = check(spec, candidate, SUITE, SEED)
     assert not report.certified and report.integrity.ok, report.diagnosis
     first, tried, steps = report, [], [f"diagnosed {report.failure_class}"]
+    best = (score(report), source, report)
     fixer = PlaybookFixer()
     for round_ in range(1, ROUNDS + 1):
         result = await fixer.propose(
@@ -239,6 +241,12 @@ async def repair_planted(spec: Path, source: str, candidate: Path):
         steps.append(f"{result.summary} -> {report.failure_class or 'certified'}")
         if report.certified:
             break
+        if score(report) < best[0]:  # as the loop does: a regression is reverted
+            steps[-1] += " (reverted)"
+            _, source, report = best
+            candidate.write_text(source)
+        else:
+            best = (score(report), source, report)
     return first, report, steps
 
 

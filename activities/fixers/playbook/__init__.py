@@ -12,13 +12,19 @@ session, and returns the first that changes the source — zero tokens, always.
 
 from __future__ import annotations
 
-# Importing the recipe modules registers their recipes, in this order.
+# Importing the recipe modules registers their recipes, in this order: the newer modules after
+# the older, so a kernel the older recipes already repair meets the same recipes first.
+# isort: off
 from activities.fixers.playbook import (  # noqa: F401
     recipes_compile,
     recipes_state,
     recipes_target,
     recipes_values,
+    recipes_padding,
+    recipes_numerics,
 )
+
+# isort: on
 from activities.fixers.playbook.registry import RECIPES, Recipe
 from workflows.models import Evidence, FixRequest, FixResult, TokenUsage
 

@@ -25,9 +25,11 @@ from activities.fixers.playbook.source import (
     _index_map,
     _inits,
     _is_call,
+    _kernel_functions,
     _kwarg,
     _Module,
     _pallas_calls,
+    _program_id_axis,
     _program_ids,
     _reads,
     _reduction_axes,
@@ -79,20 +81,46 @@ def accumulator_init(mod: _Module, evidence: Evidence) -> list[_Edit]:
 def reset_axis(mod: _Module, evidence: Evidence) -> list[_Edit]:
     """Pattern: ``@pl.when(<program ids> == 0)`` initialises a carried ref, but its axes are not
     the ones the ref accumulates over (those its output index_map ignores, else the innermost
-    axis), so it resets too often or too rarely. Fix: the condition names those axes."""
+    axis), so it resets too often or too rarely. In a function the body hands its work to
+    (JAX's flash attention dispatches to ``_flash_attention_kernel_single_batch``), where no
+    index_map says which axes, they are the axes of the last-step block that writes the carry
+    out (``@pl.when(kv_seq_idx == n_kv - 1)``): a carry is reset and written out along one
+    axis. Fix: the condition names those axes."""
     edits = []
-    for body in _bodies(mod):
+    for body in _kernel_functions(mod):
         call, inits = _call_of(mod, body), _inits(mod, body)
         carried = set(_accumulators(mod, body, inits))
+        pids = _program_ids(mod, body)
         for init in inits:
             wanted = {_reduction_axes(call, body, r) for r in init.refs if r in carried}
+            if call is None:
+                wanted = _written_out_along(mod, body, carried & set(init.refs), pids)
             if len(wanted) != 1 or None in wanted:
                 continue
             axes = frozenset(wanted.pop())
             if axes != init.axes:
-                pids = _program_ids(mod, body)
                 edits.append(_replace(init.cond, _axes_cond(mod, axes, pids, init.fn.lineno)))
     return edits
+
+
+def _written_out_along(mod: _Module, body: ast.FunctionDef, carried: set[str], pids) -> set:
+    """The grid axes of the ``@pl.when(<program id> == <its last step>)`` blocks that read the
+    carried refs (to write them out): one frozenset of axes per such block."""
+    found = set()
+    for fn in ast.walk(body):
+        cond = _when_cond(mod, fn) if isinstance(fn, ast.FunctionDef) else None
+        if not (isinstance(cond, ast.Compare) and len(cond.ops) == 1):
+            continue
+        last = cond.comparators[0]
+        if not isinstance(cond.ops[0], ast.Eq) or isinstance(last, ast.Constant):
+            continue  # a first step (== 0) is an init, not a write-out
+        left = cond.left
+        axis = pids[left.id][0] if isinstance(left, ast.Name) and left.id in pids else None
+        if axis is None:
+            axis = _program_id_axis(mod, left)
+        if axis is not None and any(_reads(stmt, carried) for stmt in fn.body):
+            found.add(frozenset({axis}))
+    return found
 
 
 @_recipe(
@@ -274,4 +302,62 @@ def untiled_reduction_axis(mod: _Module, evidence: Evidence) -> list[_Edit]:
                 continue
             if isinstance(value, int) and value % rank in tiled:
                 edits.append(_replace(axis, text))
+    return edits
+
+
+def _tile_divisor(source: str, extent: ast.expr) -> str | None:
+    """The block size a grid extent counts in: ``B`` of ``a // B`` or ``pl.cdiv(a, B)``."""
+    if isinstance(extent, ast.BinOp) and isinstance(extent.op, ast.FloorDiv):
+        return _text(source, extent.right)
+    if isinstance(extent, ast.Call) and (_dotted(extent.func) or "").endswith("cdiv"):
+        return _text(source, extent.args[1]) if len(extent.args) == 2 else None
+    return None
+
+
+def _block_shape(spec: ast.expr) -> list[ast.expr] | None:
+    if not isinstance(spec, ast.Call):
+        return None
+    shape = _kwarg(spec, "block_shape", 0)
+    return list(shape.elts) if isinstance(shape, ast.Tuple | ast.List) else None
+
+
+@_recipe(
+    "index_map_order",
+    ("wrong_values", "nan_inf"),
+    "an index_map whose block indices walk grid axes tiled by another block size → reordered",
+)
+def index_map_order(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: ``grid=(m // bm, n // bn, k // bk)`` and y's ``BlockSpec((bk, bn), lambda i, j,
+    k: (j, k))``: the block's first dim (``bk`` wide) walks axis ``j``, which counts ``bn``-wide
+    tiles — the index map's entries are swapped. Each block dim should walk the grid axis whose
+    extent is counted in that dim's block size. Fix: when the entries that disagree are a
+    permutation of each other that makes them all agree, that permutation."""
+    edits = []
+    for call in _pallas_calls(mod):
+        grid = call.grid
+        if not isinstance(grid, ast.Tuple | ast.List):
+            continue
+        divisors = [_tile_divisor(mod.source, e) for e in grid.elts]
+        for spec in call.in_specs + call.out_specs:
+            index_map, shape = _index_map(spec), _block_shape(spec)
+            if index_map is None or shape is None or not isinstance(index_map.body, ast.Tuple):
+                continue
+            params = [a.arg for a in _grid_params(index_map, call.scalar_prefetch)]
+            returned = index_map.body.elts
+            if len(params) != len(divisors) or len(returned) != len(shape):
+                continue
+            axis_of = {
+                i: params.index(e.id)
+                for i, e in enumerate(returned)
+                if isinstance(e, ast.Name) and e.id in params and divisors[params.index(e.id)]
+            }
+            block = {i: _text(mod.source, shape[i]) for i in axis_of}
+            wrong = [i for i, axis in axis_of.items() if divisors[axis] != block[i]]
+            if len(wrong) < 2:
+                continue
+            # Each wrong position takes the one wrong entry whose axis counts its block size.
+            fits = {i: [j for j in wrong if divisors[axis_of[j]] == block[i]] for i in wrong}
+            chosen = {i: f[0] for i, f in fits.items() if len(f) == 1}
+            if len(chosen) == len(wrong) and sorted(chosen.values()) == sorted(wrong):
+                edits += [_replace(returned[i], returned[j].id) for i, j in chosen.items()]
     return edits

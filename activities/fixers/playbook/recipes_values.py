@@ -30,6 +30,7 @@ from activities.fixers.playbook.source import (
     _refs,
     _replace,
     _resolve,
+    _rounds_up,
     _stores,
     _text,
     _values_of,
@@ -427,9 +428,9 @@ def ceil_div_grid(mod: _Module, evidence: Evidence) -> list[_Edit]:
         for entry in entries:
             if not _is_floor_div(entry):
                 continue
+            if _rounds_up(mod.source, entry):
+                continue
             numerator, denominator = (_text(mod.source, s) for s in (entry.left, entry.right))
-            if re.search(r"-\s*1\s*\)?\s*$", numerator) and denominator in numerator:
-                continue  # (a + B - 1) // B already rounds up
             edits.append(_replace(entry, f"{mod.pl}.cdiv({numerator}, {denominator})"))
     return edits
 
@@ -631,6 +632,10 @@ def _shifted(mod: _Module, body: ast.FunctionDef, arg: ast.expr, line: int) -> b
             if isinstance(n, ast.Assign) and n.lineno < line and _assigns(n, arg.id)
         ]
         arg = max(bindings, key=lambda v: v.lineno, default=arg)
+    while isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute):
+        if arg.func.attr != "astype":  # a cast keeps the shift: (s - m).astype(jnp.float32)
+            break
+        arg = arg.func.value
     return isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Sub)
 
 

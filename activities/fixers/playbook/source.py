@@ -68,6 +68,12 @@ def _bare(source: str, node: ast.AST, text: str) -> str:
     return text if enclosed or (assigned and not after) else f"({text})"
 
 
+def _rounds_up(source: str, node: ast.BinOp) -> bool:
+    """``(a + B - 1) // B``: a floor division that already rounds up."""
+    numerator, denominator = _text(source, node.left), _text(source, node.right)
+    return bool(re.search(r"-\s*1\s*\)?\s*$", numerator)) and denominator in numerator
+
+
 def _atom(source: str, node: ast.AST) -> str:
     """The node's text, parenthesised unless it already binds tighter than any operator."""
     text = _text(source, node)

@@ -1,0 +1,215 @@
+"""Recipes for the padded lanes of a ragged block: what a masked load fills them with, whether
+they stay neutral through later arithmetic, and whether a loop's trip count reaches them.
+
+A ragged extent (200 columns in blocks of 256) leaves lanes past the extent in every block that
+crosses it. A masked load fills them with ``other``; that value must be the identity of the
+reduction that consumes it (0 for a sum, -inf for a max or a sum of exponentials), and must stay
+so after the body shifts the values (``a - mean`` turns the padded zeros into ``-mean``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from activities.fixers.playbook.registry import _recipe
+from activities.fixers.playbook.source import (
+    _dotted,
+    _Edit,
+    _is_call,
+    _kernel_functions,
+    _kwarg,
+    _Module,
+    _replace,
+    _resolve,
+    _rounds_up,
+    _text,
+)
+from workflows.models import Evidence
+
+_LOADS = ("load",)  # pl.load, plgpu.load, pltpu.load: any ``<module>.load(..., mask=, other=)``
+_SUM_LIKE = ("sum", "mean")
+_MAX_LIKE = ("max", "exp", "exp2", "logsumexp")
+
+
+def _masked_loads(fn: ast.FunctionDef) -> list[tuple[str, ast.Call]]:
+    """``name = <module>.load(..., mask=..., other=...)`` (a trailing ``.astype(...)`` allowed) in
+    ``fn``: (name, the load call)."""
+    found = []
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        target, value = node.targets[0], node.value
+        while _is_method(value, "astype"):
+            value = value.func.value
+        if (
+            isinstance(target, ast.Name)
+            and isinstance(value, ast.Call)
+            and (_dotted(value.func) or "").split(".")[-1] in _LOADS
+            and _kwarg(value, "mask") is not None
+            and _kwarg(value, "other") is not None
+        ):
+            found.append((target.id, value))
+    return found
+
+
+def _is_method(node: ast.AST, name: str) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == name
+    )
+
+
+def _consumers(mod: _Module, fn: ast.FunctionDef, name: str) -> set[str]:
+    """The reductions and exponentials ``name``'s value reaches directly: ``jnp.max(name)``,
+    ``jnp.exp(name - m)``, ``jnp.sum(name)`` (by their jnp function name)."""
+    found = set()
+    for node in ast.walk(fn):
+        if not _is_call(node, mod.np_names, *_SUM_LIKE, *_MAX_LIKE):
+            continue
+        first = node.args[0] if node.args else None
+        while _is_method(first, "astype"):
+            first = first.func.value
+        operands = [first]
+        if isinstance(first, ast.BinOp) and isinstance(first.op, ast.Sub):
+            operands = [first.left]  # exp(x - max): x's padding must make the term vanish
+        if any(isinstance(o, ast.Name) and o.id == name for o in operands):
+            found.add(node.func.attr)
+    return found
+
+
+_NEG_INF = r"-(float\(['\"]inf['\"]\)|\w+\.inf|\w+\.finfo\(.*\)\.max)"
+
+
+def _is_neg_inf(node: ast.AST) -> bool:
+    text = ast.unparse(node).replace(" ", "")
+    return bool(re.fullmatch(_NEG_INF, text))
+
+
+def _is_zero(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value == 0 and not isinstance(node.value, bool)
+
+
+@_recipe(
+    "padding_identity",
+    ("wrong_values", "boundary", "nan_inf"),
+    "a masked load whose padding is not the identity of what consumes it → -inf under a max or "
+    "exp, 0 under a sum",
+)
+def padding_identity(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: ``row = load(ref, mask=mask, other=0.0)`` then ``jnp.max(row)`` /
+    ``jnp.exp(row - m)``: every padded lane adds ``exp(0 - m)`` to the softmax's denominator.
+    Fix: ``other`` becomes the consumer's identity: ``-inf`` under a max or an exponential, 0
+    under a sum or mean. Left alone when the same value feeds both kinds (no single identity)."""
+    edits = []
+    for fn in _kernel_functions(mod):
+        for name, load in _masked_loads(fn):
+            consumers = _consumers(mod, fn, name)
+            other = _kwarg(load, "other")
+            if not consumers or other is None:
+                continue
+            if consumers <= set(_MAX_LIKE) and not _is_neg_inf(other):
+                edits.append(_replace(other, '-float("inf")'))
+            elif consumers <= set(_SUM_LIKE) and not _is_zero(other):
+                edits.append(_replace(other, "0.0"))
+    return edits
+
+
+def _accumulated(fn: ast.FunctionDef, name: str) -> bool:
+    """``name`` ends in a sum: ``acc + name * name`` (a loop carry), ``jnp.sum(... name ...)``
+    or ``total += ...name...``."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            sides = (node.left, node.right)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
+            sides = (node.value,)
+        elif isinstance(node, ast.Call) and (_dotted(node.func) or "").endswith(".sum"):
+            sides = tuple(node.args[:1])
+        else:
+            continue
+        if any(isinstance(n, ast.Name) and n.id == name for s in sides for n in ast.walk(s)):
+            return True
+    return False
+
+
+@_recipe(
+    "masked_shift",
+    ("wrong_values", "boundary"),
+    "zero-padded lanes shifted (a - mean) before a sum → jnp.where(mask, a - mean, 0.)",
+)
+def masked_shift(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: ``a = load(x, mask=mask, other=0.)`` then ``a = a - mean`` and a sum of ``a * a``:
+    the shift turns each padded zero into ``-mean``, so every padded lane adds ``mean**2`` to the
+    variance. Fix: the shift keeps the padding at zero, ``jnp.where(mask, a - mean, 0.)``."""
+    edits = []
+    for fn in _kernel_functions(mod):
+        for name, load in _masked_loads(fn):
+            mask, other = _kwarg(load, "mask"), _kwarg(load, "other")
+            if not (_is_zero(other) and isinstance(mask, ast.Name)):
+                continue
+            for node in ast.walk(fn):
+                if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+                    continue
+                target, value = node.targets[0], node.value
+                if not (isinstance(target, ast.Name) and isinstance(value, ast.BinOp)):
+                    continue
+                if not (
+                    isinstance(value.op, ast.Sub)
+                    and isinstance(value.left, ast.Name)
+                    and value.left.id == name
+                    and not _is_zero(value.right)
+                ):
+                    continue
+                if _accumulated(fn, target.id):
+                    text = _text(mod.source, value)
+                    edits.append(_replace(value, f"{mod.np}.where({mask.id}, {text}, 0.0)"))
+    return edits
+
+
+def _trip_counts(mod: _Module, fn: ast.FunctionDef) -> list[ast.expr]:
+    """Upper bounds of the loops in ``fn``: ``lax.fori_loop(lower, upper, ...)`` and
+    ``pl.loop(lower, upper)``, followed through a local name."""
+    found = []
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Call):
+            continue
+        called = (_dotted(node.func) or "").split(".")[-1]
+        if called in ("fori_loop", "loop") and len(node.args) >= 2:
+            found.append(_resolve(fn, node.args[1]) or node.args[1])
+    return found
+
+
+def _static_size(node: ast.expr) -> bool:
+    """A size known when the kernel is traced — a name, a constant, ``x.shape[0]`` or
+    ``ref.shape[0]`` — whose ratio to a block is the block count the kernel was built for; a
+    remaining length (``length - start``) or a value read from a ref is what can end
+    mid-block."""
+    if isinstance(node, ast.Name | ast.Constant):
+        return True
+    return isinstance(node, ast.Subscript) and (_dotted(node.value) or "").endswith(".shape")
+
+
+@_recipe(
+    "ceil_div_loop",
+    ("wrong_values", "boundary", "nan_inf"),
+    "a loop's trip count a // B (skips the partial last block) → pl.cdiv(a, B)",
+)
+def ceil_div_loop(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: ``max_it = ... (length - start) // block_k ...`` then ``fori_loop(0, max_it,
+    ...)``: when the valid length ends mid-block, the loop stops before the block holding the
+    tail, and those elements are never visited. Fix: the floor divisions of a remaining or
+    runtime length in the trip count round up (``pl.cdiv``); ratios of static sizes are left
+    alone, and the body's own masks (which the engine checks) must then neutralise the tail."""
+    edits = []
+    for fn in _kernel_functions(mod):
+        for bound in _trip_counts(mod, fn):
+            for node in ast.walk(bound):
+                if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv)):
+                    continue
+                if _rounds_up(mod.source, node) or _static_size(node.left):
+                    continue
+                numerator, denominator = (_text(mod.source, s) for s in (node.left, node.right))
+                numerator = " ".join(numerator.split())  # a bound split over lines
+                edits.append(_replace(node, f"{mod.pl}.cdiv({numerator}, {denominator})"))
+    return edits
