@@ -496,6 +496,39 @@ DOT_CAST = rows(
     "    v = x_ref[...].T\n"
     "    o_ref[...] = jax.lax.dot(p.astype(v.dtype), v)\n"
 )
+GPU_LOOP_VARIANCE = gpu_rows(
+    "    def var_body(i, acc):\n"
+    "        a = pl.load(x_ref.at[0, pl.ds(i * BK, BK)], mask=mask, other=0.0)\n"
+    "        return acc + a * a\n"
+    "\n"
+    "    var = jax.lax.fori_loop(0, pl.cdiv(n_col, BK), var_body, init_val=jnp.zeros(BK)).sum()\n"
+    "    var /= n_col\n"
+    "    o_ref[0, :BK] = jnp.broadcast_to(var, (BK,))\n"
+)
+GPU_STORE = gpu_rows(
+    "    row = pl.load(x_ref.at[0, pl.ds(0, block)], mask=mask, other=0.0)\n"
+    "    pl.store(o_ref.at[0, pl.ds(0, block)], (row * 2).astype(o_ref.dtype), mask=mask)\n"
+)
+FLASH_ROWS = gpu_rows(
+    "    s = x_ref[...]\n"
+    "    m = jnp.max(s, axis=1)[:, None]\n"
+    "    p = jnp.exp(s - m)\n"
+    "    l = jnp.sum(p, axis=1)[:, None]\n"
+    "    o_ref[...] = p / l\n"
+)
+SCALED_SOFTMAX = rows(
+    "    scale = 1 / x_ref.shape[-1] ** 0.5\n"
+    "    e = jnp.exp(x_ref[...] * scale)\n"
+    "    o_ref[...] = e / jnp.sum(e, axis=-1, keepdims=True)\n"
+)
+ONLINE_ACC = rows(
+    "    m_prev, m_next = o_ref[:, :1], jnp.max(x_ref[...])\n"
+    "    alpha = jnp.exp(m_prev - m_next)\n"
+    "    o_curr = jnp.dot(x_ref[...], x_ref[...].T)\n"
+    "    o_ref[...] = alpha * o_ref[...] + o_curr\n"
+)
+
+
 # JAX's TPU flash style: the pallas_call body dispatches to a helper that holds the carries.
 DISPATCHED_CARRY = matmul(
     "    _carry(a_ref, b_ref, o_ref)\n",
@@ -1025,6 +1058,53 @@ APPLIES = [
         ["correction = jnp.exp2(m_prev - m_next)"],
     ),
     (
+        "population_variance",  # var /= n - 1 after a loop that sums squares
+        GPU_LOOP_VARIANCE.replace("var /= n_col", "var /= n_col - 1"),
+        evidence(diagnosis="Outputs are a constant factor 0.9975 of the reference."),
+        ["var /= n_col - 1"],
+        ["var /= n_col"],
+    ),
+    (
+        "loop_carry_identity",  # a sum carried from ones
+        GPU_LOOP_VARIANCE.replace("init_val=jnp.zeros(BK)", "init_val=jnp.ones(BK)"),
+        evidence(),
+        ["var = jax.lax.fori_loop(0, pl.cdiv(n_col, BK), var_body, init_val=jnp.ones(BK)).sum()"],
+        ["var = jax.lax.fori_loop(0, pl.cdiv(n_col, BK), var_body, init_val=jnp.zeros(BK)).sum()"],
+    ),
+    (
+        "store_cast",  # a store call whose value is cast to another dtype: the cast is retargeted
+        GPU_STORE.replace("(row * 2).astype(o_ref.dtype)", "(row * 2).astype(jnp.bfloat16)"),
+        evidence(
+            "compile_error",
+            diagnosis=swap_error(
+                "pl.store(o_ref.at[0, pl.ds(0, block)], (row * 2).astype(jnp.bfloat16), mask=mask)"
+            ),
+        ),
+        ["pl.store(o_ref.at[0, pl.ds(0, block)], (row * 2).astype(jnp.bfloat16), mask=mask)"],
+        ["pl.store(o_ref.at[0, pl.ds(0, block)], (row * 2).astype(o_ref.dtype), mask=mask)"],
+    ),
+    (
+        "softmax_axes",  # the normaliser summed over the queries, the max over the keys
+        FLASH_ROWS.replace("jnp.sum(p, axis=1)", "jnp.sum(p, axis=0)"),
+        evidence(),
+        ["l = jnp.sum(p, axis=0)[:, None]"],
+        ["l = jnp.sum(p, axis=1)[:, None]"],
+    ),
+    (
+        "attention_scale",
+        SCALED_SOFTMAX.replace("1 / x_ref.shape[-1] ** 0.5", "1 / x_ref.shape[-1]"),
+        evidence(),
+        ["scale = 1 / x_ref.shape[-1]"],
+        ["scale = 1 / x_ref.shape[-1] ** 0.5"],
+    ),
+    (
+        "online_rescale",
+        ONLINE_ACC.replace("alpha * o_ref[...] + o_curr", "o_ref[...] + o_curr"),
+        evidence(),
+        ["o_ref[...] = o_ref[...] + o_curr"],
+        ["o_ref[...] = alpha * o_ref[...] + o_curr"],
+    ),
+    (
         "narrowing_cast",  # a bf16 MXU feed whatever the inputs' dtype
         DOT_CAST.replace("p.astype(v.dtype)", "p.astype(jnp.bfloat16)"),
         evidence("precision"),
@@ -1044,6 +1124,11 @@ ABSENT = [
     ("ceil_div_loop", GPU_LOOP.replace("pl.cdiv(n_col - start, BK)", "block // BK"), evidence()),
     ("exp_base", GPU_ONLINE_SOFTMAX, evidence()),
     ("narrowing_cast", DOT_CAST, evidence("precision")),
+    ("loop_carry_identity", GPU_LOOP_VARIANCE, evidence()),
+    ("softmax_axes", FLASH_ROWS, evidence()),
+    ("softmax_axes", FLASH_ROWS.replace("jnp.sum(p, axis=1)", "jnp.sum(p, axis=-1)"), evidence()),
+    ("attention_scale", SCALED_SOFTMAX, evidence()),
+    ("online_rescale", ONLINE_ACC, evidence()),
     # The init's axis is the one the output's index_map ignores; the scalar-prefetch parameter
     # the index_map also ignores is no grid axis.
     ("reset_axis", PREFETCH_STYLE, evidence("wrong_values")),

@@ -46,9 +46,17 @@ measured on the planted kernel before the playbook saw any of them:
         wrong_values / errors are structured, concentrated along axis 1, 14.4% (the second
         query tile, the first to fold in two kv blocks)
 
-All eight are diagnosed with integrity ok. What the playbook makes of them (zero tokens,
-``EXPECTED_CERTIFIED``) is measured once by the playbook test below, after the recipes are
-final, and pinned there; nothing here is tuned on that result.
+All eight are diagnosed with integrity ok.
+
+Measured figure, first run (the recipes of commit 117647e, which had not seen these bugs):
+**0 of 8** certified at zero tokens. Six ended at "no recipe"; ``ceil_div_loop`` and
+``accumulator_init`` fired on two without effect. So this set is held out no more: seven of
+the misses then taught the playbook (``store_cast`` through a ``store`` call and retargeting a
+cast, ``population_variance`` through ``var /= n - 1`` after a loop of squares,
+``loop_carry_identity``, ``accumulate`` for a scratch accumulator, ``attention_scale``,
+``softmax_axes``, ``online_rescale``): now 7 of 8. The causal loop bound one block short
+(``gpu_attention_causal_bound_off_by_one``) has no recipe. The held-out figure after these
+recipes is ``test_playbook_holdout3.py``'s.
 """
 
 from __future__ import annotations
@@ -155,8 +163,9 @@ EXPECTED_CLASS = {
     "flash_l_sum_wrong_axis": "nan_inf",
     "splash_unscaled_acc": "wrong_values",
 }
-# measured by the playbook run, filled in after
-EXPECTED_CERTIFIED: set[str] = set()
+# What the playbook certifies (zero tokens, within ROUNDS) since the recipes learned from the
+# first run (see the docstring); every other case must end uncertified.
+EXPECTED_CERTIFIED = set(FRESH) - {"gpu_attention_causal_bound_off_by_one"}
 
 SUITE, SEED = "compact", 3
 

@@ -39,19 +39,50 @@ from workflows.models import Evidence
 )
 def store_cast(mod: _Module, evidence: Evidence) -> list[_Edit]:
     """Pattern: the compile error says a store's value dtype differs from the ref's, at a plain
-    ``x_ref[...] = value`` line. Fix: store ``value.astype(x_ref.dtype)``."""
+    ``x_ref[...] = value`` line or a ``<pallas module>.store(x_ref.at[...], value, ...)`` call.
+    Fix: the value is cast to ``x_ref.dtype`` — by replacing the dtype of a cast it already
+    ends in (``value.astype(jnp.bfloat16)``: a second cast would keep the first's rounding),
+    else by appending one."""
     if not _STORE_DTYPE.search(evidence.diagnosis):
         return []
     edits = []
     for stmt in _failed_statements(mod, evidence):
-        if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        stored = _stored(stmt)
+        if stored is None:
             continue
+        ref, value = stored
+        if _is_cast(value):
+            edits.append(_replace(value.args[0], f"{ref}.dtype"))
+        else:
+            edits.append(_replace(value, f"{_atom(mod.source, value)}.astype({ref}.dtype)"))
+    return edits
+
+
+def _stored(stmt: ast.stmt) -> tuple[str, ast.expr] | None:
+    """(ref name, stored value) of ``ref[...] = value`` or ``<m>.store(ref[.at[...]], value)``."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
         target = stmt.targets[0]
         if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
-            ref = target.value.id
-            cast = f"{_atom(mod.source, stmt.value)}.astype({ref}.dtype)"
-            edits.append(_replace(stmt.value, cast))
-    return edits
+            return target.value.id, stmt.value
+        return None
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if not (isinstance(call, ast.Call) and (_dotted(call.func) or "").endswith(".store")):
+        return None
+    if len(call.args) < 2:
+        return None
+    ref = call.args[0]
+    while isinstance(ref, ast.Subscript | ast.Attribute):  # x_ref.at[...] → x_ref
+        ref = ref.value
+    return (ref.id, call.args[1]) if isinstance(ref, ast.Name) else None
+
+
+def _is_cast(node: ast.expr) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "astype"
+        and len(node.args) == 1
+    )
 
 
 @_recipe(

@@ -18,6 +18,7 @@ from activities.fixers.playbook.source import (
     _dotted,
     _Edit,
     _first_line,
+    _fori_loops,
     _grid_params,
     _identity,
     _ignored_axes,
@@ -149,21 +150,24 @@ def identity_init(mod: _Module, evidence: Evidence) -> list[_Edit]:
 )
 def accumulate(mod: _Module, evidence: Evidence) -> list[_Edit]:
     """Pattern: an output block revisited along a reduction axis (its index_map ignores that
-    axis) is zeroed by a first-step init, yet every step stores ``o_ref[...] = partial`` without
-    reading it. Fix: ``o_ref[...] += partial``."""
+    axis) — or a scratch accumulator beside such an output — is zeroed by a first-step init,
+    yet every step stores ``acc[...] = partial`` without reading it. Fix: ``acc[...] +=
+    partial``."""
     edits = []
     for body in _bodies(mod):
         call, inits = _call_of(mod, body), _inits(mod, body)
-        if call is None:
+        if call is None or not call.out_specs:
             continue
         carried = set(_accumulators(mod, body, inits))
         n_in = call.body_inputs
         for init in inits:
             for ref in init.refs:
                 position = _refs(body).index(ref) - n_in
-                if ref in carried or not 0 <= position < len(call.out_specs):
+                if ref in carried or position < 0:
                     continue
-                index_map = _index_map(call.out_specs[position])
+                # A scratch ref (after the outputs) is revisited with the first output's block.
+                outputs = call.out_specs
+                index_map = _index_map(outputs[position if position < len(outputs) else 0])
                 if index_map is None or not _ignored_axes(index_map, call.scalar_prefetch):
                     continue
                 for stmt in body.body:  # top level: runs on every step
@@ -360,4 +364,54 @@ def index_map_order(mod: _Module, evidence: Evidence) -> list[_Edit]:
             chosen = {i: f[0] for i, f in fits.items() if len(f) == 1}
             if len(chosen) == len(wrong) and sorted(chosen.values()) == sorted(wrong):
                 edits += [_replace(returned[i], returned[j].id) for i, j in chosen.items()]
+    return edits
+
+
+def _carry_combine(mod: _Module, loop) -> str | None:
+    """How a ``fori_loop`` step combines its (single) carry: "sum" for ``return acc + x``,
+    "maximum"/"minimum" for ``return jnp.maximum(acc, x)``; None otherwise."""
+    params = loop.step.args.args if loop.step else []
+    if len(params) != 2 or len(loop.returned) != 1:
+        return None
+    acc, value = params[1].arg, loop.returned[0]
+
+    def is_acc(node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and node.id == acc
+
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
+        return "sum" if is_acc(value.left) or is_acc(value.right) else None
+    if _is_call(value, mod.np_names, "maximum", "minimum") and any(map(is_acc, value.args)):
+        return value.func.attr
+    return None
+
+
+@_recipe(
+    "loop_carry_identity",
+    ("wrong_values", "nan_inf"),
+    "a fori_loop carry started at ones (a sum) or zeros (a max) → the combine's identity",
+)
+def loop_carry_identity(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: ``lax.fori_loop(0, n, body, init_val=jnp.ones(block))`` whose step returns
+    ``acc + x``: every lane starts one too high, so the sum is off by the block's width (a
+    running max started at zeros clips negative values the same way). Fix: the carry starts at
+    the identity of how the step combines it (zeros for a sum, -inf/+inf for a max/min)."""
+    edits = []
+    for fn in _kernel_functions(mod):
+        for loop in _fori_loops(fn):
+            init = loop.init
+            combine = _carry_combine(mod, loop)
+            if combine is None or not _is_call(init, mod.np_names, "ones", "zeros", "full"):
+                continue
+            shape = _text(mod.source, init.args[0]) if init.args else None
+            kind = init.func.attr
+            if shape is None:
+                continue
+            fill = init.args[1] if kind == "full" and len(init.args) > 1 else None
+            if isinstance(fill, ast.Constant) and fill.value == 0:
+                kind = "zeros"
+            if combine == "sum" and kind in ("ones", "full"):
+                edits.append(_replace(init, f"{mod.np}.zeros({shape})"))
+            elif combine in ("maximum", "minimum") and kind in ("zeros", "ones"):
+                sign = "-" if combine == "maximum" else ""
+                edits.append(_replace(init, f"{mod.np}.full({shape}, {sign}{mod.np}.inf)"))
     return edits

@@ -15,6 +15,7 @@ from activities.fixers.playbook.source import (
     _bodies,
     _dotted,
     _Edit,
+    _fori_loops,
     _indent,
     _index_map,
     _is_call,
@@ -293,20 +294,51 @@ def population_variance(mod: _Module, evidence: Evidence) -> list[_Edit]:
     if "constant factor" not in evidence.diagnosis:
         return []
     edits = []
-    for body in _bodies(mod):
+    for body in _kernel_functions(mod):
         for node in ast.walk(body):
-            if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                divided, right = node.left, node.right
+            elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div):
+                divided, right = node.target, node.value  # var /= n - 1
+            else:
                 continue
-            right = node.right
             minus_one = (
                 isinstance(right, ast.BinOp)
                 and isinstance(right.op, ast.Sub)
                 and _is_one(right.right)
             )
-            if minus_one and _sum_of_squares(mod, node.left):
+            if minus_one and _squares_summed(mod, body, divided):
                 span = _enclosing_parens(mod.source, right)
                 edits.append(_Edit(span.start, span.end, _text(mod.source, right.left)))
     return edits
+
+
+def _squared(node: ast.AST) -> bool:
+    """``a * a``, ``a ** 2``."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return ast.dump(node.left) == ast.dump(node.right)
+    return (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Pow)
+        and isinstance(node.right, ast.Constant)
+        and node.right.value == 2
+    )
+
+
+def _squares_summed(mod: _Module, fn: ast.FunctionDef, node: ast.expr) -> bool:
+    """A sum of squares: ``jnp.sum(d * d)``, or a name bound to one — also through a loop whose
+    body returns ``acc + d * d`` (``var = lax.fori_loop(0, n, var_body, zeros).sum()``)."""
+    if _sum_of_squares(mod, node):
+        return True
+    if not isinstance(node, ast.Name):
+        return False
+    for value in _values_of(fn, node):
+        if _sum_of_squares(mod, value):
+            return True
+        for loop in _fori_loops(fn, value):
+            if any(_squared(n) for r in loop.returned for n in ast.walk(r)):
+                return True
+    return False
 
 
 def _masks(mod: _Module, body: ast.FunctionDef) -> dict[str, tuple[int, str]]:

@@ -657,6 +657,35 @@ def _kernel_functions(mod: _Module) -> list[ast.FunctionDef]:
     return found
 
 
+@dataclass
+class _Loop:
+    call: ast.Call  # lax.fori_loop(lower, upper, step, init_val)
+    step: ast.FunctionDef | None  # the step function, where it is defined by name in reach
+    init: ast.expr | None
+
+    @property
+    def returned(self) -> list[ast.expr]:
+        if self.step is None:
+            return []
+        found = [r.value for r in ast.walk(self.step) if isinstance(r, ast.Return)]
+        return [r for r in found if r is not None]
+
+
+def _fori_loops(fn: ast.AST, within: ast.AST | None = None) -> list[_Loop]:
+    """The ``fori_loop`` calls inside ``within`` (default ``fn``), with their step function (a
+    ``def`` inside ``fn``) and their initial carry (positional or ``init_val=``)."""
+    local = {f.name: f for f in ast.walk(fn) if isinstance(f, ast.FunctionDef)}
+    loops = []
+    for call in ast.walk(within if within is not None else fn):
+        if not (isinstance(call, ast.Call) and (_dotted(call.func) or "").endswith("fori_loop")):
+            continue
+        step = call.args[2] if len(call.args) > 2 else _kwarg(call, "body_fun")
+        init = call.args[3] if len(call.args) > 3 else _kwarg(call, "init_val")
+        step_fn = local.get(step.id) if isinstance(step, ast.Name) else None
+        loops.append(_Loop(call, step_fn, init))
+    return loops
+
+
 _POSITION_CALLS = ("broadcasted_iota", "iota", "arange")
 
 
