@@ -4,6 +4,11 @@ It never sees the candidate, so a candidate cannot tamper with the ground truth.
 every case's inputs (``inputs.npz``, reported as ``case_inputs`` with their shapes, so tracing can
 start), then computes each reference (``reference.npz``, reported as ``case_ready``) under the
 engine's work directory; anything wrong with the spec itself is reported as ``spec_error``.
+
+Asked to (``controls``), it then stays for one more round: the engine's control cases
+(``forensics.controls``), drawn and computed the same way with the spec already loaded. A control
+the spec cannot serve (its ``make_inputs`` or ``reference`` raises on those dims) is reported as
+``case_unrunnable`` — evidence that the control does not apply, never a spec error.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from nearmiss.runner.child import Channel, start_child
 
 # Folded into a case's key to draw the fresh inputs of the input-independence probes.
 PROBE_TAG = 0x5EED
+# The suite label of the engine's control cases (they are custom cases, never certified on).
+CONTROL_SUITE = "custom"
 
 
 def case_key(jax, seed: int, suite: str, name: str):
@@ -223,6 +230,77 @@ def prepare(channel: Channel, request: dict) -> None:
             reference_work=work,
             probes=probes,
         )
+    channel.send(event="done")
+    if request.get("controls"):
+        control_round(channel, request, spec, parameters)
+
+
+def _unrunnable(channel: Channel, name: str, what: str, exc: Exception) -> None:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    channel.send(
+        event="case_unrunnable",
+        suite=CONTROL_SUITE,
+        name=name,
+        message=f"{what} raised: {type(exc).__name__}: {text}"[:300],
+    )
+
+
+def control_round(channel: Channel, request: dict, spec, parameters: list[str]) -> None:
+    """The engine's control cases, as many rounds as it asks for (``{"cmd": "controls",
+    "cases": [...]}``; anything else ends the child). Every case gets ``case_inputs`` then
+    ``case_ready`` — or ``case_unrunnable`` at the step the spec could not do — in the order
+    asked, then the round ``done``."""
+    while (asked := channel.receive()).get("cmd") == "controls":
+        control_cases(channel, request, spec, parameters, asked.get("cases", []))
+
+
+def control_cases(channel: Channel, request: dict, spec, parameters: list[str], cases) -> None:
+    import jax
+    import numpy as np
+
+    from nearmiss.runner.arrays import save_arrays, shapes_of
+    from nearmiss.spec import Case
+
+    workdir = Path(request["workdir"])
+    drawn = []
+    for item in cases:
+        name = str(item.get("name"))
+        try:
+            case = Case(name, item["dims"], dtype=item["dtype"], profile=item["profile"])
+            key = case_key(jax, request["seed"], CONTROL_SUITE, name)
+            inputs = spec.make_inputs(case, key)
+            arrays = _arrays_or_none(jax, np, inputs) if isinstance(inputs, tuple | list) else None
+            if arrays is None:
+                raise TypeError(f"make_inputs returned {type(inputs).__name__}, not arrays")
+        except Exception as exc:
+            _unrunnable(channel, name, "make_inputs", exc)
+            continue
+        case_dir = workdir / f"{CONTROL_SUITE}-{name}"
+        case_dir.mkdir(parents=True, exist_ok=True)
+        names = input_names(parameters, len(arrays))
+        save_arrays(case_dir / "inputs.npz", arrays, {"names": names})
+        channel.send(
+            event="case_inputs",
+            suite=CONTROL_SUITE,
+            name=name,
+            dir=str(case_dir),
+            avals=shapes_of(arrays),
+            tolerance=list(spec.tolerance_for(case.dtype)),
+        )
+        drawn.append((name, inputs, case_dir))
+    for name, inputs, case_dir in drawn:
+        try:
+            leaves, treedef = jax.tree_util.tree_flatten(
+                jax.block_until_ready(spec.reference(*inputs))
+            )
+            ref_arrays = _arrays_or_none(jax, np, leaves)
+            if not ref_arrays:
+                raise TypeError(f"the reference returned non-array values: {treedef}")
+        except Exception as exc:
+            _unrunnable(channel, name, "reference", exc)
+            continue
+        save_arrays(case_dir / "reference.npz", ref_arrays, {"treedef": str(treedef)})
+        channel.send(event="case_ready", suite=CONTROL_SUITE, name=name, dir=str(case_dir))
     channel.send(event="done")
 
 

@@ -114,6 +114,15 @@ class RawRun:
     jax_version: str
     cases: list[RawCase]
     targets: tuple[str, ...] = ()
+    # The control cases the engine asked for after the suite (``forensics.controls``), by name;
+    # one the spec could not serve has ``failure == "unrunnable"``. Never part of a verdict.
+    controls: dict[str, RawCase] = field(default_factory=dict)
+
+
+# Asked after the suite's cases, with them and the controls run so far: the control cases to
+# run next, each {"name", "dims", "dtype", "profile"} (none: no more control rounds).
+ControlPlanner = Callable[[list[RawCase], dict[str, RawCase]], list[dict[str, Any]]]
+CONTROL_ROUNDS = 2  # the controls, then a split of the ones that isolated several dims at once
 
 
 class _ReferenceFeed:
@@ -627,6 +636,65 @@ class _CandidateRunner(_Child):
         return artifact
 
 
+def _control_round(
+    wanted: list[dict[str, Any]],
+    feed: _ReferenceFeed,
+    runner: _CandidateRunner,
+    executor: _Executor,
+    workdir: Path,
+) -> dict[str, RawCase]:
+    """The control cases through the suite's children: the spec's child draws and computes
+    them, the candidate's child exports each, the executor runs the artifact. A control the
+    spec cannot serve — or any failure of the spec's child now — leaves it unrunnable."""
+    done: dict[str, RawCase] = {}
+
+    def give_up(raw: RawCase, why: str) -> None:
+        raw.failure, raw.failure_detail = "unrunnable", why
+
+    def next_for(raw: RawCase, expected: str) -> dict[str, Any] | None:
+        message = feed.messages.get()  # the feed always ends with "done" or "spec_error"
+        if message["event"] in ("spec_error", "done"):
+            give_up(raw, str(message.get("message") or "the spec's child stopped answering"))
+            feed.messages.put(message)  # every later control is unrunnable too
+            return None
+        if message.get("name") != raw.info.name:
+            give_up(raw, f"the spec's child answered for another case: {message.get('name')!r}")
+            return None
+        if message["event"] == "case_unrunnable":
+            give_up(raw, str(message.get("message", "")))
+            return None
+        if message["event"] != expected:
+            give_up(raw, f"unexpected message from the spec's child: {message['event']}")
+            return None
+        return message
+
+    exported = []
+    for item in wanted:
+        raw = RawCase(
+            CaseInfo(suite="custom", atol=0.0, rtol=0.0, **item), reference=[], reference_tree=""
+        )
+        done[raw.info.name] = raw
+        filed = next_for(raw, "case_inputs")
+        if filed is None:
+            continue
+        raw.info.atol, raw.info.rtol = (float(t) for t in filed["tolerance"])
+        keep = workdir / "artifacts" / f"{raw.info.key}.bin"
+        artifact, _ = runner.export(raw, filed["avals"], keep, [])
+        if artifact is not None:
+            inputs = Path(filed["dir"]) / "inputs.npz"
+            executor.submit(partial(executor.run, raw, artifact, inputs))
+        exported.append(raw)
+    for raw in exported:
+        ready = next_for(raw, "case_ready")
+        if ready is None:
+            continue
+        raw.reference, extra = load_arrays(Path(ready["dir"]) / "reference.npz")
+        raw.reference_tree = extra["treedef"]
+        raw.input_arrays = _kept_inputs(Path(ready["dir"]) / "inputs.npz")
+    executor.finish()
+    return done
+
+
 def describe_spec(spec: Path, limits: Limits | None = None) -> dict[str, Any]:
     """The spec's ``name``, ``category``, ``description`` and ``targets``, read in the spec's
     sandboxed child: the engine never runs spec code itself. UsageError (one line) for a spec
@@ -670,6 +738,7 @@ def run_sandboxed(
     entry: Entry = KERNEL,
     source: str | None = None,
     targets: tuple[str, ...] | None = None,
+    controls: ControlPlanner | None = None,
 ) -> RawRun:
     """Run the spec's cases of ``suite`` against the candidate, each side in its own child.
 
@@ -682,7 +751,10 @@ def run_sandboxed(
     candidate's text as admitted; every child that runs it gets that text (or, without it, one
     copy of the file taken now), never the path again, which could have changed since.
     ``targets`` (else the spec's own, else interpret only) adds each target's checks
-    (``runner.target_plan``): their evidence is on each case's ``targets``.
+    (``runner.target_plan``): their evidence is on each case's ``targets``. ``controls``, once
+    the suite's cases are in, names control cases to run in one more round of the same
+    children (no audit, no targets), and once more for what those call for: their raw results
+    are the run's ``controls``.
     """
     spec, candidate = spec.resolve(), candidate.resolve()
     workdir = scratch_dir("nearmiss-reference-")
@@ -709,6 +781,7 @@ def run_sandboxed(
             integrity=audit,
             select=select,
             cache=str(reference_cache_dir() or ""),
+            controls=controls is not None and execute and entry.artifact,
         )
         feed = _ReferenceFeed(reference)
         if execute:
@@ -774,7 +847,7 @@ def run_sandboxed(
                 executor.submit(partial(executor.probe, raw, artifact, inputs, probe_dirs))
         executor.finish()
         judge.finish()
-        return RawRun(
+        run = RawRun(
             op=described["name"],
             category=described["category"],
             description=described["description"],
@@ -783,6 +856,17 @@ def run_sandboxed(
             cases=cases,
             targets=chosen,
         )
+        for _ in range(
+            CONTROL_ROUNDS if controls is not None and execute and entry.artifact else 0
+        ):
+            wanted = controls(cases, dict(run.controls))
+            if not wanted:
+                break
+            feed.thread.join()  # a feed ends at "done"; each round gets its own
+            reference.send(cmd="controls", cases=wanted)
+            feed = _ReferenceFeed(reference)
+            run.controls |= _control_round(wanted, feed, runner, executor, workdir)
+        return run
     finally:
         runner.stop()
         for stage in (executor, judge):
