@@ -22,6 +22,7 @@ from nearmiss.forensics.classify import (
     refine_unstable,
 )
 from nearmiss.forensics.compare import LeafComparison, compare_outputs, structure_difference
+from nearmiss.forensics.controls import ControlPlan
 from nearmiss.forensics.errors import crash_evidence, headline, summarise_error
 from nearmiss.forensics.localise import localise
 from nearmiss.forensics.triggers import geometry_blocks, value_trigger
@@ -208,6 +209,7 @@ def check(
     limits: Limits | None = None,
     integrity: str = "enforce",
     targets: tuple[str, ...] | None = None,
+    controls: bool = True,
 ) -> CheckReport:
     """Run the spec's ``suite`` on the candidate in the sandbox and return the full report.
 
@@ -215,6 +217,9 @@ def check(
     (one-line reason) for unusable input; a candidate that fails to import, compile or run is a
     finding in the report, never an exception. ``targets`` (default: the spec's, else
     interpret): certified means right numbers *and* every target accepts the kernel.
+    ``controls``: failing numeric cases get control experiments (``forensics.controls``), run
+    in the same children after the suite; they name the trigger and settle the class, never
+    the verdict.
     """
     started = time.perf_counter()
     spec, candidate = Path(spec), Path(candidate)
@@ -226,6 +231,17 @@ def check(
         )
     source, static, execute = admit(spec, candidate, integrity)
     seed = secrets.randbelow(2**31) if seed is None else seed
+    plan = ControlPlan(source, require_file("spec", spec)) if controls else None
+    results: list[CaseResult] = []
+
+    def planner(raws: list[RawCase], ran: dict[str, RawCase]) -> list[dict]:
+        assert plan is not None
+        if not results:  # the first round; with none to run, the second may have some
+            results[:] = [case_result(r, candidate.name) for r in raws]
+            wanted = plan.plan(results, [r.geometry for r in raws])
+            return wanted or plan.split({})
+        return plan.split(control_results(ran, candidate.name))
+
     raw = run_sandboxed(
         spec,
         candidate,
@@ -236,12 +252,15 @@ def check(
         execute=execute,
         source=source,
         targets=targets,
+        controls=planner if plan is not None else None,
     )
     verdict = judge(static, raw.cases, integrity)
     if integrity != "off":
         verdict.notes = execution_mode_notes(source, candidate.name)
-    cases = [case_result(r, candidate.name) for r in raw.cases]
-    refine_unstable(cases)
+    cases = results if len(results) == len(raw.cases) else []
+    cases = cases or [case_result(r, candidate.name) for r in raw.cases]
+    decided = plan.conclude(cases, control_results(raw.controls, candidate.name)) if plan else set()
+    refine_unstable(cases, decided)
     on_targets = target_results(raw, cases) if execute else {}
     classes = ranked_classes(
         [c.failure_class for c in cases if c.failure_class]
@@ -276,6 +295,14 @@ def check(
         wall_s=time.perf_counter() - started,
         targets=on_targets,
     )
+
+
+def control_results(ran: dict[str, RawCase], candidate_name: str) -> dict[str, CaseResult | str]:
+    """Each control case's result, or why the spec could not serve it."""
+    return {
+        name: r.failure_detail if r.failure == "unrunnable" else case_result(r, candidate_name)
+        for name, r in ran.items()
+    }
 
 
 def target_results(raw: RawRun, cases: list[CaseResult]) -> dict[str, TargetResult]:

@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     check_cmd.add_argument("candidate", type=Path, help="candidate file defining kernel()")
     check_cmd.add_argument("--suite", choices=SUITES, default="all")
     check_cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    check_cmd.add_argument(
+        "--no-controls",
+        dest="controls",
+        action="store_false",
+        help="skip the control experiments that isolate a failing case's trigger",
+    )
     check_cmd.add_argument("--seed", type=int, help="reproduce a run (default: a fresh seed)")
     check_cmd.add_argument(
         "--timeout",
@@ -133,6 +139,7 @@ def run_check(args: argparse.Namespace) -> int:
             limits,
             integrity=args.integrity,
             targets=tuple(targets_from(args)) or None,
+            controls=args.controls,
         )
     except UsageError as exc:
         print(f"nearmiss: error: {exc}", file=sys.stderr)

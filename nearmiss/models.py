@@ -143,6 +143,26 @@ class Localisation(BaseModel):
     follows: str | None = None
 
 
+class ControlResult(BaseModel):
+    """A control experiment on a failing case (``forensics.controls``): the case with one thing
+    changed — its dims aligned to the kernel's blocks, the normal value profile, float32 — to
+    isolate what triggers the failure. Evidence only: a control never certifies anything."""
+
+    name: str  # "ragged.aligned", "offset.normal", "bf16.float32", "ragged.aligned-C"
+    varies: Literal["dims", "profile", "dtype"]
+    dims: dict[str, int]
+    dtype: str
+    profile: str
+    passed: bool | None = None  # None: the spec could not serve it (``note`` says why)
+    failure_class: FailureClass | None = None
+    max_abs_error: float | None = None  # the worst leaf's, where the outputs were compared
+    mismatched_fraction: float | None = None
+    # "run": ran in this check; "suite": the suite has exactly this case (``note`` names it);
+    # "cache": an earlier check of the same candidate and spec ran it.
+    source: Literal["run", "suite", "cache"] = "run"
+    note: str = ""
+
+
 class CaseResult(BaseModel):
     """The verdict and evidence for one case."""
 
@@ -168,6 +188,10 @@ class CaseResult(BaseModel):
     tolerance_used: float | None = None
     compile_s: float | None = None
     run_s: float | None = None
+    # A failing numeric case's control experiments, and the sentence they support (``trigger``:
+    # "fails iff C is not a multiple of 128 (aligned C=256 passes); ..."); empty otherwise.
+    controls: list[ControlResult] = Field(default_factory=list)
+    trigger: str | None = None
 
 
 class Violation(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from nearmiss.models import CaseResult, CheckReport
+from nearmiss.models import CaseResult, CheckReport, ControlResult
 
 # A passing case that used more than this share of its tolerance may fail on another seed's
 # inputs: worth saying before it flakes in someone's CI.
@@ -100,6 +100,28 @@ def tolerance_line(report: CheckReport) -> str | None:
     return line
 
 
+def _control_line(control: ControlResult) -> str:
+    if control.passed is None:
+        outcome = control.note
+    else:
+        outcome = "pass" if control.passed else f"FAIL {control.failure_class}"
+        if control.max_abs_error is not None:
+            outcome += f", max abs err {control.max_abs_error:.2e}"
+    source = {"suite": f" ({control.note})", "cache": " (cached)"}.get(control.source, "")
+    dims = " ".join(f"{k}={v}" for k, v in control.dims.items())
+    return f"  {control.name}: {dims} {control.dtype} {control.profile}: {outcome}{source}"
+
+
+def control_lines(report: CheckReport) -> list[str]:
+    """The failing cases' control experiments, a line each (``forensics.controls``)."""
+    lines = []
+    for case in report.cases:
+        if case.controls:
+            lines.append(f"controls ({case.suite}/{case.name}): {case.trigger}")
+            lines += [_control_line(control) for control in case.controls]
+    return lines
+
+
 def render_report(report: CheckReport) -> str:
     head = (
         f"{report.op} ({report.category}) — candidate {report.candidate}\n"
@@ -147,6 +169,7 @@ def render_report(report: CheckReport) -> str:
         lines.append(tolerance)
     if not report.certified:
         lines.append(f"diagnosis: {report.diagnosis}")
+        lines += control_lines(report)
         for case in report.cases:
             if case.error and case.error.excerpt:
                 lines.append(f"evidence ({case.suite}/{case.name}):")

@@ -8,6 +8,8 @@ numeric failure confined to adversarial value profiles while normal inputs pass 
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from nearmiss.models import FAILURE_PRIORITY, CaseResult, ErrorInfo, LeafStats, Localisation
 from nearmiss.runner.arrays import float_eps, restore_dtype
 
@@ -91,8 +93,10 @@ def is_precision_like(
     )
 
 
-def refine_unstable(cases: list[CaseResult]) -> None:
-    """Numeric failures seen only on adversarial profiles, while normal inputs pass → unstable."""
+def refine_unstable(cases: list[CaseResult], decided: Collection[tuple[str, str]] = ()) -> None:
+    """Numeric failures seen only on adversarial profiles, while normal inputs pass → unstable.
+    ``decided``: cases (suite, name) a control already judged, with the normal profile at their
+    own dims (``forensics.controls``); what normal inputs do at other dims does not override it."""
     normal_passes = any(c.passed for c in cases if c.profile == "normal")
     normal_numeric_fail = any(
         c.failure_class in NUMERIC_CLASSES for c in cases if c.profile == "normal"
@@ -100,6 +104,8 @@ def refine_unstable(cases: list[CaseResult]) -> None:
     if not normal_passes or normal_numeric_fail:
         return
     for case in cases:
+        if (case.suite, case.name) in decided:
+            continue
         if case.profile != "normal" and case.failure_class in NUMERIC_CLASSES:
             case.failure_class = "unstable"
             case.diagnosis = (
