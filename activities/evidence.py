@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nearmiss.models import CheckReport
-from workflows.models import Evidence, Finding
+from workflows.models import ControlFinding, Evidence, Finding
 
 # How far a failing case got, by its class: it did not build, it built and crashed, it ran and
 # returned the wrong structure, it ran and returned numbers (wrong ones).
@@ -70,4 +70,24 @@ def evidence_from_report(report: CheckReport, candidate_hash: str, report_hash: 
         platform=report.platform,
         structure_problem=structure,
         targets={name: result.ok for name, result in report.targets.items()},
+        controls=controls(report),
+        triggers={f"{c.suite}/{c.name}": c.trigger for c in report.cases if c.trigger},
     )
+
+
+def controls(report: CheckReport) -> list[ControlFinding]:
+    """The failing cases' control experiments, each with the case it controls."""
+    return [
+        ControlFinding(
+            case=f"{case.suite}/{case.name}",
+            name=control.name,
+            dims=control.dims,
+            dtype=control.dtype,
+            profile=control.profile,
+            passed=control.passed,
+            max_abs_error=control.max_abs_error,
+            source=control.source,
+        )
+        for case in report.cases
+        for control in case.controls
+    ]

@@ -105,8 +105,9 @@ class LoopState(BaseModel):
 
 
 def evidence_payload(evidence: Evidence, phase: str) -> dict:
-    """The EvidenceCollected payload of a check (repair and regenerate sessions alike)."""
-    return {
+    """The EvidenceCollected payload of a check (repair and regenerate sessions alike); the
+    control experiments and what they isolate, where the check ran any."""
+    payload = {
         "phase": phase,
         "candidate_hash": evidence.candidate_hash,
         "suite": evidence.suite,
@@ -120,6 +121,10 @@ def evidence_payload(evidence: Evidence, phase: str) -> dict:
         "category": evidence.category,
         "platform": evidence.platform,
     }
+    if evidence.controls:
+        payload["controls"] = [c.model_dump() for c in evidence.controls]
+        payload["triggers"] = dict(evidence.triggers)
+    return payload
 
 
 class RepairLoop:

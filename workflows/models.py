@@ -60,6 +60,20 @@ class Finding(BaseModel):
     detail: str
 
 
+class ControlFinding(BaseModel):
+    """A control experiment on a failing case (``nearmiss.forensics.controls``): the case with
+    one thing changed — aligned dims, the normal profile, float32 — and whether it passes."""
+
+    case: str  # the failing case it controls, "extended/ragged"
+    name: str
+    dims: dict[str, int]
+    dtype: str
+    profile: str
+    passed: bool | None = None  # None: the spec could not serve it
+    max_abs_error: float | None = None
+    source: str = "run"  # run in this check, a suite case, or cached from an earlier check
+
+
 class Evidence(BaseModel):
     """What one check of one candidate showed, condensed for the loop and the fixers."""
 
@@ -89,6 +103,10 @@ class Evidence(BaseModel):
     structure_problem: str | None = None
     # The targets the check judged (nearmiss.targets), each with whether it accepted the kernel.
     targets: dict[str, bool] = Field(default_factory=dict)
+    # The failing cases' control experiments, and per case what they isolate ("extended/ragged":
+    # "fails iff C is not a multiple of 128 (aligned C=256 passes); ...").
+    controls: list[ControlFinding] = Field(default_factory=list)
+    triggers: dict[str, str] = Field(default_factory=dict)
 
 
 class FixRequest(BaseModel):
