@@ -152,7 +152,12 @@ def geometry(array, block):
 
 def test_alignment_follows_the_output_blocks_and_falls_back_to_the_tile():
     # A dim the size of an output axis takes that axis's block; others the tile (8 or 128).
-    assert alignment({"R": 45, "C": 320}, geometry([45, 320], [8, 320])) == {"R": (45, 48, 8)}
+    assert alignment({"R": 45, "C": 384}, geometry([45, 384], [8, 384])) == {"R": (45, 48, 8)}
+    # A block the whole width says nothing of the kernel's own loop over it: the tile does.
+    assert alignment({"R": 45, "C": 320}, geometry([45, 320], [8, 320])) == {
+        "R": (45, 48, 8),
+        "C": (320, 384, 128),
+    }
     assert alignment({"R": 45, "C": 200}, geometry([45, 256], [8, 256])) == {
         "R": (45, 48, 8),
         "C": (200, 256, 128),

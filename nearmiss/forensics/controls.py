@@ -42,14 +42,15 @@ def _round_up(value: int, block: int) -> int:
 def alignment(dims: Mapping[str, int], geometry: Sequence[Mapping[str, Any]]) -> dict:
     """{dim: (size, aligned size, block)} for each dim its block does not divide.
 
-    A dim the size of an output axis takes that axis's block (``runner.geometry``); any other
-    takes the tile: a multiple of 128 above 128, of 8 up to it; a dim under 8 (a batch, a head
-    count) is left alone."""
+    A dim the size of an output axis the kernel tiles takes that axis's block
+    (``runner.geometry``); any other takes the tile: a multiple of 128 above 128, of 8 up to
+    it; a dim under 8 (a batch, a head count) is left alone. A block that covers its whole
+    axis says nothing (the kernel may loop over the axis inside, in blocks of its own)."""
     blocks: dict[int, set[int]] = {}
     for call in geometry:
         for output in call.get("outputs", []):
             for size, block in zip(output["array_shape"], output["block_shape"], strict=False):
-                if isinstance(block, int) and block > 1:
+                if isinstance(block, int) and block > 1 and block != size:
                     blocks.setdefault(size, set()).add(block)
     changed = {}
     for name, size in dims.items():
