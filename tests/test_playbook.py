@@ -1105,6 +1105,16 @@ APPLIES = [
         ["o_ref[...] = alpha * o_ref[...] + o_curr"],
     ),
     (
+        "correction_sign",  # the rescale of the old sum grows instead of shrinking
+        ONLINE_ACC.replace(
+            "m_prev, m_next = o_ref[:, :1], jnp.max(x_ref[...])",
+            "m_prev = o_ref[:, :1]\n    m_next = jnp.maximum(m_prev, jnp.max(x_ref[...]))",
+        ).replace("jnp.exp(m_prev - m_next)", "jnp.exp(m_next - m_prev)"),
+        evidence("nan_inf"),
+        ["alpha = jnp.exp(m_next - m_prev)"],
+        ["alpha = jnp.exp(m_prev - m_next)"],
+    ),
+    (
         "narrowing_cast",  # a bf16 MXU feed whatever the inputs' dtype
         DOT_CAST.replace("p.astype(v.dtype)", "p.astype(jnp.bfloat16)"),
         evidence("precision"),
@@ -1129,6 +1139,7 @@ ABSENT = [
     ("softmax_axes", FLASH_ROWS.replace("jnp.sum(p, axis=1)", "jnp.sum(p, axis=-1)"), evidence()),
     ("attention_scale", SCALED_SOFTMAX, evidence()),
     ("online_rescale", ONLINE_ACC, evidence()),
+    ("correction_sign", ONLINE_ACC, evidence("nan_inf")),
     # The init's axis is the one the output's index_map ignores; the scalar-prefetch parameter
     # the index_map also ignores is no grid axis.
     ("reset_axis", PREFETCH_STYLE, evidence("wrong_values")),
@@ -1469,6 +1480,20 @@ async def test_propose_tries_the_primary_class_first_then_the_others():
     assert first.summary == "max_subtraction"
     second = await fixer.propose(request_for(source, ev, tried=[first.summary]))
     assert second.summary == "ceil_div_grid"
+
+
+async def test_propose_falls_back_to_recipes_of_other_classes_whose_pattern_is_present():
+    # A floor-divided grid (a boundary recipe's pattern) in a kernel diagnosed wrong_values,
+    # where no wrong_values recipe matches: the boundary recipe comes next, and says so.
+    source = SOFTMAX_OK.replace("pl.cdiv(rows, BR)", "rows // BR")
+    result = await PlaybookFixer().propose(request_for(source, evidence("wrong_values")))
+    assert result.summary == "ceil_div_grid" and result.tokens.total == 0
+    assert result.reason == "no recipe for wrong_values applies; ceil_div_grid (boundary, nan_inf)"
+    tried = await PlaybookFixer().propose(
+        request_for(source, evidence("wrong_values"), tried=["ceil_div_grid"])
+    )
+    assert tried.source is None  # and a fallback already tried is not proposed again
+    assert "already tried: none" in tried.reason  # it was never one of wrong_values' recipes
 
 
 async def test_propose_without_a_failure_class_has_nothing_to_fix():

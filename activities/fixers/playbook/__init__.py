@@ -7,7 +7,8 @@ look at golden kernels or corpus labels. The engine validates every edit like an
 
 ``PlaybookFixer.propose`` tries the recipes that address the evidence's failure classes (the
 primary class first), in the fixed order of ``RECIPES``, skipping those already tried in the
-session, and returns the first that changes the source — zero tokens, always.
+session, and returns the first that changes the source — zero tokens, always. When none of
+those applies, the recipes of other classes whose pattern is in the source come next.
 """
 
 from __future__ import annotations
@@ -71,27 +72,36 @@ def propose(request: FixRequest) -> FixResult:
     classes = _classes(request.evidence)
     if not classes:
         return FixResult(model="playbook", reason=_unaddressed(request.evidence))
-    tried, not_found, failed = [], [], []
-    seen: set[str] = set()
-    for failure_class in classes:
-        for recipe in RECIPES.values():
-            if failure_class not in recipe.classes or recipe.name in seen:
-                continue
-            seen.add(recipe.name)
-            if recipe.name in request.tried:
-                tried.append(recipe.name)
-                continue
-            try:
-                edited = recipe.apply(request.source, request.evidence)
-            except Exception as exc:  # a recipe's bug is a failed round, never a crashed fixer
-                failed.append(f"{recipe.name} ({type(exc).__name__}: {exc})")
-                continue
-            if edited is not None and edited != request.source:
-                return FixResult(
-                    source=edited, summary=recipe.name, model="playbook", tokens=TokenUsage()
-                )
-            not_found.append(recipe.name)
     target = ", ".join(classes)
+    # The recipes for these classes first, the primary class's first. Then the others whose
+    # pattern is in the source: a bug shows up as whichever class its numbers give (a mask one
+    # lane too wide is nan_inf where the extra lane is uninitialised, wrong_values where it is
+    # zero), and a recipe outside the class costs zero tokens too, is validated by the engine
+    # like any edit, and is reverted by the loop if it makes things worse.
+    addressed = list(
+        dict.fromkeys(r.name for c in classes for r in RECIPES.values() if c in r.classes)
+    )
+    others = [name for name in RECIPES if name not in addressed]
+    seen = set(addressed)
+    tried, not_found, failed = [], [], []
+    for name in addressed + others:
+        recipe = RECIPES[name]
+        if name in request.tried:
+            tried += [name] if name in seen else []
+            continue
+        try:
+            edited = recipe.apply(request.source, request.evidence)
+        except Exception as exc:  # a recipe's bug is a failed round, never a crashed fixer
+            failed.append(f"{name} ({type(exc).__name__}: {exc})")
+            continue
+        if edited is not None and edited != request.source:
+            outside = ""
+            if name not in seen:
+                outside = f"no recipe for {target} applies; {name} ({', '.join(recipe.classes)})"
+            return FixResult(
+                source=edited, summary=name, reason=outside, model="playbook", tokens=TokenUsage()
+            )
+        not_found += [name] if name in seen else []
     if not seen:
         reason = f"no playbook recipe addresses {target}"
     else:

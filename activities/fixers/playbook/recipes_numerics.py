@@ -286,3 +286,34 @@ def online_rescale(mod: _Module, evidence: Evidence) -> list[_Edit]:
                     edits.append(_replace(side, f"{factor} * {_text(mod.source, side)}"))
                     break
     return edits
+
+
+@_recipe(
+    "correction_sign",
+    ("nan_inf", "wrong_values", "unstable"),
+    "an online softmax's correction exp(m_next - m_prev) → exp(m_prev - m_next)",
+)
+def correction_sign(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: ``m_next = jnp.maximum(m_prev, m_curr)`` then ``alpha = jnp.exp(m_next -
+    m_prev)``: the rescale of what was summed under the old max must be at most 1; the flipped
+    difference grows it instead (and overflows to inf on large logits). Fix: ``exp(m_prev -
+    m_next)`` (exp2 alike)."""
+    edits = []
+    for fn in _kernel_functions(mod):
+        for node in ast.walk(fn):
+            if not _is_call(node, mod.np_names, "exp", "exp2") or len(node.args) != 1:
+                continue
+            diff = node.args[0]
+            if not (
+                isinstance(diff, ast.BinOp)
+                and isinstance(diff.op, ast.Sub)
+                and isinstance(diff.left, ast.Name)
+                and isinstance(diff.right, ast.Name)
+            ):
+                continue
+            new, old = diff.left.id, diff.right.id
+            for value in _values_of(fn, diff.left, depth=1):
+                if _is_call(value, mod.np_names, "maximum") and old in _names(value):
+                    edits.append(_replace(diff, f"{old} - {new}"))
+                    break
+    return edits

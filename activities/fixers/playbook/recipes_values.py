@@ -81,10 +81,14 @@ def _is_mask_value(mod: _Module, node: ast.expr) -> bool:
 
 def _keep_masks(mod: _Module, fn: ast.AST) -> list[ast.expr]:
     """Conditions that keep elements where they hold: ``jnp.where(keep, s, mask_value)``, the
-    additive ``s + jnp.where(keep, 0.0, mask_value)`` and ``s += (~keep) * mask_value``."""
+    additive ``s + jnp.where(keep, 0.0, mask_value)``, ``s += (~keep) * mask_value`` and the
+    ``mask=`` of a masked load or store (``plgpu.load(ref.at[idx], mask=keep, other=0.)``)."""
     found = []
     for node in ast.walk(fn):
-        if _is_call(node, mod.np_names, "where") and len(node.args) == 3:
+        called = (_dotted(node.func) or "").split(".")[-1] if isinstance(node, ast.Call) else ""
+        if called in ("load", "store") and (keep := _kwarg(node, "mask")) is not None:
+            found.append(keep)
+        elif _is_call(node, mod.np_names, "where") and len(node.args) == 3:
             if _is_mask_value(mod, node.args[2]):
                 found.append(node.args[0])
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
