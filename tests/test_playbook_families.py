@@ -78,10 +78,13 @@ The bug, then the class, as measured on the planted kernel before the playbook s
 
 All ten are diagnosed with integrity ok.
 
-Measured figure: not yet; the playbook test was not run while this set was written, so nothing
-was tuned on it. ``EXPECTED_CERTIFIED`` is filled in from the first playbook run, and then pins
-what certifies (a recipe that starts repairing another case fails it until it is added here,
-deliberately, and the docstring says what changed).
+Measured figure, first run (the recipes of commit 9bf5366, which had not seen this set):
+**3 of 10** certified at zero tokens — ``matmul_reset_on_j`` (reset_axis),
+``rms_norm_var_mask_inclusive`` (mask_bound) and ``flash_acc_scratch_bf16`` (store_cast did
+not help, then f32_accumulation). On the project's own corpus the same recipes certify 57 of
+78 (73 %), so third-party code in the same families repairs at well under half that rate.
+``EXPECTED_CERTIFIED`` pins the figure (a recipe that starts repairing another case fails it
+until it is added here, deliberately, and the docstring says what changed).
 """
 
 from __future__ import annotations
@@ -256,7 +259,11 @@ EXPECTED_CLASS = {
     "decode_partials_bf16": "precision",
 }
 # What the playbook certifies (zero tokens, within ROUNDS); every other case must end uncertified.
-EXPECTED_CERTIFIED: set[str] = set()  # measured by the playbook run, filled in after
+EXPECTED_CERTIFIED = {  # the first run's figure (see the docstring)
+    "matmul_reset_on_j",
+    "rms_norm_var_mask_inclusive",
+    "flash_acc_scratch_bf16",
+}
 
 SUITE, SEED = "compact", 3
 
