@@ -143,6 +143,23 @@ def test_a_control_the_spec_cannot_serve_is_recorded_not_raised(tmp_path):
     assert case.failure_class not in ("unstable", "boundary"), case.diagnosis
 
 
+def test_a_spec_child_that_dies_on_a_control_costs_the_controls_not_the_check(tmp_path):
+    spec = tmp_path / "fragile_spec.py"
+    spec.write_text(
+        STANDARDISE.read_text().replace(
+            "    x = jax.random.normal(key,",
+            '    if case.dims["C"] == 200 and case.profile == "normal":\n'
+            "        import os\n\n        os._exit(3)\n"
+            "    x = jax.random.normal(key,",
+        )
+    )
+    report = check(spec, UNMASKED, "all", seed=3)
+    case = failing(report)
+    assert case.name == "offset" and len(report.cases) == 2
+    assert all(c.passed is None for c in case.controls), case.controls
+    assert "could not run" in case.trigger
+
+
 # --- planning, without a sandbox ---------------------------------------------------------
 
 

@@ -636,6 +636,14 @@ class _CandidateRunner(_Child):
         return artifact
 
 
+def _unrunnable(wanted: list[dict[str, Any]], why: str) -> dict[str, RawCase]:
+    done = {}
+    for item in wanted:
+        info = CaseInfo(suite="custom", atol=0.0, rtol=0.0, **item)
+        done[info.name] = RawCase(info, [], "", failure="unrunnable", failure_detail=why)
+    return done
+
+
 def _control_round(
     wanted: list[dict[str, Any]],
     feed: _ReferenceFeed,
@@ -863,7 +871,11 @@ def run_sandboxed(
             if not wanted:
                 break
             feed.thread.join()  # a feed ends at "done"; each round gets its own
-            reference.send(cmd="controls", cases=wanted)
+            try:
+                reference.send(cmd="controls", cases=wanted)
+            except ChildFailure as exc:  # the spec's child is gone: no control can run
+                run.controls |= _unrunnable(wanted, f"the spec's child failed: {exc}")
+                break
             feed = _ReferenceFeed(reference)
             run.controls |= _control_round(wanted, feed, runner, executor, workdir)
         return run
