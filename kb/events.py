@@ -83,6 +83,15 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (aimed_at, summary)
     );
     """,
+    # Negative knowledge about one kernel: learned patches that made it worse, so a later
+    # session on the same kernel does not try them again.
+    """
+    CREATE TABLE kb_harmful_patches (
+        kernel_hash TEXT NOT NULL,  -- the candidate the patch was applied to
+        patch       TEXT NOT NULL,  -- patch:<entry id>
+        PRIMARY KEY (kernel_hash, patch)
+    );
+    """,
 ]
 EVENT_TYPES = (
     "RepairStarted",

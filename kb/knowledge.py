@@ -29,6 +29,7 @@ BATCH = 500
 DEMOTE_AFTER_FAILURES = 3
 # Validation outcomes that mean a fix did not help the failure it aimed at.
 FAILED_OUTCOMES = ("regression_reverted", "same")
+HARMFUL = ("regression_reverted",)  # made the kernel worse: never tried on that kernel again
 MAX_FAILED_ATTEMPTS = 5
 _WORD = re.compile(r"[a-z_][a-z0-9_]{2,}")
 _STOP = frozenset(
@@ -174,6 +175,14 @@ class KnowledgeProjection:
                 event.position,
             )
         elif event.type == "CandidateValidated" and payload.get("outcome") in FAILED_OUTCOMES:
+            summary, kernel = payload.get("summary", ""), payload.get("base_hash")
+            if summary.startswith("patch:") and kernel and payload["outcome"] in HARMFUL:
+                await conn.execute(
+                    "INSERT INTO kb_harmful_patches (kernel_hash, patch) VALUES ($1, $2) "
+                    "ON CONFLICT DO NOTHING",
+                    kernel,
+                    summary,
+                )
             if payload.get("summary") and payload.get("aimed_at"):
                 await conn.execute(
                     "INSERT INTO kb_failed_attempts (aimed_at, summary, times) "
@@ -223,6 +232,14 @@ class KnowledgeProjection:
         async with self.store.pool.acquire() as conn:
             rows = await conn.fetch(query + " ORDER BY id", *args)
         return [_entry(row) for row in rows]
+
+    async def harmful_patches(self, kernel_hash: str) -> set[str]:
+        """The learned patches (``patch:<id>``) that made this kernel worse before."""
+        async with self.store.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT patch FROM kb_harmful_patches WHERE kernel_hash = $1", kernel_hash
+            )
+        return {row["patch"] for row in rows}
 
     async def entry(self, entry_id: str) -> Entry | None:
         async with self.store.pool.acquire() as conn:
@@ -302,20 +319,26 @@ async def retrieve(
     """(promoted entries for the prompt, learned patches to try first at zero tokens).
 
     Patches include candidates still awaiting promotion: trying one costs no tokens, and the
-    engine validates whatever it produces.
+    engine validates whatever it produces. They are those of the evidence's failure classes and
+    platform: first the op's own category, then the other categories' — a patch applies only
+    where its changed lines occur exactly once, so the same line in a kernel of another category
+    (an activation in an elementwise op and in a matmul's epilogue) is fixed the same way. A
+    patch that made this very kernel worse before (negative knowledge) is left out.
     """
     projection = KnowledgeProjection(store)
     await projection.catch_up()
     entries = await projection.entries()
     promoted = [e for e in entries if e.status == "promoted"]
     learned = [e for e in entries if e.source == "learned" and e.status != "demoted"]
+    harmful = await projection.harmful_patches(evidence.candidate_hash)
     patches = [
         e
         for e in learned
         if e.failure_class in [evidence.failure_class, *evidence.failure_classes]
-        and e.category in (evidence.category, "any")
         and e.platform in (evidence.platform, "any")
+        and f"patch:{e.id}" not in harmful
     ]
+    patches.sort(key=lambda e: e.category not in (evidence.category, "any"))  # stable
     return rank(promoted, evidence, budget_chars), patches
 
 

@@ -21,13 +21,13 @@ from pallas_ops.catalog import CORPUS_ROOT, integrity_cases, operators
 DIAGNOSIS_CHARS = 400  # the full text is in `nearmiss check`; the demo shows the gist
 SAMPLE_CHEATS = ("partial_softmax_divide", "ragged_fallback", "credential_reader")
 # Known playbook outcomes the demo verifies in the fleet: certified, or a plain "no recipe
-# applies" (the playbook does not guess scale factors).
+# applies" (the playbook does not guess a constant it has no rule for).
 SAMPLE_REPAIRS = {
     "matmul/missing_init": "certified",
     "softmax_rows/floor_grid": "certified",
     "flash_attention/bf16_accumulator": "certified",
     "layer_norm/f32_output": "certified",
-    "attention/scale_one_over_d": "no_fix",
+    "gelu_tanh/wrong_constant": "no_fix",
 }
 # Each check runs in its own child processes; two at a time keep two cores busy.
 PARALLEL_CHECKS = 2

@@ -25,10 +25,10 @@ from workflows.loop import Guards
 MATMUL = MemberFile(
     "matmul/missing_init", OPS / "matmul" / "spec.py", OPS / "matmul/variants/missing_init.py"
 )
-ATTENTION = MemberFile(
-    "attention/scale_one_over_d",
-    OPS / "attention" / "spec.py",
-    OPS / "attention/variants/scale_one_over_d.py",
+GELU = MemberFile(
+    "gelu_tanh/wrong_constant",
+    OPS / "gelu_tanh" / "spec.py",
+    OPS / "gelu_tanh/variants/wrong_constant.py",
 )
 LAYER_NORM = MemberFile(
     "layer_norm/f32_output",
@@ -103,7 +103,7 @@ async def test_a_fleet_runs_every_member_under_its_limit_and_continues_as_new(cl
         handle = await start_fleet(
             client,
             store,
-            [MATMUL, ATTENTION, LAYER_NORM],
+            [MATMUL, GELU, LAYER_NORM],
             model="playbook",
             guards=Guards(),
             concurrency=2,
@@ -122,7 +122,7 @@ async def test_a_fleet_runs_every_member_under_its_limit_and_continues_as_new(cl
     verdicts = {r.name: r.verdict for r in result.results}
     assert verdicts == {
         "matmul/missing_init": "certified",
-        "attention/scale_one_over_d": "no_fix",
+        "gelu_tanh/wrong_constant": "no_fix",
         "layer_norm/f32_output": "certified",
     }
     assert result.certified == 2 and result.tokens.total == 0
@@ -170,7 +170,7 @@ async def test_a_worker_killed_mid_fleet_is_replaced_and_every_member_ends_once(
             handle = await start_fleet(
                 client,
                 store,
-                [MATMUL, ATTENTION, LAYER_NORM],
+                [MATMUL, GELU, LAYER_NORM],
                 model="playbook",
                 guards=Guards(),
                 concurrency=2,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, answer
@@ -12,9 +13,10 @@ from sessions import run_session
 
 from conftest import OPS
 from kb.events import NewEvent
-from kb.knowledge import KnowledgeProjection, stats
+from kb.knowledge import KnowledgeProjection, retrieve, stats
 from kb.learning import learn_from_session
 from kb.patches import apply_patch, make_diff
+from workflows.models import Evidence
 
 BUGGY = "def body(x_ref, o_ref):\n    scale = 1.0 / d\n    o_ref[...] = x_ref[...] * scale\n"
 FIXED = BUGGY.replace("1.0 / d", "1.0 / math.sqrt(d)")
@@ -168,3 +170,82 @@ async def test_a_bug_fixed_once_by_the_model_is_fixed_again_elsewhere_with_zero_
     fixes = [e.payload for e in events if e.type == "FixProposed"]
     assert fixes[0]["summary"].startswith("patch:learned-")
     assert fixes[0]["model"] == "learned-patch"
+
+
+TRANSFER = Path(__file__).parent / "transfer"
+
+
+async def test_a_patch_learned_in_an_elementwise_kernel_fixes_the_same_line_in_a_matmul(
+    seeded_store, client, tmp_path
+):
+    """The issue's case: a bug the model fixed once in an activation (``lecun_act.py``,
+    elementwise) is fixed with zero model calls where the same line sits in a matmul's epilogue
+    (``matmul_lecun.py``): another category, a deeper indentation, other neighbours."""
+    store = seeded_store
+    marker = uuid.uuid4().hex[:8]  # a line no earlier test taught: this run's patch is the one
+    wrong = f"y = 1.7159 * jnp.tanh(1.5 * x)  # {marker}"
+    right = f"y = 1.7159 * jnp.tanh(x * 2.0 / 3.0)  # {marker}"
+    kernels = {}
+    for name in ("lecun_act", "matmul_lecun"):
+        kernels[name] = tmp_path / f"{name}.py"
+        source = (TRANSFER / f"{name}.py").read_text()
+        kernels[name].write_text(source.replace("y = 1.7159 * jnp.tanh(1.5 * x)", wrong))
+    fix = f"Slope 2/3.\n<<<<<<< SEARCH\n    {wrong}\n=======\n    {right}\n>>>>>>> REPLACE\n"
+    with FakeOpenAI() as fake:
+        fake.script(answer(fix, prompt_tokens=500, completion_tokens=40))
+        first, *_ = await run_session(
+            client, store, fake, TRANSFER / "lecun_spec.py", kernels["lecun_act"]
+        )
+        assert first.certified and len(fake.requests) == 1
+    with FakeOpenAI() as fake:  # nothing scripted: any model call would fail the repair
+        second, events, *_ = await run_session(
+            client, store, fake, TRANSFER / "matmul_lecun_spec.py", kernels["matmul_lecun"]
+        )
+        assert fake.requests == []
+    assert second.certified and second.tokens.total == 0
+    fixes = [e.payload for e in events if e.type == "FixProposed"]
+    assert [f["model"] for f in fixes] == ["learned-patch"]
+    final = (await store.get_blob(second.final_hash)).decode()
+    assert f"        {right}" in final  # at the epilogue's own indentation
+
+
+async def test_a_patch_that_made_a_kernel_worse_is_not_retrieved_for_that_kernel_again(store):
+    """Negative knowledge per kernel: the projection records a learned patch whose round was
+    reverted as a regression, and retrieval leaves it out for that kernel only."""
+    marker = uuid.uuid4().hex
+    original = BUGGY.replace("scale", f"scale_{marker}")
+    learned = await learn_from_session(
+        store, await session(store, original, original.replace("1.0 / d", "1.0 / math.sqrt(d)"))
+    )
+    patch = f"patch:{learned.split()[1]}"
+    harmed, spared = f"sha256:harmed-{marker}", f"sha256:spared-{marker}"
+    await store.append(
+        f"repair-test-{marker}",
+        0,
+        [
+            NewEvent(
+                "CandidateValidated",
+                {
+                    "round": 1,
+                    "outcome": "regression_reverted",
+                    "summary": patch,
+                    "aimed_at": "wrong_values|attention",
+                    "base_hash": harmed,
+                },
+            )
+        ],
+    )
+
+    async def patches_for(kernel_hash: str) -> list[str]:
+        ev = Evidence(
+            candidate_hash=kernel_hash,
+            suite="compact",
+            certified=False,
+            failure_class="wrong_values",
+            category="attention",
+            platform="cpu",
+        )
+        return [f"patch:{p.id}" for p in (await retrieve(store, ev, 2000))[1]]
+
+    assert patch not in await patches_for(harmed)
+    assert patch in await patches_for(spared)

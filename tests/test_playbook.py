@@ -1523,6 +1523,7 @@ VARIANTS = [
 # without an edit or uncertified.
 EXPECTED_REPAIRS = {
     "attention/no_max_subtraction",
+    "attention/scale_one_over_d",
     "batched_matmul/missing_init",
     "batched_matmul/reset_on_n_axis",
     "causal_attention/mask_drops_diagonal",

@@ -94,8 +94,8 @@ async def test_a_change_in_behaviour_is_named(client, seeded_store):
         stuck = await start_session(
             client,
             store,
-            OPS / "attention" / "spec.py",
-            OPS / "attention" / "variants" / "scale_one_over_d.py",
+            OPS / "gelu_tanh" / "spec.py",
+            OPS / "gelu_tanh" / "variants" / "wrong_constant.py",
             "playbook",
             Guards(),
         )

@@ -74,6 +74,7 @@ class Round(BaseModel):
     summary: str = ""
     # The failure the fix was aimed at: failure class and category of the evidence it started from.
     aimed_at: str = ""
+    base_hash: str = ""  # the candidate the fix was applied to
     candidate_hash: str | None = None
     outcome: str = ""  # improved, same, regression_reverted, no_edit, cycle, certified, ...
     failure_class: str | None = None
@@ -200,7 +201,11 @@ class RepairLoop:
         base = s.current_evidence
         aimed_at = f"{base.failure_class}|{base.category}" if base else ""
         round_ = Round(
-            number=number, summary=outcome.summary, tokens=outcome.tokens, aimed_at=aimed_at
+            number=number,
+            summary=outcome.summary,
+            tokens=outcome.tokens,
+            aimed_at=aimed_at,
+            base_hash=s.current_hash,
         )
         s.rounds.append(round_)
         if outcome.fatal:
@@ -249,6 +254,7 @@ class RepairLoop:
                 "best_hash": s.best_hash,
                 "summary": round_.summary,
                 "aimed_at": round_.aimed_at,
+                "base_hash": round_.base_hash,
             },
         )
 
