@@ -64,9 +64,12 @@ All eight are diagnosed with integrity ok.
 Measured figure, first run (the recipes of commit 088761c, which had not seen these bugs):
 **1 of 8** certified at zero tokens — ``matmul_bf16_output`` by ``out_shape_dtype``, a recipe
 older than all three planted sets. Six ended at "no recipe"; on ``splash_alpha_sign``,
-``accumulator_init`` and ``ceil_div_grid`` fired without effect. ``EXPECTED_CERTIFIED`` pins
-what certifies now (a recipe that starts repairing one of the others fails its case until it
-is added here, deliberately, and the docstring says what changed).
+``accumulator_init`` and ``ceil_div_grid`` fired without effect. Since then (tuned, so no longer
+a held-out figure): 3 of 8 — ``mask_bound`` reads the ``mask=`` of a load or store
+(``softmax_mask_off_by_one``), and a new ``correction_sign`` recipe flips an online softmax's
+``exp(m_next - m_prev)`` (``splash_alpha_sign``). ``EXPECTED_CERTIFIED`` pins what certifies
+now (a recipe that starts repairing one of the others fails its case until it is added here,
+deliberately, and the docstring says what changed).
 """
 
 from __future__ import annotations
@@ -79,13 +82,10 @@ from test_playbook_shipped import (
     LAYER_NORM_ENTRY,
     OPS,
     HeldOut,
-    planted,
-    repair_planted,
+    assert_playbook_outcome,
 )
 from test_playbook_unseen import DECODE_ENTRY, GPU_ATTENTION_ENTRY, SOFTMAX_ENTRY
-from test_shipped_kernels import SHIPPED, SPECS, installed_source
-
-from nearmiss.check import check
+from test_shipped_kernels import SHIPPED
 
 HOLDOUT3 = {
     # The causal mask's select inverted: the allowed positions get mask_value, the masked ones
@@ -163,7 +163,7 @@ HOLDOUT3 = {
 EXPECTED_CLASS = {
     "flash_causal_mask_inverted": "wrong_values",
     "matmul_bf16_output": "shape_mismatch",
-    "softmax_mask_off_by_one": "nan_inf",
+    "softmax_mask_off_by_one": "boundary",  # nan_inf before the control experiments
     "layer_norm_uncentred_output": "wrong_values",
     "rms_norm_offset_weight": "wrong_values",
     "splash_alpha_sign": "nan_inf",
@@ -171,9 +171,7 @@ EXPECTED_CLASS = {
     "decode_length_max": "wrong_values",
 }
 # What the playbook certifies (zero tokens, within ROUNDS); every other case must end uncertified.
-EXPECTED_CERTIFIED = {"matmul_bf16_output"}
-
-SUITE, SEED = "compact", 3
+EXPECTED_CERTIFIED = {"matmul_bf16_output", "softmax_mask_off_by_one", "splash_alpha_sign"}
 
 
 def test_the_third_held_out_set_is_new_and_varied():
@@ -190,34 +188,7 @@ def test_the_third_held_out_set_is_new_and_varied():
 
 
 @pytest.mark.parametrize("name", sorted(HOLDOUT3))
-def test_each_planted_text_occurs_once_in_the_installed_source(name):
-    case = HOLDOUT3[name]
-    assert case.old != case.new
-    assert installed_source(case.module).count(case.old) == 1, f"{name}: the planted text moved"
-
-
-@pytest.mark.parametrize(
-    "pair", sorted({(c.module, c.spec, c.entry) for c in HOLDOUT3.values()}), ids=str
-)
-def test_each_installed_module_certifies_on_its_spec_unplanted(tmp_path, pair):
-    """The spec is right and the entry point works: the bug is the planted text, nothing else."""
-    module, spec, entry = pair
-    candidate = tmp_path / "kernel.py"
-    candidate.write_text(installed_source(module) + "\n\n" + entry)
-    report = check(SPECS / f"{spec}_spec.py", candidate, SUITE, SEED)
-    assert report.certified, report.diagnosis
-
-
-@pytest.mark.parametrize("name", sorted(HOLDOUT3))
 async def test_playbook_on_a_third_held_out_kernel(name, tmp_path: Path, record_property):
-    case = HOLDOUT3[name]
-    spec = SPECS / f"{case.spec}_spec.py"
-    first, report, steps = await repair_planted(spec, planted(case), tmp_path / "kernel.py")
-    diagnosed = first.failure_class
-    record_property("playbook_steps", " | ".join(steps))
-    print(f"{name}: {' | '.join(steps)}")
-    assert diagnosed == EXPECTED_CLASS[name], f"{name}: diagnosed {diagnosed}"
-    if name in EXPECTED_CERTIFIED:
-        assert report.certified and report.integrity.ok, f"{name}: {steps}: {report.diagnosis}"
-    else:
-        assert not report.certified, f"{name} certified: add it to EXPECTED_CERTIFIED deliberately"
+    await assert_playbook_outcome(
+        HOLDOUT3[name], name, EXPECTED_CLASS, EXPECTED_CERTIFIED, tmp_path, record_property
+    )

@@ -55,12 +55,9 @@ from test_playbook_shipped import (
     LAYER_NORM_ENTRY,
     OPS,
     HeldOut,
-    planted,
-    repair_planted,
+    assert_playbook_outcome,
 )
-from test_shipped_kernels import SHIPPED, SPECS, installed_source
-
-from nearmiss.check import check
+from test_shipped_kernels import SHIPPED
 
 GPU_ATTENTION_ENTRY = (
     "def kernel(q, k, v):\n"
@@ -149,18 +146,16 @@ UNSEEN = {
 # Measured on the first run, before any recipe saw these bugs (see the module docstring).
 EXPECTED_CLASS = {
     "softmax_no_max_subtraction": "unstable",
-    "softmax_pad_fill_zero": "wrong_values",
+    "softmax_pad_fill_zero": "boundary",  # wrong_values before the control experiments
     "matmul_y_index_map_swapped": "wrong_values",
     "flash_reset_on_q_axis": "wrong_values",
     "flash_p_bf16": "precision",
     "gpu_attention_correction_base_e": "wrong_values",
     "decode_floor_loop_bound": "wrong_values",
-    "layer_norm_unmasked_variance": "wrong_values",
+    "layer_norm_unmasked_variance": "boundary",  # likewise: the aligned width passes
 }
 # The ones the playbook certifies (zero tokens, within ROUNDS); every other must end uncertified.
 EXPECTED_CERTIFIED = set(UNSEEN)
-
-SUITE, SEED = "compact", 3
 
 
 def test_the_unseen_set_is_new_and_varied():
@@ -173,27 +168,8 @@ def test_the_unseen_set_is_new_and_varied():
     assert set(EXPECTED_CLASS) == set(UNSEEN) and set(UNSEEN) >= EXPECTED_CERTIFIED
 
 
-@pytest.mark.parametrize(
-    "pair", sorted({(c.module, c.spec, c.entry) for c in UNSEEN.values()}), ids=str
-)
-def test_each_installed_module_certifies_on_its_spec_unplanted(tmp_path, pair):
-    module, spec, entry = pair
-    candidate = tmp_path / "kernel.py"
-    candidate.write_text(installed_source(module) + "\n\n" + entry)
-    report = check(SPECS / f"{spec}_spec.py", candidate, SUITE, SEED)
-    assert report.certified, report.diagnosis
-
-
 @pytest.mark.parametrize("name", sorted(UNSEEN))
 async def test_playbook_on_an_unseen_kernel(name, tmp_path: Path, record_property):
-    case = UNSEEN[name]
-    spec = SPECS / f"{case.spec}_spec.py"
-    first, report, steps = await repair_planted(spec, planted(case), tmp_path / "kernel.py")
-    diagnosed = first.failure_class
-    record_property("playbook_steps", " | ".join(steps))
-    print(f"{name}: {' | '.join(steps)}")
-    assert diagnosed == EXPECTED_CLASS[name], f"{name}: diagnosed {diagnosed}"
-    if name in EXPECTED_CERTIFIED:
-        assert report.certified and report.integrity.ok, f"{name}: {steps}: {report.diagnosis}"
-    else:
-        assert not report.certified, f"{name} certified: add it to EXPECTED_CERTIFIED deliberately"
+    await assert_playbook_outcome(
+        UNSEEN[name], name, EXPECTED_CLASS, EXPECTED_CERTIFIED, tmp_path, record_property
+    )

@@ -24,6 +24,7 @@ from activities.fixers.playbook.source import (
     _resolve,
     _rounds_up,
     _text,
+    _values_of,
 )
 from workflows.models import Evidence
 
@@ -213,3 +214,73 @@ def ceil_div_loop(mod: _Module, evidence: Evidence) -> list[_Edit]:
                 numerator = " ".join(numerator.split())  # a bound split over lines
                 edits.append(_replace(node, f"{mod.pl}.cdiv({numerator}, {denominator})"))
     return edits
+
+
+def _keep_mask_names(fn: ast.FunctionDef) -> set[str]:
+    """Names bound to a position-against-extent comparison in ``fn`` (``mask = col_idx <
+    n_col``): the keep-masks a load in the same function can take."""
+    return {
+        node.targets[0].id
+        for node in ast.walk(fn)
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Compare)
+        and len(node.value.ops) == 1
+        and isinstance(node.value.ops[0], ast.Lt | ast.LtE | ast.Gt | ast.GtE)
+    }
+
+
+@_recipe(
+    "mask_load",
+    ("boundary", "wrong_values", "nan_inf"),
+    "a load with no mask beside a keep-mask the function builds → mask=keep, other=identity",
+)
+def mask_load(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: ``mask = col_idx < n_col`` is built, but ``a = plgpu.load(x_ref.at[col_idx])``
+    loads without it, so the lanes past the extent (garbage, or the next row) are summed in.
+    Fix: ``mask=mask, other=<the consumer's identity>`` (0 under a sum, -inf under a max or an
+    exponential). Only where the function has exactly one such mask and the load indexes with
+    the positions it compares (``x_ref.at[col_idx]``)."""
+    edits = []
+    for fn in _kernel_functions(mod):
+        masks = _keep_mask_names(fn)
+        if len(masks) != 1:
+            continue
+        mask = next(iter(masks))
+        # The positions the mask compares, and what they are built from (``col =
+        # jnp.arange(block)``: a load of ``pl.ds(0, block)`` reads those positions too).
+        compared = {
+            n.id
+            for node in ast.walk(fn)
+            if isinstance(node, ast.Assign) and _bound_to(node, mask)
+            for value in _values_of(fn, node.value.left, depth=1)
+            for n in ast.walk(value)
+            if isinstance(n, ast.Name) and n.id not in mod.np_names
+        }
+        for node in ast.walk(fn):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+                continue
+            target, value = node.targets[0], node.value
+            while _is_method(value, "astype"):
+                value = value.func.value
+            called = (_dotted(value.func) or "") if isinstance(value, ast.Call) else ""
+            if called.split(".")[-1] not in _LOADS or _kwarg(value, "mask") is not None:
+                continue
+            index = {n.id for a in value.args[:1] for n in ast.walk(a) if isinstance(n, ast.Name)}
+            if not isinstance(target, ast.Name) or not index & compared:
+                continue
+            consumers = _consumers(mod, fn, target.id)
+            other = '-float("inf")' if consumers and consumers <= set(_MAX_LIKE) else "0.0"
+            first = value.args[0]
+            end = (first.end_lineno, first.end_col_offset)
+            edits.append(_Edit(end, end, f", mask={mask}, other={other}"))
+    return edits
+
+
+def _bound_to(node: ast.Assign, name: str) -> bool:
+    return (
+        len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and (node.targets[0].id == name and isinstance(node.value, ast.Compare))
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 
 from activities.fixers.playbook.registry import (
     _recipe,
@@ -325,6 +326,34 @@ def _block_shape(spec: ast.expr) -> list[ast.expr] | None:
     return list(shape.elts) if isinstance(shape, ast.Tuple | ast.List) else None
 
 
+@dataclass
+class _Tiling:
+    """One BlockSpec against its call's grid: what each block dim walks, and what it should."""
+
+    returned: list[ast.expr]  # the index map's returned entries
+    params: list[str]  # its grid-axis parameters
+    block: list[str]  # the block shape's entries, as written
+    divisors: list[str | None]  # per grid axis, the block size its extent counts in
+
+
+def _tilings(mod: _Module) -> list[_Tiling]:
+    found = []
+    for call in _pallas_calls(mod):
+        if not isinstance(call.grid, ast.Tuple | ast.List):
+            continue
+        divisors = [_tile_divisor(mod.source, e) for e in call.grid.elts]
+        for spec in call.in_specs + call.out_specs:
+            index_map, shape = _index_map(spec), _block_shape(spec)
+            if index_map is None or shape is None or not isinstance(index_map.body, ast.Tuple):
+                continue
+            params = [a.arg for a in _grid_params(index_map, call.scalar_prefetch)]
+            returned = index_map.body.elts
+            if len(params) == len(divisors) and len(returned) == len(shape):
+                block = [_text(mod.source, b) for b in shape]
+                found.append(_Tiling(returned, params, block, divisors))
+    return found
+
+
 @_recipe(
     "index_map_order",
     ("wrong_values", "nan_inf"),
@@ -337,33 +366,43 @@ def index_map_order(mod: _Module, evidence: Evidence) -> list[_Edit]:
     extent is counted in that dim's block size. Fix: when the entries that disagree are a
     permutation of each other that makes them all agree, that permutation."""
     edits = []
-    for call in _pallas_calls(mod):
-        grid = call.grid
-        if not isinstance(grid, ast.Tuple | ast.List):
+    for t in _tilings(mod):
+        axis_of = {
+            i: t.params.index(e.id)
+            for i, e in enumerate(t.returned)
+            if isinstance(e, ast.Name) and e.id in t.params and t.divisors[t.params.index(e.id)]
+        }
+        wrong = [i for i, axis in axis_of.items() if t.divisors[axis] != t.block[i]]
+        if len(wrong) < 2:
             continue
-        divisors = [_tile_divisor(mod.source, e) for e in grid.elts]
-        for spec in call.in_specs + call.out_specs:
-            index_map, shape = _index_map(spec), _block_shape(spec)
-            if index_map is None or shape is None or not isinstance(index_map.body, ast.Tuple):
+        # Each wrong position takes the one wrong entry whose axis counts its block size.
+        fits = {i: [j for j in wrong if t.divisors[axis_of[j]] == t.block[i]] for i in wrong}
+        chosen = {i: f[0] for i, f in fits.items() if len(f) == 1}
+        if len(chosen) == len(wrong) and sorted(chosen.values()) == sorted(wrong):
+            edits += [_replace(t.returned[i], t.returned[j].id) for i, j in chosen.items()]
+    return edits
+
+
+@_recipe(
+    "index_map_missing_axis",
+    ("wrong_values", "nan_inf"),
+    "an index_map pinning to 0 a block dim that an unused grid axis tiles → that axis",
+)
+def index_map_missing_axis(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: ``grid=(pl.cdiv(cols, BC), pl.cdiv(rows, BR))`` and ``BlockSpec((BR, BC),
+    lambda j, i: (i, 0))``: the map ignores grid axis ``j``, which counts ``BC``-wide tiles, and
+    returns 0 for the block dim ``BC`` wide — every step of ``j`` reads column block 0. Fix:
+    that dim walks ``j``. Only where exactly one unused axis counts in that block size."""
+    edits = []
+    for t in _tilings(mod):
+        used = {n.id for e in t.returned for n in ast.walk(e) if isinstance(n, ast.Name)}
+        unused = [a for a, name in enumerate(t.params) if name not in used and t.divisors[a]]
+        for i, entry in enumerate(t.returned):
+            if not (isinstance(entry, ast.Constant) and entry.value == 0):
                 continue
-            params = [a.arg for a in _grid_params(index_map, call.scalar_prefetch)]
-            returned = index_map.body.elts
-            if len(params) != len(divisors) or len(returned) != len(shape):
-                continue
-            axis_of = {
-                i: params.index(e.id)
-                for i, e in enumerate(returned)
-                if isinstance(e, ast.Name) and e.id in params and divisors[params.index(e.id)]
-            }
-            block = {i: _text(mod.source, shape[i]) for i in axis_of}
-            wrong = [i for i, axis in axis_of.items() if divisors[axis] != block[i]]
-            if len(wrong) < 2:
-                continue
-            # Each wrong position takes the one wrong entry whose axis counts its block size.
-            fits = {i: [j for j in wrong if divisors[axis_of[j]] == block[i]] for i in wrong}
-            chosen = {i: f[0] for i, f in fits.items() if len(f) == 1}
-            if len(chosen) == len(wrong) and sorted(chosen.values()) == sorted(wrong):
-                edits += [_replace(returned[i], returned[j].id) for i, j in chosen.items()]
+            axes = [a for a in unused if t.divisors[a] == t.block[i]]
+            if len(axes) == 1 and t.params[axes[0]] != "_":
+                edits.append(_replace(entry, t.params[axes[0]]))
     return edits
 
 
