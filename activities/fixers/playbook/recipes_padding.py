@@ -33,9 +33,9 @@ _SUM_LIKE = ("sum", "mean")
 _MAX_LIKE = ("max", "exp", "exp2", "logsumexp")
 
 
-def _masked_loads(fn: ast.FunctionDef) -> list[tuple[str, ast.Call]]:
-    """``name = <module>.load(..., mask=..., other=...)`` (a trailing ``.astype(...)`` allowed) in
-    ``fn``: (name, the load call)."""
+def _loads(fn: ast.FunctionDef) -> list[tuple[str, ast.Call]]:
+    """``name = <module>.load(...)`` (a trailing ``.astype(...)`` allowed) in ``fn``: (name,
+    the load call)."""
     found = []
     for node in ast.walk(fn):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
@@ -43,15 +43,19 @@ def _masked_loads(fn: ast.FunctionDef) -> list[tuple[str, ast.Call]]:
         target, value = node.targets[0], node.value
         while _is_method(value, "astype"):
             value = value.func.value
-        if (
-            isinstance(target, ast.Name)
-            and isinstance(value, ast.Call)
-            and (_dotted(value.func) or "").split(".")[-1] in _LOADS
-            and _kwarg(value, "mask") is not None
-            and _kwarg(value, "other") is not None
-        ):
+        called = (_dotted(value.func) or "") if isinstance(value, ast.Call) else ""
+        if isinstance(target, ast.Name) and called.split(".")[-1] in _LOADS:
             found.append((target.id, value))
     return found
+
+
+def _masked_loads(fn: ast.FunctionDef) -> list[tuple[str, ast.Call]]:
+    """The loads that pass ``mask=`` and ``other=``: their padded lanes hold ``other``."""
+    return [
+        (name, call)
+        for name, call in _loads(fn)
+        if _kwarg(call, "mask") is not None and _kwarg(call, "other") is not None
+    ]
 
 
 def _is_method(node: ast.AST, name: str) -> bool:
@@ -258,19 +262,13 @@ def mask_load(mod: _Module, evidence: Evidence) -> list[_Edit]:
             for n in ast.walk(value)
             if isinstance(n, ast.Name) and n.id not in mod.np_names
         }
-        for node in ast.walk(fn):
-            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
-                continue
-            target, value = node.targets[0], node.value
-            while _is_method(value, "astype"):
-                value = value.func.value
-            called = (_dotted(value.func) or "") if isinstance(value, ast.Call) else ""
-            if called.split(".")[-1] not in _LOADS or _kwarg(value, "mask") is not None:
+        for name, value in _loads(fn):
+            if _kwarg(value, "mask") is not None:
                 continue
             index = {n.id for a in value.args[:1] for n in ast.walk(a) if isinstance(n, ast.Name)}
-            if not isinstance(target, ast.Name) or not index & compared:
+            if not index & compared:
                 continue
-            consumers = _consumers(mod, fn, target.id)
+            consumers = _consumers(mod, fn, name)
             other = '-float("inf")' if consumers and consumers <= set(_MAX_LIKE) else "0.0"
             first = value.args[0]
             end = (first.end_lineno, first.end_col_offset)
