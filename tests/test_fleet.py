@@ -8,13 +8,14 @@ import json
 import os
 import re
 import signal
+import uuid
 
 import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import CancelledError
 from test_worker_crash import start_worker, stop_workers, wait_for_event
 
-from conftest import OPS, run_cli
+from conftest import OPS, ROOT, run_cli
 from nearmiss.errors import UsageError
 from nearmiss.fleet import MemberFile, discover, fleet_summary, list_fleets, start_fleet
 from nearmiss.service import build_worker
@@ -225,3 +226,39 @@ def test_the_fleet_command_runs_a_manifest_and_lists_it_later(
     assert missing.returncode == 2 and "no fleet fleet-nope" in missing.stderr
     bad = run_cli("fleet", tmp_path / "nothing-here", env=env)
     assert bad.returncode == 2 and "not found" in bad.stderr
+
+
+async def test_a_fleet_certifies_the_same_members_in_either_order(client, seeded_store, tmp_path):
+    """Learning mid-fleet never makes a member that certifies on its own end uncertified. The
+    floor-grid softmax teaches a patch (``pl.cdiv``) whose changed line also stands in
+    ``softmax_two_bugs.py``, which imports pallas under its own name: run after the teacher, the
+    patch breaks its build, is reverted and recorded against that kernel, and the playbook then
+    repairs both its bugs — the same certified set as in the other order."""
+    store = seeded_store
+    spec = OPS / "softmax_rows" / "spec.py"
+    teacher = MemberFile(
+        "softmax_rows/floor_grid", spec, OPS / "softmax_rows/variants/floor_grid.py"
+    )
+    pupil_path = tmp_path / "softmax_two_bugs.py"  # a kernel no earlier run recorded anything on
+    pupil_path.write_text(
+        (ROOT / "tests" / "transfer" / "softmax_two_bugs.py").read_text()
+        + f"# {uuid.uuid4().hex}\n"
+    )
+    pupil = MemberFile("softmax_two_bugs", spec, pupil_path)
+    certified = {}
+    async with build_worker(client, store, fail_workflows_on_error=True):
+        for order in ([teacher, pupil], [pupil, teacher]):
+            handle = await start_fleet(
+                client, store, order, model="playbook", guards=Guards(), concurrency=1
+            )
+            result = await handle.result()
+            certified[order[0].name] = {r.name for r in result.results if r.certified}
+            if order[0] is teacher:
+                session = await store.read_stream(
+                    next(r.session_id for r in result.results if r.name == pupil.name)
+                )
+                fixes = [e.payload for e in session if e.type == "FixProposed"]
+                judged = [e.payload for e in session if e.type == "CandidateValidated"]
+                assert fixes[0]["model"] == "learned-patch", fixes
+                assert judged[0]["outcome"] == "regression_reverted", judged
+    assert certified[teacher.name] == certified[pupil.name] == {teacher.name, pupil.name}
