@@ -117,15 +117,16 @@ def narrowing_cast(mod: _Module, evidence: Evidence) -> list[_Edit]:
     return edits
 
 
-def _reduction(node: ast.AST, kinds: tuple[str, ...]) -> tuple[ast.expr, ast.expr] | None:
+def _reduction(
+    mod: _Module, node: ast.AST, kinds: tuple[str, ...]
+) -> tuple[ast.expr, ast.expr] | None:
     """(operand, axis node) of ``jnp.max(x, axis=a)`` or ``x.max(axis=a)`` for ``kinds``."""
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
         return None
     if node.func.attr not in kinds:
         return None
     axis = next((k.value for k in node.keywords if k.arg == "axis"), None)
-    base = _dotted(node.func.value) or ""
-    if base in ("jnp", "np", "jax.numpy", "numpy"):  # the function form: the operand is args[0]
+    if _dotted(node.func.value) in mod.np_names:  # the function form: the operand is args[0]
         operand = node.args[0] if node.args else None
         axis = axis if axis is not None or len(node.args) < 2 else node.args[1]
     else:
@@ -149,11 +150,11 @@ def softmax_axes(mod: _Module, evidence: Evidence) -> list[_Edit]:
     for fn in _kernel_functions(mod):
         max_axes: dict[str, set[int]] = {}
         for node in ast.walk(fn):
-            found = _reduction(node, ("max",))
+            found = _reduction(mod, node, ("max",))
             if found and isinstance(found[0], ast.Name):
                 max_axes.setdefault(found[0].id, set()).add(found[1].value)
         for node in ast.walk(fn):
-            found = _reduction(node, ("sum",))
+            found = _reduction(mod, node, ("sum",))
             if found is None:
                 continue
             operand, axis = found

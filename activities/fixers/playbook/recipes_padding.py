@@ -24,6 +24,7 @@ from activities.fixers.playbook.source import (
     _resolve,
     _rounds_up,
     _text,
+    _uncast,
     _values_of,
 )
 from workflows.models import Evidence
@@ -40,9 +41,7 @@ def _loads(fn: ast.FunctionDef) -> list[tuple[str, ast.Call]]:
     for node in ast.walk(fn):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
             continue
-        target, value = node.targets[0], node.value
-        while _is_method(value, "astype"):
-            value = value.func.value
+        target, value = node.targets[0], _uncast(node.value)
         called = (_dotted(value.func) or "") if isinstance(value, ast.Call) else ""
         if isinstance(target, ast.Name) and called.split(".")[-1] in _LOADS:
             found.append((target.id, value))
@@ -58,14 +57,6 @@ def _masked_loads(fn: ast.FunctionDef) -> list[tuple[str, ast.Call]]:
     ]
 
 
-def _is_method(node: ast.AST, name: str) -> bool:
-    return (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == name
-    )
-
-
 def _consumers(mod: _Module, fn: ast.FunctionDef, name: str) -> set[str]:
     """The reductions and exponentials ``name``'s value reaches directly: ``jnp.max(name)``,
     ``jnp.exp(name - m)``, ``jnp.sum(name)`` (by their jnp function name)."""
@@ -73,9 +64,7 @@ def _consumers(mod: _Module, fn: ast.FunctionDef, name: str) -> set[str]:
     for node in ast.walk(fn):
         if not _is_call(node, mod.np_names, *_SUM_LIKE, *_MAX_LIKE):
             continue
-        first = node.args[0] if node.args else None
-        while _is_method(first, "astype"):
-            first = first.func.value
+        first = _uncast(node.args[0]) if node.args else None
         operands = [first]
         if isinstance(first, ast.BinOp) and isinstance(first.op, ast.Sub):
             operands = [first.left]  # exp(x - max): x's padding must make the term vanish

@@ -34,6 +34,7 @@ from activities.fixers.playbook.source import (
     _rounds_up,
     _stores,
     _text,
+    _uncast,
     _values_of,
 )
 from workflows.models import Evidence
@@ -279,11 +280,7 @@ def _sum_of_squares(mod: _Module, node: ast.AST) -> bool:
     if not (_is_call(node, mod.np_names, "sum") and node.args):
         return False
     arg = node.args[0]
-    if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Mult):
-        return ast.dump(arg.left) == ast.dump(arg.right)
-    if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Pow):
-        return isinstance(arg.right, ast.Constant) and arg.right.value == 2
-    return _is_call(arg, mod.np_names, "square")
+    return _squared(arg) or _is_call(arg, mod.np_names, "square")
 
 
 @_recipe(
@@ -668,10 +665,7 @@ def _shifted(mod: _Module, body: ast.FunctionDef, arg: ast.expr, line: int) -> b
             if isinstance(n, ast.Assign) and n.lineno < line and _assigns(n, arg.id)
         ]
         arg = max(bindings, key=lambda v: v.lineno, default=arg)
-    while isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute):
-        if arg.func.attr != "astype":  # a cast keeps the shift: (s - m).astype(jnp.float32)
-            break
-        arg = arg.func.value
+    arg = _uncast(arg)  # a cast keeps the shift: (s - m).astype(jnp.float32)
     return isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Sub)
 
 

@@ -68,6 +68,18 @@ def _bare(source: str, node: ast.AST, text: str) -> str:
     return text if enclosed or (assigned and not after) else f"({text})"
 
 
+def _uncast(node):
+    """``x`` for ``x.astype(a).astype(b)``: the value a chain of casts starts from (a cast
+    keeps what a recipe looks for: a shift, a load, a reduction's operand)."""
+    while (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "astype"
+    ):
+        node = node.func.value
+    return node
+
+
 def _rounds_up(source: str, node: ast.BinOp) -> bool:
     """``(a + B - 1) // B``: a floor division that already rounds up."""
     numerator, denominator = _text(source, node.left), _text(source, node.right)
