@@ -91,6 +91,17 @@ def input_names(named: list[str], count: int) -> list[str]:
     return [named[i] if i < len(named) else f"x{i}" for i in range(count)]
 
 
+def _save_inputs(case_dir: Path, parameters: list[str], arrays) -> tuple[Path, list[str]]:
+    """Write a case's inputs where the candidate's child reads them: (the case's dir, the
+    inputs' names). They carry their names: a probe's reference expressions refer to them."""
+    from nearmiss.runner.arrays import save_arrays
+
+    case_dir.mkdir(parents=True, exist_ok=True)
+    names = input_names(parameters, len(arrays))
+    save_arrays(case_dir / "inputs.npz", arrays, {"names": names})
+    return case_dir, names
+
+
 def _arrays_or_none(jax, np, values):
     """The values as numpy arrays, or None when any is not an array."""
     out = []
@@ -170,11 +181,7 @@ def prepare(channel: Channel, request: dict) -> None:
                 f"(got {type(inputs).__name__}) on {label}",
             )
             return
-        case_dir = workdir / f"{suite}-{case.name}"
-        case_dir.mkdir(parents=True, exist_ok=True)
-        # The inputs carry their names: a probe's reference expressions refer to them by name.
-        names = input_names(parameters, len(arrays))
-        save_arrays(case_dir / "inputs.npz", arrays, {"names": names})
+        case_dir, names = _save_inputs(workdir / f"{suite}-{case.name}", parameters, arrays)
         channel.send(
             event="case_inputs",
             suite=suite,
@@ -275,10 +282,7 @@ def control_cases(channel: Channel, request: dict, spec, parameters: list[str], 
         except Exception as exc:
             _unrunnable(channel, name, "make_inputs", exc)
             continue
-        case_dir = workdir / f"{CONTROL_SUITE}-{name}"
-        case_dir.mkdir(parents=True, exist_ok=True)
-        names = input_names(parameters, len(arrays))
-        save_arrays(case_dir / "inputs.npz", arrays, {"names": names})
+        case_dir, _ = _save_inputs(workdir / f"{CONTROL_SUITE}-{name}", parameters, arrays)
         channel.send(
             event="case_inputs",
             suite=CONTROL_SUITE,
