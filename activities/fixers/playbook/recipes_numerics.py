@@ -230,7 +230,8 @@ def _corrections(mod: _Module, fn: ast.AST) -> dict[str, ast.Assign]:
         target, value = node.targets[0], node.value
         if not isinstance(target, ast.Name):
             continue
-        arg = value.args[0] if _is_call(value, mod.np_names, "exp", "exp2") else None
+        exp = _is_call(value, mod.np_names, "exp", "exp2") and value.args
+        arg = value.args[0] if exp else None
         if (
             isinstance(arg, ast.BinOp)
             and isinstance(arg.op, ast.Sub)
