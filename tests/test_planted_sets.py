@@ -11,6 +11,7 @@ from test_playbook_families import FAMILIES
 from test_playbook_fresh import FRESH
 from test_playbook_holdout3 import HOLDOUT3
 from test_playbook_holdout4 import HOLDOUT4
+from test_playbook_holdout5 import HOLDOUT5
 from test_playbook_shipped import HELD_OUT, SEED, SUITE
 from test_playbook_unseen import UNSEEN
 from test_shipped_kernels import SPECS, installed_source
@@ -23,6 +24,7 @@ SETS = {
     "fresh": FRESH,
     "holdout3": HOLDOUT3,
     "holdout4": HOLDOUT4,
+    "holdout5": HOLDOUT5,
     "families": FAMILIES,
 }
 CASES = {f"{group}/{name}": case for group, cases in SETS.items() for name, case in cases.items()}
