@@ -40,17 +40,22 @@ HEARTBEAT_S = 5.0
 
 
 def make_fixer(model: str) -> Fixer:
-    """``playbook`` or ``openai:MODEL`` (endpoint and key from OPENAI_BASE_URL / OPENAI_API_KEY,
-    or NEARMISS_OPENAI_BASE_URL / NEARMISS_OPENAI_API_KEY on top)."""
+    """``playbook``, ``search`` (the playbook, then a screened mutation search) or
+    ``openai:MODEL`` (endpoint and key from OPENAI_BASE_URL / OPENAI_API_KEY, or
+    NEARMISS_OPENAI_BASE_URL / NEARMISS_OPENAI_API_KEY on top)."""
     if model == "playbook":
         from activities.fixers.playbook import PlaybookFixer
 
         return PlaybookFixer()
+    if model == "search":
+        from activities.fixers.search import SearchFixer
+
+        return SearchFixer()
     if is_chat_model(model):
         from activities.fixers.openai_fixer import OpenAIFixer
 
         return OpenAIFixer(model=model.split(":", 1)[1])  # endpoint and key: make_client
-    raise ValueError(f"unknown model {model!r}: expected playbook or openai:MODEL")
+    raise ValueError(f"unknown model {model!r}: expected playbook, search or openai:MODEL")
 
 
 async def stored_outcome(store: EventStore, result: FixResult, model: str) -> FixOutcome:

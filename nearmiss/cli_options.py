@@ -22,7 +22,10 @@ def positive(kind):
 
 def add_session_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", default="playbook", help="playbook (zero tokens, default) or openai:MODEL"
+        "--model",
+        default="playbook",
+        help="playbook (zero tokens, default), search (zero tokens: the playbook, then a "
+        "screened search over single-site mutants; minutes per round) or openai:MODEL",
     )
     add_guard_options(parser)
     parser.add_argument("--no-kb", action="store_true", help="retrieve no knowledge (the ablation)")

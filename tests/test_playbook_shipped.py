@@ -195,16 +195,17 @@ def test_the_held_out_set_is_large_and_varied_enough():
     assert len(EXPECTED_REPAIRS) * 2 >= len(HELD_OUT)  # at least half certify, zero tokens
 
 
-async def repair_planted(spec: Path, source: str, candidate: Path):
-    """Check the planted kernel, then let the playbook repair it for up to ROUNDS rounds from
-    the engine's evidence, as the repair loop does (a regression is reverted, the next recipe
-    starts from the best candidate): (first report, last report, steps)."""
+async def repair_planted(spec: Path, source: str, candidate: Path, fixer=None):
+    """Check the planted kernel, then let the playbook (or ``fixer``, another zero-token one)
+    repair it for up to ROUNDS rounds from the engine's evidence, as the repair loop does (a
+    regression is reverted, the next edit starts from the best candidate): (first report, last
+    report, steps)."""
     candidate.write_text(source)
     report = check(spec, candidate, SUITE, SEED)
     assert not report.certified and report.integrity.ok, report.diagnosis
     first, tried, steps = report, [], [f"diagnosed {report.failure_class}"]
     best = (score(report), source, report)
-    fixer = PlaybookFixer()
+    fixer = fixer or PlaybookFixer()
     for round_ in range(1, ROUNDS + 1):
         result = await fixer.propose(
             FixRequest(
@@ -217,11 +218,12 @@ async def repair_planted(spec: Path, source: str, candidate: Path):
                 tried=tried,
             )
         )
-        assert result.tokens.total == 0 and result.model == "playbook"
+        assert result.tokens.total == 0 and result.model == fixer.name
         if result.source is None:
-            steps.append("no recipe")
+            steps.append("no recipe" if fixer.name == "playbook" else result.reason)
             break
-        assert result.summary in RECIPES and result.summary not in tried
+        assert result.summary in RECIPES or result.summary.startswith("mutant:")
+        assert result.summary not in tried
         tried.append(result.summary)
         source = result.source
         candidate.write_text(source)

@@ -116,3 +116,21 @@ def test_bad_input_is_a_usage_error(tmp_path):
     assert missing.returncode == 2 and "candidate file not found" in missing.stderr
     model = run_cli("repair", spec, SOFTMAX / "golden.py", "--model", "gpt")
     assert model.returncode == 2 and "unknown model" in model.stderr
+
+
+def test_repair_with_the_search_certifies_a_bug_no_recipe_knows(
+    temporal_address, postgres_dsn, tmp_path
+):
+    # The body names its two input refs in the wrong order: no recipe's pattern, so the search
+    # screens single-site mutants and proposes the swap back; zero tokens, through the workflow.
+    search = Path(__file__).parent / "search"
+    candidate = tmp_path / "axpy.py"
+    candidate.write_text((search / "axpy_swapped_refs.py").read_text())
+    env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
+    result = run_cli(
+        "repair", search / "axpy_spec.py", candidate, "--model", "search", "--json", env=env
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["certified"] is True and report["tokens"]["input"] == 0
+    assert "def _axpy_body(x_ref, y_ref, o_ref):" in (tmp_path / "axpy.fixed.py").read_text()

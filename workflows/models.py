@@ -15,6 +15,15 @@ def is_chat_model(model: str) -> bool:
     return model.startswith("openai:") and len(model) > len("openai:")
 
 
+# Fixers that never call a model: the playbook's recipes, and the playbook followed by a
+# screened mutation search (activities.fixers.search). Asking either again gives the same answer.
+ZERO_TOKEN_MODELS = ("playbook", "search")
+
+
+def is_zero_token_model(model: str) -> bool:
+    return model in ZERO_TOKEN_MODELS
+
+
 REPLAY_PREFIX = "replay:"
 
 

@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         TokenUsage,
         is_chat_model,
         is_replay_model,
+        is_zero_token_model,
     )
     from workflows.recording import record
     from workflows.retries import infra_retry
@@ -133,8 +134,10 @@ class RepairWorkflow:
     async def run(self, request: RepairRequest) -> RepairResult:
         state = LoopState(
             guards=request.guards,
-            # Asking again gives the same answer: the playbook, a recording being replayed.
-            deterministic_fixer=request.model == "playbook" or is_replay_model(request.model),
+            # Asking again gives the same answer: the zero-token fixers, a recording replayed.
+            deterministic_fixer=(
+                is_zero_token_model(request.model) or is_replay_model(request.model)
+            ),
             certify_suite=request.certify_suite,
         )
         self.loop = loop = RepairLoop(state)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from nearmiss.errors import UsageError
 from pallas_ops.catalog import operators
 from workflows.loop import Guards
-from workflows.models import is_chat_model
+from workflows.models import is_chat_model, is_zero_token_model
 
 
 @dataclass(frozen=True)
@@ -199,5 +199,7 @@ class ExperimentConfig(BaseModel):
                 f"the regenerate arm needs --model openai:MODEL: {self.model!r} edits kernels, "
                 "it cannot write one (or leave regenerate out of --arms)"
             )
-        if self.model != "playbook" and not is_chat_model(self.model):
-            raise UsageError(f"unknown model {self.model!r}: expected playbook or openai:MODEL")
+        if not is_zero_token_model(self.model) and not is_chat_model(self.model):
+            raise UsageError(
+                f"unknown model {self.model!r}: expected playbook, search or openai:MODEL"
+            )

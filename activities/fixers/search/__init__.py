@@ -1,0 +1,99 @@
+"""The ``search`` fixer: the playbook's recipes, then a bounded search over single-site mutants.
+
+When a recipe of the evidence's failure class applies, its edit is the answer, as with
+``playbook``. When none does, the fixer stops guessing and asks the engine: it screens, in
+order, the edits of the recipes of other classes whose pattern is present and then the kernel's
+single-site mutants (``mutants``), each with a sandboxed check of the failing suite
+(``screen``), and answers with the first that passes that suite — else the one that got
+furthest, when it got further than the kernel itself. Zero tokens, always; a bounded number of
+checks per round (``Budget``). The loop then checks the answer on the full suite like any
+other edit: screening only decides what to propose, never what certifies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from activities.fixers.playbook import RECIPES
+from activities.fixers.playbook import propose as playbook_propose
+from activities.fixers.search.mutants import Mutant, mutants
+from activities.fixers.search.screen import Budget, Screen, screen
+from workflows.models import FixRequest, FixResult, TokenUsage
+
+MODEL = "search"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """A screened candidate edit: its name in the session's ``tried`` list, and its source."""
+
+    name: str
+    source: str
+
+
+class SearchFixer:
+    """Recipes of the evidence's class first; else a screened search; zero tokens."""
+
+    name = MODEL
+
+    def __init__(self, budget: Budget | None = None) -> None:
+        self.budget = budget or Budget()
+
+    async def propose(self, request: FixRequest) -> FixResult:
+        result = playbook_propose(request)
+        if result.source is not None and not result.reason:  # a recipe of the class applies
+            return result.model_copy(update={"model": MODEL})
+        if not request.evidence.failure_class:  # nothing numeric to search for
+            return result.model_copy(update={"model": MODEL})
+        return await asyncio.to_thread(search, request, self.budget)
+
+
+def candidate_edits(request: FixRequest) -> Iterator[Edit]:
+    """What the search screens, in order, each distinct source once: each recipe's edit not yet
+    tried (the evidence's classes found none, so these are the other classes'), then the
+    single-site mutants. Lazy: a large module has thousands of mutants, a round screens few."""
+    edits = []
+    for name, recipe in RECIPES.items():
+        if name in request.tried:
+            continue
+        try:
+            edited = recipe.apply(request.source, request.evidence)
+        except Exception:  # a recipe's bug costs its candidate, not the search
+            continue
+        if edited is not None and edited != request.source:
+            edits.append(Edit(name, edited))
+    mutated = (Edit(mutant_name(m), m.source) for m in mutants(request.source))
+    seen: set[str] = set()
+    for edit in itertools.chain(edits, mutated):
+        if edit.source not in seen and edit.name not in request.tried:
+            seen.add(edit.source)
+            yield edit
+
+
+def mutant_name(mutant: Mutant) -> str:
+    return f"mutant:{mutant.operator}:{mutant.description}"
+
+
+def search(request: FixRequest, budget: Budget) -> FixResult:
+    edits = list(itertools.islice(candidate_edits(request), budget.checks + 1))
+    found: Screen = screen(request, [e.source for e in edits[: budget.checks]], budget)
+    left = "more were left" if found.screened < len(edits) else "none was left"
+    done = f"screened {found.screened} edits in {found.seconds:.0f} s ({left})"
+    if found.best is None:
+        why = found.why or "none got further than the kernel on the failing suite"
+        return FixResult(model=MODEL, reason=f"search: {done}; {why}", tokens=TokenUsage())
+    edit = edits[found.best]
+    verdict = "passes the screening suite" if found.passed else "gets further than the kernel"
+    return FixResult(
+        source=edit.source,
+        summary=edit.name,
+        reason=f"search: {done}; {edit.name} {verdict}",
+        model=MODEL,
+        tokens=TokenUsage(),
+    )
+
+
+__all__ = ["MODEL", "Budget", "SearchFixer", "candidate_edits", "search"]

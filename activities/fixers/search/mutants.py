@@ -1,0 +1,404 @@
+"""Single-site mutants of a kernel: the small edits a near-miss bug is usually one of.
+
+A recipe knows a bug's pattern; a mutant knows only that near-miss bugs are small: a comparison
+off by one, an operand swapped, an axis or a broadcast the wrong way round, a stray transpose,
+max for min. Enumerating every such edit of the code the kernel runs, and letting the engine
+judge each, repairs bugs no recipe was written for — the zero-token counterpart of
+generate-and-validate program repair. Pure: source in, mutants out; nothing here runs code.
+
+Only the code the entry point can reach is mutated (``reachable``): the functions named,
+transitively, from ``kernel``'s body, so a module's unused backward pass or another op's kernel
+is not searched. Mutants come in the order of ``OPERATORS``: the families with few sites per
+kernel first, so a bounded search reaches them all before the many name substitutions.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from activities.fixers.playbook.source import (
+    _apply,
+    _Edit,
+    _kernel_functions,
+    _module,
+    _pallas_calls,
+    _replace,
+    _text,
+)
+
+ENTRY = "kernel"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    operator: str
+    line: int
+    description: str  # e.g. "line 41: `j == grid_width` -> `j == grid_width - 1`"
+    source: str
+
+
+# ----------------------------------------------------------------------------------------------
+# Where to mutate: the functions the entry point reaches.
+
+_Def = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def reachable(tree: ast.Module, entry: str = ENTRY) -> list[ast.FunctionDef]:
+    """Module-level functions the entry point names, transitively (calls, ``functools.partial``,
+    a kernel body handed to ``pallas_call``, an index map, a module-level alias such as
+    ``make_mha = partial(_make, ...)``, a class's methods), entry first. Nested functions are
+    inside their parent's body and so reached with it."""
+    named: dict[str, list[ast.AST]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            named[node.name] = [node]
+        elif isinstance(node, ast.ClassDef):  # a kernel object built and called
+            named[node.name] = [n for n in node.body if isinstance(n, _Def)]
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    named.setdefault(target.id, []).append(node.value)
+    if entry not in named:
+        return []
+    found = list(named[entry])
+    for item in found:  # grows while it is walked
+        for node in ast.walk(item):
+            more = named.get(node.id, []) if isinstance(node, ast.Name) else []
+            found.extend(n for n in more if n not in found)
+    functions = [n for n in found if isinstance(n, _Def)]
+    return functions[1:] + functions[:1]  # the entry (the user's glue) last
+
+
+# ----------------------------------------------------------------------------------------------
+# The operators: each yields (node, replacement text) pairs for one family of edits.
+
+Site = tuple[ast.AST, str]
+_FLIP = {ast.Lt: ">", ast.Gt: "<", ast.LtE: ">=", ast.GtE: "<="}
+_LOOSEN = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", ast.NotEq: "=="}
+_OPPOSITE = {"max": "min", "min": "max", "maximum": "minimum", "minimum": "maximum"}
+_OPPOSITE |= {"argmax": "argmin", "argmin": "argmax"}
+_ARITH = {ast.Add: "-", ast.Sub: "+", ast.Mult: "/", ast.Div: "*"}
+_SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//"}
+
+
+def _transposes(source: str, fn: ast.AST) -> Iterator[Site]:
+    """``x.T`` -> ``x``: a stray transpose (the q k^T habit applied to the wrong operand)."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Attribute) and node.attr == "T":
+            yield node, _text(source, node.value)
+
+
+def _extrema(source: str, fn: ast.AST) -> Iterator[Site]:
+    """``max`` <-> ``min`` (a function, a method, or a ``jnp.`` call)."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call):
+            name = node.func
+            if isinstance(name, ast.Attribute) and name.attr in _OPPOSITE:
+                yield name, f"{_text(source, name.value)}.{_OPPOSITE[name.attr]}"
+            elif isinstance(name, ast.Name) and name.id in _OPPOSITE:
+                yield name, _OPPOSITE[name.id]
+
+
+def _selects(source: str, fn: ast.AST) -> Iterator[Site]:
+    """``where(c, a, b)`` -> ``where(c, b, a)``, and ``a if c else b`` -> ``b if c else a``."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and _called(node) == "where" and len(node.args) == 3:
+            c, a, b = (_text(source, arg) for arg in node.args)
+            yield node, f"{_text(source, node.func)}({c}, {b}, {a})"
+        elif isinstance(node, ast.IfExp):
+            c, a, b = (_text(source, n) for n in (node.test, node.body, node.orelse))
+            yield node, f"({b} if {c} else {a})"
+
+
+def _broadcasts(source: str, fn: ast.AST) -> Iterator[Site]:
+    """``a[:, None]`` <-> ``a[None, :]``: a broadcast along the wrong axis."""
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Subscript) or not isinstance(node.slice, ast.Tuple):
+            continue
+        parts = node.slice.elts
+        if len(parts) == 2 and any(_is_none(p) for p in parts) and any(_is_colon(p) for p in parts):
+            swapped = ", ".join(_text(source, p) if not _is_colon(p) else ":" for p in parts[::-1])
+            yield node, f"{_text(source, node.value)}[{swapped}]"
+
+
+def _comparisons(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A comparison off by one (``<`` <-> ``<=``, ``==`` <-> ``!=`` last), or facing the wrong
+    way (``<`` -> ``>``)."""
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Compare) or len(node.ops) != 1:
+            continue
+        left, right = _text(source, node.left), _text(source, node.comparators[0])
+        op = type(node.ops[0])
+        for table in (_LOOSEN, _FLIP):
+            if op in table:
+                yield node, f"{left} {table[op]} {right}"
+
+
+def _off_by_one(source: str, fn: ast.AST) -> Iterator[Site]:
+    """An operand of a comparison, a ``range``/``fori_loop`` bound or a slice bound one off:
+    ``n`` -> ``n - 1``/``n + 1``, ``n - 1`` -> ``n``."""
+    for node in ast.walk(fn):
+        operands: list[ast.expr] = []
+        if isinstance(node, ast.Compare) and len(node.ops) == 1:
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.Call) and _called(node) in ("range", "fori_loop"):
+            operands = node.args[:2]
+        elif isinstance(node, ast.Slice):
+            operands = [n for n in (node.lower, node.upper) if n is not None]
+        for operand in operands:
+            if _is_literal(operand, 0) or isinstance(operand, ast.Constant | ast.Compare):
+                continue
+            one_off = isinstance(operand, ast.BinOp) and _is_literal(operand.right, 1)
+            if one_off and isinstance(operand.op, ast.Add | ast.Sub):
+                yield operand, _text(source, operand.left)
+                continue
+            text = _text(source, operand)
+            atom = text if isinstance(operand, ast.Name | ast.Attribute | ast.Call) else f"({text})"
+            yield operand, f"{atom} - 1"
+            yield operand, f"{atom} + 1"
+
+
+def _axes(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A reduction's or a concatenation's ``axis=`` the wrong one (0, 1, -1, -2)."""
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.keyword) or node.arg not in ("axis", "dimension"):
+            continue
+        value = node.value
+        current = _int_value(value)
+        if current is None:
+            continue
+        for other in (-1, 0, 1, -2):
+            if other != current:
+                yield value, str(other)
+
+
+def _swaps(source: str, fn: ast.AST) -> Iterator[Site]:
+    """Two neighbours swapped: a kernel's ``*_ref`` parameters, the entries of a tuple (an
+    index map's block indices, a grid)."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.FunctionDef):
+            params = node.args.args
+            for a, b in zip(params, params[1:], strict=False):
+                if a.arg.endswith("_ref") and b.arg.endswith("_ref"):
+                    yield _Pair(a, b), f"{b.arg}, {a.arg}"
+        elif isinstance(node, ast.Tuple) and 2 <= len(node.elts) <= 4:
+            yield from _neighbours(source, node.elts)
+
+
+def _argument_swaps(source: str, fn: ast.AST) -> Iterator[Site]:
+    """Two neighbouring positional arguments of a call swapped (``dot(b, a)``)."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and 2 <= len(node.args) <= 4:
+            yield from _neighbours(source, node.args)
+
+
+def _neighbours(source: str, nodes: list[ast.expr]) -> Iterator[Site]:
+    for a, b in zip(nodes, nodes[1:], strict=False):
+        if isinstance(a, ast.Starred) or isinstance(b, ast.Starred):
+            continue
+        if _text(source, a) != _text(source, b):
+            yield _Pair(a, b), f"{_text(source, b)}, {_text(source, a)}"
+
+
+def _arithmetic(source: str, fn: ast.AST) -> Iterator[Site]:
+    """``+`` <-> ``-``, ``*`` <-> ``/``: a sign or a scale inverted."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
+            left, right = _text(source, node.left), _text(source, node.right)
+            yield node, f"{left} {_ARITH[type(node.op)]} {_paren(node.right, right)}"
+
+
+def _dropped_terms(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A factor or a term the right operand of which is the bug: ``a * c`` -> ``a``,
+    ``a - c`` -> ``a``, and a missing factor's converse is out of reach (it needs a name)."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.BinOp) and type(node.op) in _SYMBOL:
+            yield node, _text(source, node.left)
+            if isinstance(node.op, ast.Mult | ast.Add):
+                yield node, _text(source, node.right)
+
+
+def _names(source: str, fn: ast.AST) -> Iterator[Site]:
+    """One name read where a sibling was meant: within a function, a loaded name replaced by
+    another local of the same naming family (``q_seq_index`` for ``kv_seq_index``,
+    ``block_row`` for ``row_len``). Families: names sharing a suffix or a prefix."""
+    for scope in ast.walk(fn):
+        if not isinstance(scope, ast.FunctionDef | ast.Lambda):
+            continue
+        local = _local_names(scope)
+        for node in _own_nodes(scope):
+            if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)):
+                continue
+            for other in sorted(local):
+                if other != node.id and _related(node.id, other):
+                    yield node, other
+
+
+Operator = Callable[[str, ast.AST], Iterator[Site]]
+OPERATORS: dict[str, Operator] = {
+    "transpose": _transposes,
+    "extremum": _extrema,
+    "select": _selects,
+    "broadcast": _broadcasts,
+    "comparison": _comparisons,
+    "swap": _swaps,
+    "axis": _axes,
+    "off_by_one": _off_by_one,
+    "argument_swap": _argument_swaps,
+    "name": _names,
+    "arithmetic": _arithmetic,
+    "dropped_term": _dropped_terms,
+}
+
+
+def mutants(source: str, entry: str = ENTRY) -> Iterator[Mutant]:
+    """Every single-site mutant of the code ``entry`` reaches, each distinct source once; none
+    when the source does not parse. Ordered by where, then by what: the kernel bodies (and the
+    functions they call) first, then the functions that build the pallas_calls (grids, block
+    specs, index maps, output shapes), then the rest; within each, operator by operator in the
+    order of ``OPERATORS``. Edits of a guard's test (an ``if`` that only raises, an ``assert``)
+    come after all others: turning a check off makes a failing call pass on the suite while
+    breaking the calls the check let through (a plausible patch, not a fix)."""
+    mod = _module(source)
+    if mod is None:
+        return
+    functions = reachable(mod.tree, entry)
+    bodies = [f for f in _kernel_functions(mod) if f in functions] if mod.pl else []
+    builders = [c.scope for c in _pallas_calls(mod)] if mod.pl else []
+    builders = [f for f in functions if f in builders and f not in bodies]
+    tiers = [bodies, builders, [f for f in functions if f not in bodies + builders]]
+    guarded = {id(n) for fn in functions for test in _guard_tests(fn) for n in ast.walk(test)}
+    seen, last = {source}, []
+    for tier in tiers:
+        for operator, sites in OPERATORS.items():
+            for fn in tier:
+                for node, text in sites(source, fn):
+                    edited = _apply(source, [_edit(node, text)])
+                    if edited is None or edited in seen or not _parses(edited):
+                        continue
+                    seen.add(edited)
+                    before = node.text(source) if isinstance(node, _Pair) else _text(source, node)
+                    line = node.lineno
+                    mutant = Mutant(operator, line, f"line {line}: `{before}` -> `{text}`", edited)
+                    site = node.first if isinstance(node, _Pair) else node
+                    if id(site) in guarded:
+                        last.append(mutant)
+                    else:
+                        yield mutant
+    yield from last
+
+
+def _guard_tests(fn: ast.AST) -> Iterator[ast.expr]:
+    """The tests of a function's guards: ``if`` statements whose body only raises, asserts."""
+    for node in ast.walk(fn):
+        raises = isinstance(node, ast.If) and all(isinstance(s, ast.Raise) for s in node.body)
+        if raises or isinstance(node, ast.Assert):
+            yield node.test
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers.
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """Two neighbouring nodes edited as one span (``a, b`` -> ``b, a``)."""
+
+    first: ast.AST
+    second: ast.AST
+
+    @property
+    def lineno(self) -> int:
+        return self.first.lineno
+
+    def text(self, source: str) -> str:
+        return f"{_text(source, self.first)}, {_text(source, self.second)}"
+
+
+def _edit(node: ast.AST | _Pair, text: str) -> _Edit:
+    if isinstance(node, _Pair):
+        start = (node.first.lineno, node.first.col_offset)
+        return _Edit(start, (node.second.end_lineno, node.second.end_col_offset), text)
+    return _replace(node, text)
+
+
+def _parses(source: str) -> bool:
+    try:
+        compile(source, "<mutant>", "exec", flags=ast.PyCF_ONLY_AST)
+    except SyntaxError:
+        return False
+    return True
+
+
+def _called(call: ast.Call) -> str | None:
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else None
+
+
+def _is_none(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+def _is_colon(node: ast.AST) -> bool:
+    return isinstance(node, ast.Slice) and node.lower is node.upper is node.step is None
+
+
+def _is_literal(node: ast.AST, value: int) -> bool:
+    return (
+        isinstance(node, ast.Constant) and node.value == value and type(value) is type(node.value)
+    )
+
+
+def _int_value(node: ast.AST) -> int | None:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub)
+        and isinstance(node.operand, ast.Constant)
+        and type(node.operand.value) is int
+    ):
+        return -node.operand.value
+    return None
+
+
+def _paren(node: ast.AST, text: str) -> str:
+    return (
+        text
+        if isinstance(node, ast.Name | ast.Constant | ast.Attribute | ast.Call)
+        else f"({text})"
+    )
+
+
+def _local_names(scope: ast.FunctionDef | ast.Lambda) -> set[str]:
+    """Parameters and names assigned in the function itself (not in nested functions)."""
+    args = scope.args
+    names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+    names |= {a.arg for a in (args.vararg, args.kwarg) if a is not None}
+    for node in _own_nodes(scope):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def _own_nodes(scope: ast.FunctionDef | ast.Lambda) -> Iterator[ast.AST]:
+    """The nodes of a function's body, not descending into nested functions."""
+    todo = list(scope.body) if isinstance(scope.body, list) else [scope.body]
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _related(a: str, b: str) -> bool:
+    """Names of one family: the same last word (``q_seq_index``/``kv_seq_index``) or the same
+    first word (``block_row``/``block_q``), of names made of words."""
+    wa, wb = a.split("_"), b.split("_")
+    if len(wa) < 2 and len(wb) < 2:
+        return False
+    return wa[-1] == wb[-1] or wa[0] == wb[0]

@@ -1,0 +1,83 @@
+"""How many planted bugs in JAX's own kernels do the zero-token fixers repair?
+
+Drives each planted kernel of the chosen sets (``tests/test_playbook_*.py``: JAX's installed
+Pallas modules, one realistic bug planted in each) through the same rounds the planted-set tests
+use (the engine's check, the evidence, a zero-token edit, the check again; a regression
+reverted), once with ``playbook`` (recipes only) and once with ``search`` (recipes, then the
+screened mutation search), and prints per kernel what each did, the certified counts side by
+side, and the search's seconds. Minutes per kernel for the search: choose the sets.
+
+    .venv/bin/python benchmarks/held_out.py [--sets holdout5,holdout4] [--checks 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))
+
+SETS = {  # set name -> (test module, the dict of planted cases in it)
+    "shipped": ("test_playbook_shipped", "HELD_OUT"),
+    "unseen": ("test_playbook_unseen", "UNSEEN"),
+    "fresh": ("test_playbook_fresh", "FRESH"),
+    "holdout3": ("test_playbook_holdout3", "HOLDOUT3"),
+    "holdout4": ("test_playbook_holdout4", "HOLDOUT4"),
+    "holdout5": ("test_playbook_holdout5", "HOLDOUT5"),
+    "families": ("test_playbook_families", "FAMILIES"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sets", default="holdout5", help=f"comma list of {', '.join(SETS)}")
+    parser.add_argument("--checks", type=int, default=64, help="screened edits per round")
+    args = parser.parse_args()
+    names = [s for s in args.sets.split(",") if s]
+    unknown = [s for s in names if s not in SETS]
+    if unknown:
+        parser.error(f"unknown set(s) {', '.join(unknown)}; expected some of {', '.join(SETS)}")
+
+    from test_playbook_shipped import SPECS, planted, repair_planted
+
+    from activities.fixers.playbook import PlaybookFixer
+    from activities.fixers.search import Budget, SearchFixer
+
+    fixers = {
+        "playbook": PlaybookFixer,
+        "search": lambda: SearchFixer(Budget(checks=args.checks)),
+    }
+    certified = dict.fromkeys(fixers, 0)
+    total = 0
+    for set_name in names:
+        module, attribute = SETS[set_name]
+        cases = getattr(importlib.import_module(module), attribute)
+        for name, case in sorted(cases.items()):
+            total += 1
+            spec = SPECS / f"{case.spec}_spec.py"
+            for fixer_name, make in fixers.items():
+                started = time.perf_counter()
+                with tempfile.TemporaryDirectory(prefix="nearmiss-held-out-") as scratch:
+                    _, report, steps = asyncio.run(
+                        repair_planted(spec, planted(case), Path(scratch) / "kernel.py", make())
+                    )
+                certified[fixer_name] += report.certified
+                verdict = "CERTIFIED" if report.certified else "not certified"
+                seconds = time.perf_counter() - started
+                print(f"{set_name}/{name} [{fixer_name}, {seconds:.0f} s] {verdict}: ", end="")
+                print(" | ".join(steps), flush=True)
+    print()
+    for fixer_name, count in certified.items():
+        print(f"{fixer_name:>8}: {count} of {total} certified, zero tokens")
+    if certified["playbook"]:
+        print(f"search / playbook: {certified['search'] / certified['playbook']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""The ``search`` fixer: single-site mutants of the code a kernel runs, screened by the engine.
+
+The operators and the reach are pure (source in, mutants out) and tested on small sources; the
+screening runs real sandboxed checks, on a kernel with a bug no recipe knows (its input refs
+named in the wrong order).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from activities.evidence import evidence_from_report
+from activities.fixers.playbook import propose as playbook_propose
+from activities.fixers.search import SearchFixer, candidate_edits
+from activities.fixers.search.mutants import mutants, reachable
+from activities.fixers.search.screen import Budget
+from nearmiss.check import check
+from workflows.models import FixRequest
+
+HERE = Path(__file__).parent / "search"
+SPEC = HERE / "axpy_spec.py"
+SWAPPED = HERE / "axpy_swapped_refs.py"
+
+KERNEL = """
+import functools
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def _body(x_ref, y_ref, o_ref, *, n):
+    i = pl.program_id(0)
+    row = jnp.maximum(x_ref[...], 0.0)[:, None]
+    keep = jnp.where(i < n, row, 0.0)
+    o_ref[...] = jnp.sum(keep.T, axis=0) + y_ref[...]
+
+
+def _unused(x):
+    return jnp.minimum(x, 1.0)
+
+
+class Runner:
+    def __call__(self, x, y):
+        return pl.pallas_call(
+            functools.partial(_body, n=4),
+            grid=(4, 2),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        )(x, y)
+
+
+make = functools.partial(Runner)
+
+
+def kernel(x, y):
+    return make()(x, y)
+"""
+
+
+def _changed_lines(before: str, after: str) -> list[tuple[str, str]]:
+    pairs = zip(before.splitlines(), after.splitlines(), strict=True)
+    return [(a.strip(), b.strip()) for a, b in pairs if a != b]
+
+
+def test_the_reach_follows_partials_aliases_and_classes_but_not_unused_code():
+    names = [f.name for f in reachable(ast.parse(KERNEL))]
+    assert names[-1] == "kernel"  # the user's glue is searched last
+    assert {"_body", "__call__", "kernel"} == set(names)  # not _unused
+    assert reachable(ast.parse("def other():\n    pass\n")) == []  # no entry point: nothing
+
+
+def test_each_mutant_changes_one_site_and_parses():
+    found = list(mutants(KERNEL))
+    assert len(found) == len({m.source for m in found})  # each source once
+    for m in found:
+        ast.parse(m.source)
+        assert len(_changed_lines(KERNEL, m.source)) == 1, m.description
+        assert f"line {m.line}:" in m.description
+
+
+@pytest.mark.parametrize(
+    ("operator", "before", "after"),
+    [
+        ("transpose", "keep.T", "jnp.sum(keep, axis=0)"),
+        ("extremum", "jnp.maximum(x_ref", "jnp.minimum(x_ref"),
+        ("select", "jnp.where(i < n, row, 0.0)", "jnp.where(i < n, 0.0, row)"),
+        ("broadcast", "[:, None]", "[None, :]"),
+        ("comparison", "i < n", "i <= n"),
+        ("off_by_one", "i < n", "i < n - 1"),
+        ("swap", "def _body(x_ref, y_ref, o_ref", "def _body(y_ref, x_ref, o_ref"),
+        ("swap", "grid=(4, 2)", "grid=(2, 4)"),
+        ("axis", "axis=0", "axis=1"),
+    ],
+)
+def test_operators_make_the_edit_a_near_miss_needs(operator, before, after):
+    """Each operator's family includes the inverse of a typical planted bug."""
+    edits = [_changed_lines(KERNEL, m.source)[0] for m in mutants(KERNEL) if m.operator == operator]
+    assert any(before in old and after in new for old, new in edits), edits
+
+
+def test_unreached_code_is_never_mutated():
+    changed = [_changed_lines(KERNEL, m.source)[0][0] for m in mutants(KERNEL)]
+    assert not any("jnp.minimum(x, 1.0)" in old for old in changed)
+
+
+def test_kernel_bodies_are_searched_before_the_code_that_builds_the_call():
+    lines = KERNEL.splitlines()
+    body = range(
+        lines.index("def _body(x_ref, y_ref, o_ref, *, n):") + 1, lines.index("def _unused(x):")
+    )
+    order = [m.line in body for m in mutants(KERNEL)]
+    assert order[0] and False in order
+    assert order == sorted(order, reverse=True)  # every body mutant before any other
+
+
+def _request(source: str, tried=()) -> FixRequest:
+    report = check(SPEC, _write(source), "compact", 3, controls=False)
+    assert not report.certified
+    return FixRequest(
+        spec_path=str(SPEC),
+        spec_source=SPEC.read_text(),
+        source=source,
+        candidate_name="kernel.py",
+        evidence=evidence_from_report(report, "sha256:x", ""),
+        round=1,
+        tried=list(tried),
+    )
+
+
+_TMP: list[Path] = []
+
+
+def _write(source: str) -> Path:
+    path = _TMP[0] / "kernel.py"
+    path.write_text(source)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _scratch(tmp_path):
+    _TMP[:] = [tmp_path]
+    yield
+
+
+async def test_the_search_repairs_a_bug_no_recipe_knows_with_zero_tokens(tmp_path):
+    source = SWAPPED.read_text()
+    request = _request(source)
+    assert playbook_propose(request).source is None or playbook_propose(request).reason
+    result = await SearchFixer(Budget(checks=16)).propose(request)
+    assert result.model == "search" and result.tokens.total == 0
+    assert result.summary.startswith("mutant:swap:"), result.reason
+    assert "passes the screening suite" in result.reason
+    assert check(SPEC, _write(result.source), "all", 5).certified  # the full suite agrees
+
+
+async def test_a_spent_budget_says_what_it_screened_and_proposes_nothing_worse():
+    source = SWAPPED.read_text()
+    request = _request(source)
+    skip = [e.name for e in candidate_edits(request) if e.name.startswith("mutant:swap:")]
+    result = await SearchFixer(Budget(checks=2)).propose(_request(source, tried=skip))
+    assert "search: screened 2 edits" in result.reason and "more were left" in result.reason
+    # only an edit that got further than the kernel on the failing suite, if any
+    assert result.source is None or "gets further than the kernel" in result.reason
+
+
+def test_a_guard_is_turned_off_only_after_every_other_edit():
+    """Flipping ``if axis != last: raise`` makes a wrongly normalised axis pass a suite that
+    only calls with the last axis, and breaks every call the guard let through: such edits are
+    screened last, after the one that repairs the normalisation."""
+    source = (
+        "def kernel(x, axis=-1):\n"
+        "    axis = axis if axis >= 0 else len(x.shape) - axis\n"
+        "    if axis != len(x.shape) - 1:\n"
+        "        raise NotImplementedError('trailing axis only')\n"
+        "    return x\n"
+    )
+    order = [_changed_lines(source, m.source)[0][1] for m in mutants(source)]
+    repair = order.index("axis = axis if axis >= 0 else len(x.shape) + axis")
+    guard = [i for i, line in enumerate(order) if line.startswith("if ")]
+    assert guard and repair < min(guard) and max(guard) == len(order) - 1
+
+
+async def test_the_search_repairs_a_planted_bug_in_one_of_jaxs_kernels(tmp_path):
+    """JAX's TPU matmul with its y tile transposed in the dot (held-out set 4): no recipe knows
+    it; the search's first edit drops the transpose and the full suite certifies it."""
+    from test_playbook_holdout4 import HOLDOUT4
+    from test_playbook_shipped import SPECS, planted, repair_planted
+
+    case = HOLDOUT4["matmul_y_tile_transposed"]
+    spec = SPECS / f"{case.spec}_spec.py"
+    _, report, steps = await repair_planted(
+        spec, planted(case), tmp_path / "kernel.py", SearchFixer(Budget(checks=8))
+    )
+    assert report.certified, steps
+    assert steps[1].startswith("mutant:transpose:"), steps
