@@ -223,3 +223,25 @@ def test_the_plan_reuses_suite_cases_and_runs_at_most_four():
     assert cases[1].failure_class == "unstable"
     assert cases[2].failure_class == "boundary" and "aligned R=48, C=256 passes" in cases[2].trigger
     assert cases[3].controls == []
+
+
+def test_a_failure_only_across_grid_steps_is_named_by_the_one_block_control():
+    """An input index map that always reads column block 0 (a corpus near-miss): with one
+    output block along C the kernel is right, so the control names the trigger — more than one
+    grid step — and the axis (C), where the numbers alone only said 'values are wrong'."""
+    ops = Path(__file__).resolve().parent.parent / "pallas_ops" / "col_sum"
+    variant = ops / "variants" / "index_map_drops_column.py"
+    report = check(ops / "spec.py", variant, "compact", seed=3)
+    case = failing(report)
+    one = by_kind(case)["one_block"]
+    assert one.varies == "dims" and one.dims == {"R": 128, "C": 128} and one.passed is True
+    assert "more than one step (one block, C=128, passes)" in case.trigger
+    assert case.failure_class == "wrong_values"  # a cross-step bug is no boundary bug
+
+
+def test_one_block_shrinks_only_the_dims_an_output_block_tiles():
+    from nearmiss.forensics.controls import one_block
+
+    geometry = [{"outputs": [{"array_shape": [64, 512], "block_shape": [64, 128]}]}]
+    assert one_block({"R": 64, "C": 512, "K": 300}, geometry) == {"C": (512, 128, 128)}
+    assert one_block({"R": 64, "C": 128}, geometry) == {}  # already one block

@@ -65,12 +65,27 @@ def alignment(dims: Mapping[str, int], geometry: Sequence[Mapping[str, Any]]) ->
     return changed
 
 
+def one_block(dims: Mapping[str, int], geometry: Sequence[Mapping[str, Any]]) -> dict:
+    """{dim: (size, block, block)} for each dim an output block tiles in more than one grid
+    step: the one-step control shrinks it to a single block (a kernel wrong only across grid
+    steps — an accumulator or an index map between blocks — passes there)."""
+    blocks: dict[int, int] = {}
+    for call in geometry:
+        for output in call.get("outputs", []):
+            for size, block in zip(output["array_shape"], output["block_shape"], strict=False):
+                if isinstance(block, int) and 1 < block < size:
+                    blocks[size] = min(blocks.get(size, block), block)
+    return {
+        name: (size, blocks[size], blocks[size]) for name, size in dims.items() if size in blocks
+    }
+
+
 @dataclass
 class Control:
     """One planned control of one failing case."""
 
     of: tuple[str, str]  # (suite, name) of the failing case
-    kind: str  # "normal", "aligned", "float32" or "aligned-DIM"
+    kind: str  # "normal", "aligned", "float32", "one_block" or "aligned-DIM"
     varies: str  # "profile", "dims" or "dtype"
     dims: dict[str, int]
     dtype: str
@@ -98,6 +113,10 @@ def case_controls(case: CaseResult, geometry: Sequence[Mapping[str, Any]]) -> li
         found.append(Control(of, "aligned", "dims", dims, case.dtype, case.profile, changed))
     if case.dtype in NARROW_DTYPES:
         found.append(Control(of, "float32", "dtype", case.dims, "float32", case.profile))
+    single = one_block(case.dims, geometry)
+    if single:
+        dims = {**case.dims, **{d: now for d, (_, now, _) in single.items()}}
+        found.append(Control(of, "one_block", "dims", dims, case.dtype, case.profile, single))
     return found
 
 
@@ -349,6 +368,16 @@ def _dims_part(
     return text + ("; aligning any one alone does not help)" if failing else ")")
 
 
+def _one_block_part(control: Control, result: ControlResult) -> str:
+    dims = _dims_text(control.changed)
+    if result.passed:
+        return (
+            f"fails only when the grid takes more than one step (one block, {dims}, "
+            f"passes{_where(result)})"
+        )
+    return f"one grid step fails too (one block, {dims}{_where(result)})"
+
+
 def judge(
     case: CaseResult, controls: list[Control], results: list[ControlResult]
 ) -> tuple[str | None, str, str]:
@@ -362,8 +391,11 @@ def judge(
     for control, result in zip(controls, results, strict=True):
         if result.passed is None:
             what = {"profile": "normal-profile", "dtype": "float32"}.get(control.varies, "aligned")
+            what = "one-block" if control.kind == "one_block" else what
             why = result.note.removeprefix("not runnable: ")
             parts.append(f"the {what} control ({control.kind}) could not run: {why}")
+        elif control.kind == "one_block":
+            parts.append(_one_block_part(control, result))
         elif control.kind == "aligned":
             aligned = (control, result)
         elif control.kind.startswith("aligned-"):
