@@ -99,20 +99,27 @@ def run_checks(seed: int, everything: bool) -> int:
     return misses
 
 
+def fleet_members() -> list:
+    """The demo fleet's members: the corpus's near-misses, in discovery order. A fleet repairs
+    for fleet-wide targets: variants labelled for a TPU generation or the GPU (right in
+    interpret mode) are left out of this interpret-target fleet."""
+    from nearmiss.fleet import discover
+
+    elsewhere = {v.path for op in operators() for v in op.variants if v.targets}
+    return [m for m in discover(CORPUS_ROOT) if m.candidate not in elsewhere]
+
+
 async def run_repairs() -> int:
     """A playbook fleet over the whole near-miss corpus; returns how many of the known cases
     (SAMPLE_REPAIRS) stopped other than expected."""
-    from nearmiss.fleet import discover, fleet_summary, follow, start_fleet, verdict_counts
+    from nearmiss.fleet import fleet_summary, follow, start_fleet, verdict_counts
     from nearmiss.fleet import results_table as fleet_table
     from nearmiss.report import write_fleet_report
     from nearmiss.service import services
     from nearmiss.settings import Settings
     from workflows.loop import Guards
 
-    # A fleet repairs for fleet-wide targets: variants labelled for a TPU generation or the GPU
-    # (right in interpret mode) are left out of this interpret-target fleet.
-    elsewhere = {v.path for op in operators() for v in op.variants if v.targets}
-    members = [m for m in discover(CORPUS_ROOT) if m.candidate not in elsewhere]
+    members = fleet_members()
     settings = Settings.from_env()
     print(
         f"\nrepairing {len(members)} near-misses as one fleet with the playbook (zero tokens), "
