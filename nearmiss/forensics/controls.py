@@ -39,6 +39,18 @@ def _round_up(value: int, block: int) -> int:
     return -(-value // block) * block
 
 
+def _output_blocks(geometry: Sequence[Mapping[str, Any]]) -> dict[int, set[int]]:
+    """{output axis size: the blocks that tile it} over the kernel's pallas_calls; a block of 1
+    or of the whole axis tiles nothing."""
+    blocks: dict[int, set[int]] = {}
+    for call in geometry:
+        for output in call.get("outputs", []):
+            for size, block in zip(output["array_shape"], output["block_shape"], strict=False):
+                if isinstance(block, int) and block > 1 and block != size:
+                    blocks.setdefault(size, set()).add(block)
+    return blocks
+
+
 def alignment(dims: Mapping[str, int], geometry: Sequence[Mapping[str, Any]]) -> dict:
     """{dim: (size, aligned size, block)} for each dim its block does not divide.
 
@@ -46,12 +58,7 @@ def alignment(dims: Mapping[str, int], geometry: Sequence[Mapping[str, Any]]) ->
     (``runner.geometry``); any other takes the tile: a multiple of 128 above 128, of 8 up to
     it; a dim under 8 (a batch, a head count) is left alone. A block that covers its whole
     axis says nothing (the kernel may loop over the axis inside, in blocks of its own)."""
-    blocks: dict[int, set[int]] = {}
-    for call in geometry:
-        for output in call.get("outputs", []):
-            for size, block in zip(output["array_shape"], output["block_shape"], strict=False):
-                if isinstance(block, int) and block > 1 and block != size:
-                    blocks.setdefault(size, set()).add(block)
+    blocks = _output_blocks(geometry)
     changed = {}
     for name, size in dims.items():
         if size in blocks:
@@ -69,12 +76,11 @@ def one_block(dims: Mapping[str, int], geometry: Sequence[Mapping[str, Any]]) ->
     """{dim: (size, block, block)} for each dim an output block tiles in more than one grid
     step: the one-step control shrinks it to a single block (a kernel wrong only across grid
     steps — an accumulator or an index map between blocks — passes there)."""
-    blocks: dict[int, int] = {}
-    for call in geometry:
-        for output in call.get("outputs", []):
-            for size, block in zip(output["array_shape"], output["block_shape"], strict=False):
-                if isinstance(block, int) and 1 < block < size:
-                    blocks[size] = min(blocks.get(size, block), block)
+    blocks = {
+        size: min(smaller)
+        for size, found in _output_blocks(geometry).items()
+        if (smaller := [b for b in found if b < size])
+    }
     return {
         name: (size, blocks[size], blocks[size]) for name, size in dims.items() if size in blocks
     }
