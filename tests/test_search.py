@@ -100,6 +100,48 @@ def test_operators_make_the_edit_a_near_miss_needs(operator, before, after):
     assert any(before in old and after in new for old, new in edits), edits
 
 
+BLOCKS = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def _runs(q_index, q_block, kv_index, kv_block):
+    return q_index * q_block >= kv_index * kv_block
+
+
+def _body(x_ref, o_ref, *, block):
+    j = pl.program_id(0)
+    tile = x_ref[pl.ds(j, block)]
+    acc = jnp.zeros((block,), jnp.float32)
+    acc = acc + tile
+    rows = jax.lax.broadcast_in_dim(jnp.sum(tile, axis=-1), o_ref.shape, (1,))
+    o_ref[...] = jnp.where(_runs(j, block, 0, block), acc + rows, 0.0)
+
+
+def kernel(x):
+    return pl.pallas_call(_body, grid=(2,), out_shape=x)(x)
+"""
+
+
+@pytest.mark.parametrize(
+    ("operator", "before", "after"),
+    [
+        ("stride", "x_ref[pl.ds(j, block)]", "x_ref[pl.ds(j * block, block)]"),
+        ("pair_swap", "_runs(j, block, 0, block)", "_runs(0, block, j, block)"),
+        ("axis", "o_ref.shape, (1,))", "o_ref.shape, (0,))"),
+        ("square", "acc = acc + tile", "acc = acc + tile * tile"),
+    ],
+)
+def test_operators_for_strides_pairs_dimensions_and_squares(operator, before, after):
+    """A slice at a block's index, a helper's two (index, size) pairs swapped, a row statistic
+    broadcast along the lanes, a variance loop without its square: each has its inverse."""
+    edits = [_changed_lines(BLOCKS, m.source)[0] for m in mutants(BLOCKS) if m.operator == operator]
+    assert any(before in old and after in new for old, new in edits), edits
+    described = [m.description for m in mutants(BLOCKS) if m.operator == "pair_swap"]
+    assert any("`j, block, 0, block` -> `0, block, j, block`" in d for d in described), described
+
+
 def test_unreached_code_is_never_mutated():
     changed = [_changed_lines(KERNEL, m.source)[0][0] for m in mutants(KERNEL)]
     assert not any("jnp.minimum(x, 1.0)" in old for old in changed)

@@ -4,6 +4,7 @@ grid axes, and what the evidence says failed."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,25 +27,34 @@ def _replace(node: ast.AST, text: str) -> _Edit:
     return _Edit((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset), text)
 
 
+@functools.lru_cache(maxsize=8)
+def _layout(source: str) -> tuple[list[str], list[int]]:
+    """The source's lines and each line's start offset: positions are read many times per
+    source (a search makes thousands of edits of one module)."""
+    lines = re.findall(r"[^\n]*\n|[^\n]+$", source)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    return lines, starts
+
+
+def _offset(source: str, pos: tuple[int, int]) -> int:
+    """The string offset of an ast position (a line, a utf-8 column)."""
+    lines, starts = _layout(source)
+    row, col = pos
+    if row > len(lines):
+        return len(source)
+    return starts[row - 1] + len(lines[row - 1].encode()[:col].decode(errors="ignore"))
+
+
 def _apply(source: str, edits: list[_Edit]) -> str | None:
     """The source with ``edits`` applied; None when there are none, they overlap or change
     nothing."""
     if not edits:
         return None
-    lines = re.findall(r"[^\n]*\n|[^\n]+$", source)
-    starts = [0]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
-
-    def offset(pos: tuple[int, int]) -> int:
-        row, col = pos
-        if row > len(lines):
-            return len(source)
-        return starts[row - 1] + len(lines[row - 1].encode()[:col].decode(errors="ignore"))
-
     out, previous = source, len(source) + 1
     for begin, end, text in sorted(
-        {(offset(e.start), offset(e.end), e.text) for e in edits}, reverse=True
+        {(_offset(source, e.start), _offset(source, e.end), e.text) for e in edits}, reverse=True
     ):
         if end > previous:
             return None
@@ -52,8 +62,15 @@ def _apply(source: str, edits: list[_Edit]) -> str | None:
     return out if out != source else None
 
 
+def _span(source: str, start: tuple[int, int], end: tuple[int, int]) -> str:
+    return source[_offset(source, start) : _offset(source, end)]
+
+
 def _text(source: str, node: ast.AST) -> str:
-    return ast.get_source_segment(source, node) or ast.unparse(node)
+    if getattr(node, "end_lineno", None) is None or "\r" in source:
+        return ast.get_source_segment(source, node) or ast.unparse(node)
+    start, end = (node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)
+    return _span(source, start, end) or ast.unparse(node)
 
 
 def _bare(source: str, node: ast.AST, text: str) -> str:

@@ -2,7 +2,8 @@
 
 A recipe knows a bug's pattern; a mutant knows only that near-miss bugs are small: a comparison
 off by one, an operand swapped, an axis or a broadcast the wrong way round, a stray transpose,
-max for min. Enumerating every such edit of the code the kernel runs, and letting the engine
+max for min, a slice started at a block's index instead of its first element, a helper's two
+(index, size) pairs swapped, a term of a sum not squared. Enumerating every such edit of the code the kernel runs, and letting the engine
 judge each, repairs bugs no recipe was written for — the zero-token counterpart of
 generate-and-validate program repair. Pure: source in, mutants out; nothing here runs code.
 
@@ -25,6 +26,7 @@ from activities.fixers.playbook.source import (
     _module,
     _pallas_calls,
     _replace,
+    _span,
     _text,
 )
 
@@ -161,17 +163,37 @@ def _off_by_one(source: str, fn: ast.AST) -> Iterator[Site]:
 
 
 def _axes(source: str, fn: ast.AST) -> Iterator[Site]:
-    """A reduction's or a concatenation's ``axis=`` the wrong one (0, 1, -1, -2)."""
+    """A reduction's or a concatenation's ``axis=`` the wrong one (0, 1, -1, -2), and the same
+    for each entry of a dimension tuple: a ``broadcast_in_dim``'s broadcast dimensions (a row
+    statistic spread along the lanes instead of the rows), a ``transpose``'s permutation."""
     for node in ast.walk(fn):
-        if not isinstance(node, ast.keyword) or node.arg not in ("axis", "dimension"):
-            continue
-        value = node.value
-        current = _int_value(value)
-        if current is None:
-            continue
-        for other in (-1, 0, 1, -2):
-            if other != current:
-                yield value, str(other)
+        if isinstance(node, ast.keyword) and node.arg in ("axis", "dimension"):
+            yield from _other_axes(node.value)
+        elif isinstance(node, ast.keyword) and node.arg in _DIMENSION_KEYWORDS:
+            yield from _tuple_axes(node.value)
+        elif isinstance(node, ast.Call) and _called(node) in _DIMENSION_ARGUMENT:
+            index = _DIMENSION_ARGUMENT[_called(node)]
+            if len(node.args) > index:
+                yield from _tuple_axes(node.args[index])
+
+
+_DIMENSION_KEYWORDS = ("broadcast_dimensions", "axes", "permutation")
+_DIMENSION_ARGUMENT = {"broadcast_in_dim": 2, "transpose": 1}  # call -> its dimensions' position
+
+
+def _other_axes(value: ast.expr) -> Iterator[Site]:
+    current = _int_value(value)
+    if current is None:
+        return
+    for other in (-1, 0, 1, -2):
+        if other != current:
+            yield value, str(other)
+
+
+def _tuple_axes(value: ast.expr) -> Iterator[Site]:
+    if isinstance(value, ast.Tuple | ast.List):
+        for entry in value.elts:
+            yield from _other_axes(entry)
 
 
 def _swaps(source: str, fn: ast.AST) -> Iterator[Site]:
@@ -192,6 +214,43 @@ def _argument_swaps(source: str, fn: ast.AST) -> Iterator[Site]:
     for node in ast.walk(fn):
         if isinstance(node, ast.Call) and 2 <= len(node.args) <= 4:
             yield from _neighbours(source, node.args)
+
+
+def _pair_swaps(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A call's two argument pairs swapped, ``f(a, b, c, d)`` -> ``f(c, d, a, b)``: a helper
+    taking (index, size) of one operand then of the other, called in the other order."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and len(node.args) == 4:
+            if any(isinstance(a, ast.Starred) for a in node.args):
+                continue
+            a, b, c, d = (_text(source, arg) for arg in node.args)
+            if (a, b) != (c, d):
+                yield _Pair(node.args[0], node.args[3]), f"{c}, {d}, {a}, {b}"
+
+
+def _strides(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A dynamic slice started at a block's index instead of its first element:
+    ``pl.ds(i, n)`` -> ``pl.ds(i * n, n)`` (the converse is a dropped factor)."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and _called(node) in ("ds", "dslice") and len(node.args) == 2:
+            start, size = node.args
+            if isinstance(start, ast.Constant) or _is_literal(size, 1):
+                continue
+            yield (
+                start,
+                f"{_paren(start, _text(source, start))} * {_paren(size, _text(source, size))}",
+            )
+
+
+def _squares(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A term of a sum not squared: ``acc + a`` -> ``acc + a * a`` (a variance or a norm's
+    loop copied from the mean's)."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            term = node.right
+            if isinstance(term, ast.Name | ast.Subscript | ast.Attribute):
+                text = _text(source, term)
+                yield term, f"{text} * {text}"
 
 
 def _neighbours(source: str, nodes: list[ast.expr]) -> Iterator[Site]:
@@ -246,10 +305,13 @@ OPERATORS: dict[str, Operator] = {
     "swap": _swaps,
     "axis": _axes,
     "off_by_one": _off_by_one,
+    "stride": _strides,
     "argument_swap": _argument_swaps,
+    "pair_swap": _pair_swaps,
     "name": _names,
     "arithmetic": _arithmetic,
     "dropped_term": _dropped_terms,
+    "square": _squares,
 }
 
 
@@ -273,20 +335,19 @@ def mutants(source: str, entry: str = ENTRY) -> Iterator[Mutant]:
     seen, last = {source}, []
     for tier in tiers:
         for operator, sites in OPERATORS.items():
-            for fn in tier:
-                for node, text in sites(source, fn):
-                    edited = _apply(source, [_edit(node, text)])
-                    if edited is None or edited in seen or not _parses(edited):
-                        continue
-                    seen.add(edited)
-                    before = node.text(source) if isinstance(node, _Pair) else _text(source, node)
-                    line = node.lineno
-                    mutant = Mutant(operator, line, f"line {line}: `{before}` -> `{text}`", edited)
-                    site = node.first if isinstance(node, _Pair) else node
-                    if id(site) in guarded:
-                        last.append(mutant)
-                    else:
-                        yield mutant
+            for node, text in (site for fn in tier for site in sites(source, fn)):
+                edited = _apply(source, [_edit(node, text)])
+                if edited is None or edited in seen or not _parses(edited):
+                    continue
+                seen.add(edited)
+                before = node.text(source) if isinstance(node, _Pair) else _text(source, node)
+                line = node.lineno
+                mutant = Mutant(operator, line, f"line {line}: `{before}` -> `{text}`", edited)
+                site = node.first if isinstance(node, _Pair) else node
+                if id(site) in guarded:
+                    last.append(mutant)
+                else:
+                    yield mutant
     yield from last
 
 
@@ -314,7 +375,9 @@ class _Pair:
         return self.first.lineno
 
     def text(self, source: str) -> str:
-        return f"{_text(source, self.first)}, {_text(source, self.second)}"
+        """The span's text, from the first node's start to the second's end."""
+        start = (self.first.lineno, self.first.col_offset)
+        return _span(source, start, (self.second.end_lineno, self.second.end_col_offset))
 
 
 def _edit(node: ast.AST | _Pair, text: str) -> _Edit:
