@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nearmiss.models import CheckReport
+from nearmiss.models import CaseResult, CheckReport
 from workflows.models import ControlFinding, Evidence, Finding
 
 # How far a failing case got, by its class: it did not build, it built and crashed, it ran and
@@ -30,13 +30,20 @@ def score(report: CheckReport) -> float:
     (cases + 1)`` with ``partial < 1``, so one more passing case always wins."""
     if report.certified:
         return 1.0
-    if not report.integrity.ok or not report.cases:
+    if not report.integrity.ok:
         return 0.0
-    failing = [c for c in report.cases if not c.passed]
-    passed = len(report.cases) - len(failing)
+    return score_cases(report.cases)
+
+
+def score_cases(cases: list[CaseResult]) -> float:
+    """``score`` of an uncertified run's cases alone (always below 1)."""
+    if not cases:
+        return 0.0
+    failing = [c for c in cases if not c.passed]
+    passed = len(cases) - len(failing)
     partial = sum(_partial(c) for c in failing) / len(failing) if failing else 0.0
     # Below 1 by construction: an uncertified candidate never ties a certified one.
-    return 0.99 * (passed + partial) / (len(report.cases) + 1)
+    return 0.99 * (passed + partial) / (len(cases) + 1)
 
 
 def signature(report: CheckReport) -> str:

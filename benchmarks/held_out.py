@@ -7,7 +7,7 @@ reverted), once with ``playbook`` (recipes only) and once with ``search`` (recip
 screened mutation search), and prints per kernel what each did, the certified counts side by
 side, and the search's seconds. Minutes per kernel for the search: choose the sets.
 
-    .venv/bin/python benchmarks/held_out.py [--sets holdout5,holdout4] [--checks 64]
+    .venv/bin/python benchmarks/held_out.py [--sets holdout5,holdout6] [--checks N] [--seconds S]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ SETS = {  # set name -> (test module, the dict of planted cases in it)
     "holdout3": ("test_playbook_holdout3", "HOLDOUT3"),
     "holdout4": ("test_playbook_holdout4", "HOLDOUT4"),
     "holdout5": ("test_playbook_holdout5", "HOLDOUT5"),
+    "holdout6": ("test_playbook_holdout6", "HOLDOUT6"),
     "families": ("test_playbook_families", "FAMILIES"),
 }
 
@@ -37,7 +38,8 @@ SETS = {  # set name -> (test module, the dict of planted cases in it)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sets", default="holdout5", help=f"comma list of {', '.join(SETS)}")
-    parser.add_argument("--checks", type=int, default=64, help="screened edits per round")
+    parser.add_argument("--checks", type=int, default=400, help="screened edits per round")
+    parser.add_argument("--seconds", type=float, default=240.0, help="screening time per round")
     args = parser.parse_args()
     names = [s for s in args.sets.split(",") if s]
     unknown = [s for s in names if s not in SETS]
@@ -51,7 +53,7 @@ def main() -> None:
 
     fixers = {
         "playbook": PlaybookFixer,
-        "search": lambda: SearchFixer(Budget(checks=args.checks)),
+        "search": lambda: SearchFixer(Budget(checks=args.checks, seconds=args.seconds)),
     }
     certified = dict.fromkeys(fixers, 0)
     total = 0

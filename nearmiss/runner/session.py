@@ -747,6 +747,7 @@ def run_sandboxed(
     source: str | None = None,
     targets: tuple[str, ...] | None = None,
     controls: ControlPlanner | None = None,
+    inputs_to: Path | None = None,
 ) -> RawRun:
     """Run the spec's cases of ``suite`` against the candidate, each side in its own child.
 
@@ -762,7 +763,8 @@ def run_sandboxed(
     (``runner.target_plan``): their evidence is on each case's ``targets``. ``controls``, once
     the suite's cases are in, names control cases to run in one more round of the same
     children (no audit, no targets), and once more for what those call for: their raw results
-    are the run's ``controls``.
+    are the run's ``controls``. ``inputs_to``: each case's inputs file is copied there, under
+    the case's key (``runner.edit_screen`` runs edits of the kernel on them).
     """
     spec, candidate = spec.resolve(), candidate.resolve()
     workdir = scratch_dir("nearmiss-reference-")
@@ -843,6 +845,9 @@ def run_sandboxed(
                     probe_dirs[probe["input"]] = probe_dir
             inputs = Path(ready["dir"]) / "inputs.npz"
             raw.input_arrays = _kept_inputs(inputs)
+            if inputs_to is not None:
+                (inputs_to / raw.info.key).mkdir(parents=True, exist_ok=True)
+                shutil.copy(inputs, inputs_to / raw.info.key / "inputs.npz")
             if artifact is not None:  # every export is done: the child may see values now
                 for plan in plans:
                     if plan.compile:

@@ -78,9 +78,16 @@ def mutant_name(mutant: Mutant) -> str:
 
 
 def search(request: FixRequest, budget: Budget) -> FixResult:
-    edits = list(itertools.islice(candidate_edits(request), budget.checks + 1))
-    found: Screen = screen(request, [e.source for e in edits[: budget.checks]], budget)
-    left = "more were left" if found.screened < len(edits) else "none was left"
+    edits: list[Edit] = []
+    pending = candidate_edits(request)
+
+    def sources() -> Iterator[str]:  # lazy: a large module's mutants are made as screened
+        for edit in pending:
+            edits.append(edit)
+            yield edit.source
+
+    found: Screen = screen(request, sources(), budget)
+    left = "more were left" if next(pending, None) is not None else "none was left"
     done = f"screened {found.screened} edits in {found.seconds:.0f} s ({left})"
     if found.best is None:
         why = found.why or "none got further than the kernel on the failing suite"

@@ -1,0 +1,121 @@
+"""Screening many edits of one kernel in one warm sandbox child (the search fixer's inner loop).
+
+A check starts fresh children for its one candidate — three interpreters importing JAX, about
+2.5 s on two cores before any kernel runs — because a certificate must not depend on anything
+another candidate did. Screening only ranks edits; whatever it picks is then checked in full,
+in fresh children. So the edits of one search round share one child (``screen_child``): JAX
+is imported once, each edit is imported as a module of its own and run on the inputs a
+baseline run of the suite filed; its outputs are compared here, by the engine, against that
+run's references. An edit that hangs or kills the child costs its timeout and the child is
+replaced for the next; the sandbox, limits and namespaces are those of every child.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from nearmiss.runner.arrays import load_arrays
+from nearmiss.runner.sandbox import ChildFailure, ChildTimeout, Limits
+from nearmiss.runner.screen_child import OUTPUT_FILE
+from nearmiss.runner.session import RawCase, RawRun, _Child
+
+SCREEN_MODULE = "nearmiss.runner.screen_child"
+
+
+class EditScreen(_Child):
+    """Runs edits of a kernel on a baseline run's cases; ``judge`` gives each case's raw result
+    (the baseline's reference, the edit's outputs or error) for the engine's comparison."""
+
+    def __init__(self, baseline: RawRun, inputs: Path, limits: Limits, platform: str = "cpu"):
+        super().__init__(SCREEN_MODULE, "nearmiss-screen-", limits, platform)
+        self.cases = [c for c in baseline.cases if (inputs / c.info.key / "inputs.npz").exists()]
+        self.inputs = inputs
+
+    def start(self) -> None:
+        super().start()
+        assert self.child is not None
+        for raw in self.cases:
+            shutil.copy(self.inputs / raw.info.key / "inputs.npz", self.case_dir(raw))
+        message = self.child.receive(self.limits.import_timeout_s)
+        if message.get("event") != "ready":
+            raise ChildFailure(f"the screening child did not start: {message.get('event')!r}")
+
+    def judge(self, index: int, source: str) -> list[RawCase]:
+        """Each case of the baseline as the edit ``source`` ran it."""
+        if self.child is None:
+            self.start()
+        assert self.child is not None
+        path = self.child.home / f"edit_{index}.py"
+        path.write_text(source)
+        ran = [_fresh(raw) for raw in self.cases]
+        try:
+            dirs = [str(self.case_dir(raw)) for raw in ran]
+            for folder in dirs:  # never read the previous edit's outputs as this one's
+                (Path(folder) / OUTPUT_FILE).unlink(missing_ok=True)
+            self.child.send(cmd="screen", index=index, path=str(path), cases=dirs)
+            timeout = self.limits.import_timeout_s + self.limits.case_timeout_s * len(ran)
+            message = self.child.receive(timeout)
+            if message.get("event") != "edit_done" or message.get("index") != index:
+                raise ValueError(f"unexpected message {message.get('event')!r}")
+            if "error" in message:
+                for raw in ran:
+                    raw.error = {**message["error"], "phase": "import"}
+                return ran
+            answers = message["cases"]
+            if not isinstance(answers, list) or len(answers) != len(ran):
+                raise ValueError("one answer per case expected")
+            for raw, answer, folder in zip(ran, answers, dirs, strict=True):
+                _record(raw, answer, Path(folder))
+        except ChildFailure as exc:
+            for raw in ran:
+                if raw.outputs is None and raw.error is None:
+                    raw.failure = "timeout" if isinstance(exc, ChildTimeout) else "died"
+                    raw.failure_detail, raw.log_tail = str(exc), exc.log_tail
+            self.stop()
+        except (ValueError, KeyError, TypeError, OSError) as exc:  # a forged or corrupt answer
+            for raw in ran:
+                raw.outputs = raw.error = None
+                raw.failure, raw.failure_detail = "died", f"unusable screening answer: {exc!r}"
+            self.stop()
+        finally:
+            path.unlink(missing_ok=True)
+        return ran
+
+
+def _fresh(raw: RawCase) -> RawCase:
+    """The baseline's case (its reference and inputs) with nothing of the baseline's run."""
+    return dataclasses.replace(
+        raw,
+        outputs=None,
+        output_extra={},
+        output_tree=None,
+        error=None,
+        failure=None,
+        failure_detail="",
+        log_tail="",
+        narrow_floats=None,
+        compile_s=None,
+        run_s=None,
+        audited=False,
+        audit=None,
+        traced_callbacks=[],
+        audit_error="",
+        reference_work=None,
+        inputs_changed=[],
+        probes=[],
+        targets={},
+        lowered={},
+    )
+
+
+def _record(raw: RawCase, answer: dict, folder: Path) -> None:
+    if answer.get("ok"):
+        raw.outputs, raw.output_extra = load_arrays(folder / OUTPUT_FILE)
+        raw.output_tree = str(answer["treedef"])
+    else:
+        error = answer["error"]
+        if error.get("phase") not in ("trace", "compile", "run"):
+            raise ValueError("error record without a valid phase")
+        raw.error = error

@@ -1,0 +1,90 @@
+"""Sandbox child that screens many edits of one kernel: JAX imported once, each edit run on
+the failing suite's inputs in turn.
+
+Each ``screen`` request names one edit's file and the case directories (``inputs.npz`` in
+each, filed by the spec's child for a baseline run). The child imports the edit as a module of
+its own, runs its ``kernel`` on every case (interpret mode on CPU, as everywhere), files each
+output as ``edit.npz`` and reports per case; the engine compares (``runner.edit_screen``).
+Untrusted code runs here and nothing it does certifies: screening only ranks edits.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import sys
+from pathlib import Path
+
+from nearmiss.runner.candidate_child import Stages
+from nearmiss.runner.child import describe_exception, start_child
+
+OUTPUT_FILE = "edit.npz"
+CLEAR_EVERY = 16  # edits between clearing JAX's caches: the child's memory stays flat
+
+
+def _import_edit(path: str, index: int):
+    name = f"nearmiss_edit_{index}"
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    loader_spec.loader.exec_module(module)
+    return module
+
+
+def _run_case(kernel, case_dir: Path) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from nearmiss.runner.arrays import load_arrays, save_arrays
+
+    result: dict = {}
+    stages = Stages()
+    try:
+        inputs, _ = load_arrays(case_dir / "inputs.npz")
+        _, output = stages.run(kernel, [jnp.asarray(a) for a in inputs], result)
+        leaves, treedef = jax.tree_util.tree_flatten(output)
+        save_arrays(case_dir / OUTPUT_FILE, [np.asarray(leaf) for leaf in leaves])
+        result.update(ok=True, treedef=str(treedef))
+    except (Exception, SystemExit) as exc:
+        result.update(ok=False, error=describe_exception(exc, stages.phase))
+    return result
+
+
+def screen_edit(request: dict) -> dict:
+    answer: dict = {"event": "edit_done", "index": request["index"]}
+    try:
+        kernel = getattr(_import_edit(request["path"], request["index"]), "kernel", None)
+        if not callable(kernel):
+            raise AttributeError("the edit defines no callable `kernel`")
+    except (Exception, SystemExit) as exc:
+        answer["error"] = describe_exception(exc, "import")
+        return answer
+    answer["cases"] = [_run_case(kernel, Path(d)) for d in request["cases"]]
+    sys.modules.pop(f"nearmiss_edit_{request['index']}", None)
+    return answer
+
+
+def main() -> None:
+    channel = start_child()
+    import jax
+
+    from nearmiss.runner.interpret import force_interpret_on_cpu
+
+    channel.send(event="ready", platform=force_interpret_on_cpu(), jax_version=jax.__version__)
+    for done in itertools.count(1):
+        request = channel.receive()
+        if request.get("cmd") != "screen":
+            break
+        channel.send(**screen_edit(request))
+        if done % CLEAR_EVERY == 0:
+            # Edits' compiled programs are of no use to later edits; clearing after each one
+            # would also drop the programs every edit shares (a quarter of the child's speed).
+            jax.clear_caches()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
