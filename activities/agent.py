@@ -1,11 +1,11 @@
 """The tool-using fix agent: a round is model turns and experiments, each its own activity.
 
-The workflow drives the round (``RepairWorkflow._agent_round``): ``agent_step`` asks the model,
-with the conversation so far (kept as a blob, so history holds only its hash), and returns the
-tool calls to run or the round's outcome; each call runs as a ``run_tool`` activity and is
-recorded as a ToolCalled event; the answers go into the next ``agent_step``. A worker that dies
-mid-round loses nothing: finished steps and tool calls are in the workflow's history and are not
-run again.
+The workflow drives the round (``workflows.agent_round.run_agent_round``): ``agent_step`` asks
+the model, with the conversation so far (kept as a blob, so history holds only its hash), and
+returns the tool calls to run or the round's outcome; each call runs as a ``run_tool`` activity
+and is recorded as a ToolCalled event; the answers go into the next ``agent_step``. A worker
+that dies mid-round loses nothing: finished steps and tool calls are in the workflow's history
+and are not run again.
 
 Endpoints without tool calling get a plain-text protocol instead (``TOOL name {json}`` lines),
 switched to on the first refusal of ``tools``. A model that answers without calling tools is

@@ -38,7 +38,6 @@ TASK_QUEUE = "nearmiss-repair"
 KERNEL_ATTRIBUTE = SearchAttributeKey.for_keyword("NearmissKernel")
 VERDICT_ATTRIBUTE = SearchAttributeKey.for_keyword("NearmissVerdict")
 TOKENS_ATTRIBUTE = SearchAttributeKey.for_int("NearmissTokens")
-SEARCH_ATTRIBUTES = (KERNEL_ATTRIBUTE, VERDICT_ATTRIBUTE, TOKENS_ATTRIBUTE)
 
 # Every activity rides out the infrastructure for minutes (workflows.retries); the engine's own
 # bugs and unusable input fail at once.

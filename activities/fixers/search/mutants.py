@@ -3,9 +3,10 @@
 A recipe knows a bug's pattern; a mutant knows only that near-miss bugs are small: a comparison
 off by one, an operand swapped, an axis or a broadcast the wrong way round, a stray transpose,
 max for min, a slice started at a block's index instead of its first element, a helper's two
-(index, size) pairs swapped, a term of a sum not squared. Enumerating every such edit of the code the kernel runs, and letting the engine
-judge each, repairs bugs no recipe was written for — the zero-token counterpart of
-generate-and-validate program repair. Pure: source in, mutants out; nothing here runs code.
+(index, size) pairs swapped, a term of a sum not squared. Enumerating every such edit of the
+code the kernel runs, and letting the engine judge each, repairs bugs no recipe was written
+for — the zero-token counterpart of generate-and-validate program repair. Pure: source in,
+mutants out; nothing here runs code.
 
 Only the code the entry point can reach is mutated (``reachable``): the functions named,
 transitively, from ``kernel``'s body, so a module's unused backward pass or another op's kernel
