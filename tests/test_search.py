@@ -115,6 +115,7 @@ def _body(x_ref, o_ref, *, block):
     tile = x_ref[pl.ds(j, block)]
     acc = jnp.zeros((block,), jnp.float32)
     acc = acc + tile
+    acc /= block
     rows = jax.lax.broadcast_in_dim(jnp.sum(tile, axis=-1), o_ref.shape, (1,))
     o_ref[...] = jnp.where(_runs(j, block, 0, block), acc + rows, 0.0)
 
@@ -131,6 +132,7 @@ def kernel(x):
         ("pair_swap", "_runs(j, block, 0, block)", "_runs(0, block, j, block)"),
         ("axis", "o_ref.shape, (1,))", "o_ref.shape, (0,))"),
         ("square", "acc = acc + tile", "acc = acc + tile * tile"),
+        ("arithmetic", "acc /= block", "acc *= block"),
     ],
 )
 def test_operators_for_strides_pairs_dimensions_and_squares(operator, before, after):

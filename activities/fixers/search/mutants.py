@@ -263,11 +263,15 @@ def _neighbours(source: str, nodes: list[ast.expr]) -> Iterator[Site]:
 
 
 def _arithmetic(source: str, fn: ast.AST) -> Iterator[Site]:
-    """``+`` <-> ``-``, ``*`` <-> ``/``: a sign or a scale inverted."""
+    """``+`` <-> ``-``, ``*`` <-> ``/``: a sign or a scale inverted, in an expression or an
+    augmented assignment (``s /= scale``)."""
     for node in ast.walk(fn):
         if isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
             left, right = _text(source, node.left), _text(source, node.right)
             yield node, f"{left} {_ARITH[type(node.op)]} {_paren(node.right, right)}"
+        elif isinstance(node, ast.AugAssign) and type(node.op) in _ARITH:
+            target, value = _text(source, node.target), _text(source, node.value)
+            yield node, f"{target} {_ARITH[type(node.op)]}= {value}"
 
 
 def _dropped_terms(source: str, fn: ast.AST) -> Iterator[Site]:
