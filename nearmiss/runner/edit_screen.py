@@ -34,13 +34,19 @@ class EditScreen(_Child):
         self.inputs = inputs
 
     def start(self) -> None:
+        """Start the child and file the cases' inputs in its home; a child that does not get
+        ready is stopped and the ChildFailure raised."""
         super().start()
         assert self.child is not None
-        for raw in self.cases:
-            shutil.copy(self.inputs / raw.info.key / "inputs.npz", self.case_dir(raw))
-        message = self.child.receive(self.limits.import_timeout_s)
-        if message.get("event") != "ready":
-            raise ChildFailure(f"the screening child did not start: {message.get('event')!r}")
+        try:
+            for raw in self.cases:
+                shutil.copy(self.inputs / raw.info.key / "inputs.npz", self.case_dir(raw))
+            message = self.child.receive(self.limits.import_timeout_s)
+            if message.get("event") != "ready":
+                raise ChildFailure(f"the screening child did not start: {message.get('event')!r}")
+        except BaseException:
+            self.stop()
+            raise
 
     def judge(self, index: int, source: str) -> list[RawCase]:
         """Each case of the baseline as the edit ``source`` ran it."""

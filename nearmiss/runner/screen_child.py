@@ -58,11 +58,11 @@ def screen_edit(request: dict) -> dict:
         kernel = getattr(_import_edit(request["path"], request["index"]), "kernel", None)
         if not callable(kernel):
             raise AttributeError("the edit defines no callable `kernel`")
-    except (Exception, SystemExit) as exc:
+        answer["cases"] = [_run_case(kernel, Path(d)) for d in request["cases"]]
+    except (Exception, SystemExit) as exc:  # the import: a case's own failure is its answer
         answer["error"] = describe_exception(exc, "import")
-        return answer
-    answer["cases"] = [_run_case(kernel, Path(d)) for d in request["cases"]]
-    sys.modules.pop(f"nearmiss_edit_{request['index']}", None)
+    finally:
+        sys.modules.pop(f"nearmiss_edit_{request['index']}", None)
     return answer
 
 
