@@ -16,10 +16,9 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from nearmiss.runner.arrays import load_arrays
 from nearmiss.runner.sandbox import ChildFailure, ChildTimeout, Limits
 from nearmiss.runner.screen_child import OUTPUT_FILE
-from nearmiss.runner.session import RawCase, RawRun, _Child
+from nearmiss.runner.session import RawCase, RawRun, _Child, _record_outputs
 
 SCREEN_MODULE = "nearmiss.runner.screen_child"
 
@@ -73,7 +72,7 @@ class EditScreen(_Child):
             if not isinstance(answers, list) or len(answers) != len(ran):
                 raise ValueError("one answer per case expected")
             for raw, answer, folder in zip(ran, answers, dirs, strict=True):
-                _record(raw, answer, Path(folder))
+                _record_outputs(raw, answer, Path(folder))
         except ChildFailure as exc:
             for raw in ran:
                 if raw.outputs is None and raw.error is None:
@@ -114,14 +113,3 @@ def _fresh(raw: RawCase) -> RawCase:
         targets={},
         lowered={},
     )
-
-
-def _record(raw: RawCase, answer: dict, folder: Path) -> None:
-    if answer.get("ok"):
-        raw.outputs, raw.output_extra = load_arrays(folder / OUTPUT_FILE)
-        raw.output_tree = str(answer["treedef"])
-    else:
-        error = answer["error"]
-        if error.get("phase") not in ("trace", "compile", "run"):
-            raise ValueError("error record without a valid phase")
-        raw.error = error

@@ -19,7 +19,7 @@ from pathlib import Path
 from nearmiss.runner.candidate_child import Stages
 from nearmiss.runner.child import describe_exception, start_child
 
-OUTPUT_FILE = "edit.npz"
+OUTPUT_FILE = "output.npz"  # where the executor files a case's outputs: one reader for both
 CLEAR_EVERY = 16  # edits between clearing JAX's caches: the child's memory stays flat
 
 
