@@ -4,7 +4,7 @@ the failing suite's inputs in turn.
 Each ``screen`` request names one edit's file and the case directories (``inputs.npz`` in
 each, filed by the spec's child for a baseline run). The child imports the edit as a module of
 its own, runs its ``kernel`` on every case (interpret mode on CPU, as everywhere), files each
-output as ``edit.npz`` and reports per case; the engine compares (``runner.edit_screen``).
+output as ``output.npz`` and reports per case; the engine compares (``runner.edit_screen``).
 Untrusted code runs here and nothing it does certifies: screening only ranks edits.
 """
 
