@@ -343,6 +343,30 @@ def test_the_error_is_followed_to_the_reduced_position_it_comes_from(shift, said
     assert said in text
 
 
+def test_keys_dropped_at_each_block_edge_are_named_together():
+    """A split-K decode whose window mask starts one past each split's first key drops keys
+    0, 64 and 128 at once: no single slice follows the error, the set does (with the softmax's
+    renormalisation, which the fit allows for)."""
+    from nearmiss.forensics.attribution import attribute_error
+
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((2, 8, 48)) * 0.3  # (batch, heads, features)
+    k = rng.standard_normal((2, 192, 48)) * 0.3  # (batch, keys, features), three blocks of 64
+    v = rng.standard_normal((2, 192, 48))
+    lengths = np.full(2, 192, np.int32)
+    ref = _attention(q, k, v, lengths)
+    keep = np.ones(192, bool)
+    keep[[0, 64, 128]] = False
+    out = _attention(q, k[:, keep], v[:, keep], lengths - 3)
+    inputs = [("q", q), ("k", k), ("v", v)]
+    text = attribute_error(out, ref, np.abs(out - ref) > 1e-6, inputs)
+    assert "follows v along its axis 1 (size 192" in text
+    assert "positions 0, 64 and 128 (the first of each block of 64), together" in text
+    # Errors that follow no input at all stay unattributed, however many positions are tried.
+    noise = rng.standard_normal(ref.shape) * 0.1
+    assert attribute_error(ref + noise, ref, np.ones_like(ref, bool), inputs) is None
+
+
 def test_a_dropped_diagonal_is_named_and_unrelated_errors_are_not_attributed():
     from nearmiss.forensics.attribution import attribute_error
 

@@ -12,7 +12,7 @@ names it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -23,6 +23,9 @@ MAX_ROWS = 512  # failing rows looked at (the first ones)
 MAX_VALUES = 4_000_000  # input values gathered for one candidate axis (32 MB of float64)
 OFFSETS = (-1, 0, 1)
 AGREEMENT = 0.9  # the share of failing rows a stated relation must hold for
+MAX_SITES = 4  # positions the pursuit picks per row (a few blocks' edges)
+MIN_FEATURES_PER_SITE = 4  # features per fitted coefficient, so a fit cannot just memorise
+PURSUIT_ROWS = 64  # rows the pursuit fits: enough for a common set, cheap enough per check
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,18 @@ class Attribution:
     rows: np.ndarray  # (count, output rank - 1) coordinates of the failing rows, feature axis out
     row_axes: tuple[int, ...]  # the output axes those coordinates index
     out_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Sites:
+    """Several positions of ``input``'s ``axis`` that every failing row's error follows."""
+
+    input: str
+    axis: int
+    size: int
+    positions: tuple[int, ...]
+    strength: float  # median correlation of the rows' fits
+    rows: int
 
 
 def _match(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> dict[int, int] | None:
@@ -62,16 +77,22 @@ def _correlations(values: np.ndarray, slices: np.ndarray) -> np.ndarray:
     return np.clip(np.nan_to_num(corr, nan=0.0, posinf=0.0, neginf=0.0), -1.0, 1.0)
 
 
-def _candidate(
-    name: str,
-    x: np.ndarray,
-    reduced: int,
-    error: np.ndarray,
-    mask: np.ndarray,
-    reference: np.ndarray,
-):
-    """The attribution of ``error`` to ``x``'s slices along ``reduced``, or None when the
-    input's other axes do not line up with the output's."""
+@dataclass(frozen=True)
+class _Rows:
+    """The failing rows of one (input, reduced axis) pairing, gathered for fitting."""
+
+    rows: np.ndarray  # (n, output rank - 1) coordinates, feature axis out
+    row_axes: tuple[int, ...]
+    errors: np.ndarray  # (n, F)
+    slices: np.ndarray  # (n, R, F): the input's slices along the reduced axis, per row
+    references: np.ndarray  # (n, F)
+
+
+def _gather(
+    x: np.ndarray, reduced: int, error: np.ndarray, mask: np.ndarray, reference: np.ndarray
+) -> _Rows | None:
+    """The failing rows' errors, references and ``x``'s slices along ``reduced``, or None when
+    the input's other axes do not line up with the output's."""
     rest = tuple(a for a in range(x.ndim) if a != reduced)
     mapping = _match(tuple(x.shape[a] for a in rest), error.shape)
     if mapping is None:
@@ -92,26 +113,72 @@ def _candidate(
     rows = np.argwhere(usable)[: min(MAX_ROWS, MAX_VALUES // per_row)]
     if not len(rows):
         return None
-    e_rows = e[tuple(rows.T)]  # (n, F)
     # The input as (its matched row axes..., R, F): indexed by each row's coordinates.
     by_output = {out: axis for axis, out in matched.items()}
     present = [i for i, a in enumerate(row_axes) if a in by_output]
     xt = np.transpose(x, [by_output[row_axes[i]] for i in present] + [reduced, feature_in])
-    x_rows = (
+    slices = (
         xt[tuple(rows[:, i] for i in present)]
         if present
         else np.broadcast_to(xt, (len(rows), *xt.shape))
-    )  # (n, R, F)
-    corr = np.abs(_correlations(e_rows, x_rows))
+    )
+    references = np.moveaxis(reference, feature_out, -1)[tuple(rows.T)]
+    return _Rows(rows, row_axes, e[tuple(rows.T)], slices, references)
+
+
+def _candidate(name: str, x: np.ndarray, reduced: int, g: _Rows, shape) -> Attribution | None:
+    """The attribution of each failing row's error to its best-correlated slice of ``x``."""
+    corr = np.abs(_correlations(g.errors, g.slices))
     best = corr.argmax(axis=-1)
-    strength = float(np.median(corr[np.arange(len(rows)), best]))
+    n = len(g.rows)
+    strength = float(np.median(corr[np.arange(n), best]))
     # Where the reference itself follows that slice, it is the output's own source (a scale or
     # offset error of an elementwise path), not an element a reduction took or dropped.
-    r_rows = np.moveaxis(reference, feature_out, -1)[tuple(rows.T)]
-    own = np.abs(_correlations(r_rows, x_rows))[np.arange(len(rows)), best]
-    if np.all(np.isfinite(r_rows)) and float(np.median(own)) >= STRONG:
+    own = np.abs(_correlations(g.references, g.slices))[np.arange(n), best]
+    if np.all(np.isfinite(g.references)) and float(np.median(own)) >= STRONG:
         return None
-    return Attribution(name, reduced, x.shape[reduced], best, strength, rows, row_axes, error.shape)
+    return Attribution(name, reduced, x.shape[reduced], best, strength, g.rows, g.row_axes, shape)
+
+
+def _residuals(errors: np.ndarray, regressors: np.ndarray) -> np.ndarray:
+    """Per row, what least squares on ``regressors`` (n, F, p) leaves of ``errors`` (n, F)."""
+    coefficients = np.linalg.pinv(regressors) @ errors[..., None]
+    return errors - (regressors @ coefficients)[..., 0]
+
+
+def _several(name: str, reduced: int, g: _Rows) -> Sites | None:
+    """The same few positions explaining every failing row's error together: a mask or bound
+    off by one at each block's edge drops one element per block, and no single slice follows.
+
+    Per row, a greedy pursuit picks up to MAX_SITES slices; the error is fitted on them with
+    the reference's own row and a constant (what renormalising — a softmax's denominator —
+    adds to every element). Positions picked in nearly every row are the common set; random
+    picks scatter over the axis and are never common. The set is kept if, fitted in every
+    row, it explains the error (median correlation of the fit at least STRONG)."""
+    n, size, features = g.slices.shape
+    if features < MIN_FEATURES_PER_SITE * (MAX_SITES + 2) or not np.isfinite(g.references).all():
+        return None
+    with np.errstate(all="ignore"):
+        slices = np.nan_to_num(g.slices)
+        base = np.stack([np.ones_like(g.references), g.references], axis=-1)  # (n, F, 2)
+        left = _residuals(g.errors, base)
+        picked = np.zeros((n, size), bool)
+        for _ in range(MAX_SITES):
+            corr = np.where(picked, 0.0, np.abs(_correlations(left, slices)))
+            picked[np.arange(n), corr.argmax(axis=-1)] = True
+            chosen = slices[picked].reshape(n, -1, features)  # (n, k, F), in position order
+            left = _residuals(g.errors, np.concatenate([base, np.swapaxes(chosen, 1, 2)], -1))
+        common = np.nonzero(picked.mean(axis=0) >= AGREEMENT)[0]
+        if len(common) < 2:
+            return None
+        fit = np.concatenate([base, np.swapaxes(slices[:, common], 1, 2)], axis=-1)
+        left = _residuals(g.errors, fit)
+        centred = g.errors - g.errors.mean(axis=-1, keepdims=True)
+        explained = 1.0 - (left**2).sum(-1) / (centred**2).sum(-1)
+    strength = float(np.sqrt(max(float(np.nanmedian(explained)), 0.0)))
+    if not np.isfinite(strength) or strength < STRONG:
+        return None
+    return Sites(name, reduced, size, tuple(int(p) for p in common), strength, n)
 
 
 def _offset(values: np.ndarray, positions: np.ndarray) -> int | None:
@@ -174,25 +241,66 @@ def attribute_error(
     reference = reference.astype(np.float64)
     error = output.astype(np.float64) - reference
     integers = [(n, v) for n, v in inputs if v.dtype.kind in "iu"]
+    pairings = [
+        (name, x, reduced)
+        for name, x in inputs
+        if x.dtype.kind not in "iub" and x.ndim >= 2
+        for reduced in range(x.ndim)
+        if x.shape[reduced] >= MIN_POSITIONS  # picking one of two positions proves little
+    ]
     best: Attribution | None = None
-    for name, x in inputs:
-        if x.dtype.kind in "iub" or x.ndim < 2:
-            continue
+    gathered = []  # the first rows of each pairing, kept for the pursuit
+    for name, x, reduced in pairings:
         x = np.asarray(x, np.float64)
-        for reduced in range(x.ndim):
-            if x.shape[reduced] < MIN_POSITIONS:
-                continue  # picking one of two positions proves little
-            found = _candidate(name, x, reduced, error, mask, reference)
-            if found is not None and (best is None or found.strength > best.strength):
-                best = found
-    if best is None or best.strength < STRONG:
-        return None
-    where = _describe(best, integers)
-    if where is None:
+        rows = _gather(x, reduced, error, mask, reference)
+        if rows is None:
+            continue
+        found = _candidate(name, x, reduced, rows, error.shape)
+        if found and (best is None or found.strength > best.strength):
+            best = found
+        cut = slice(0, PURSUIT_ROWS)
+        first = replace(rows, rows=rows.rows[cut], errors=rows.errors[cut])
+        gathered.append(
+            (
+                name,
+                reduced,
+                replace(first, slices=rows.slices[cut].copy(), references=rows.references[cut]),
+            )
+        )
+    where = _describe(best, integers) if best and best.strength >= STRONG else None
+    if best and where:
+        return (
+            f"The error follows {best.input} along its axis {best.axis} (size {best.size}, "
+            f"reduced away in the output) at {where}: correlation {best.strength:.2f} in the "
+            f"median of {len(best.positions)} failing rows — an element of the reduction taken "
+            "or dropped there."
+        )
+    return _several_sentence(gathered)
+
+
+def _several_sentence(gathered: list[tuple[str, int, _Rows]]) -> str | None:
+    """The sentence for the best set of several positions every failing row follows, if any."""
+    best: Sites | None = None
+    for name, reduced, rows in gathered:
+        found = _several(name, reduced, rows)
+        if found and (best is None or found.strength > best.strength):
+            best = found
+    if best is None:
         return None
     return (
         f"The error follows {best.input} along its axis {best.axis} (size {best.size}, reduced "
-        f"away in the output) at {where}: correlation "
-        f"{best.strength:.2f} in the median of {len(best.positions)} failing rows — an element "
-        "of the reduction taken or dropped there."
+        f"away in the output) at {_positions(best.positions)}, together: a fit on those "
+        f"slices explains it with correlation {best.strength:.2f} in the median of {best.rows} "
+        "failing rows — one element of the reduction taken or dropped at each."
     )
+
+
+def _positions(positions: tuple[int, ...]) -> str:
+    """ "positions 0, 128 and 256 (the first of each block of 128)": a block edge named when
+    the positions are the first (or the last) of equal blocks."""
+    listed = ", ".join(str(p) for p in positions[:-1]) + f" and {positions[-1]}"
+    for word, shift in (("first", 0), ("last", 1)):
+        block = int(np.gcd.reduce(np.array(positions) + shift))
+        if block >= MIN_POSITIONS and all((p + shift) % block == 0 for p in positions):
+            return f"positions {listed} (the {word} of each block of {block})"
+    return f"positions {listed}"
