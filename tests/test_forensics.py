@@ -367,6 +367,31 @@ def test_keys_dropped_at_each_block_edge_are_named_together():
     assert attribute_error(ref + noise, ref, np.ones_like(ref, bool), inputs) is None
 
 
+def test_a_softmax_made_too_sharp_is_named_as_one_element_per_row():
+    """Logits divided by the scale instead of multiplied: each row's output is nearly one value
+    row, a different one per row, where the reference averages many."""
+    from nearmiss.forensics.attribution import attribute_error
+
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((2, 16, 64)) * 0.125
+    k, v = rng.standard_normal((2, 128, 64)), rng.standard_normal((2, 128, 64))
+    full = np.full(2, 128, np.int32)
+    ref = _attention(q, k, v, full)
+    out = _attention(q * 64.0, k, v, full)
+    text = attribute_error(out, ref, np.abs(out - ref) > 1e-6, [("q", q), ("k", k), ("v", v)])
+    assert text.startswith(
+        "Each failing row's error follows a single element of v along its axis 1"
+    )
+    assert "a different one per row" in text and "weights too sharp" in text
+    # Over eight features the best of 128 slices fits noise as well: no such lead there.
+    few = rng.standard_normal((2, 128, 8))
+    ref8 = _attention(q[..., :8], k[..., :8], few, full)
+    out8 = _attention(q[..., :8] * 64.0, k[..., :8], few, full)
+    mask8 = np.abs(out8 - ref8) > 1e-6
+    text8 = attribute_error(out8, ref8, mask8, [("q", q[..., :8]), ("k", k[..., :8]), ("v", few)])
+    assert text8 is None or "single element" not in text8
+
+
 def test_a_dropped_diagonal_is_named_and_unrelated_errors_are_not_attributed():
     from nearmiss.forensics.attribution import attribute_error
 

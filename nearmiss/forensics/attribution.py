@@ -25,6 +25,9 @@ OFFSETS = (-1, 0, 1)
 AGREEMENT = 0.9  # the share of failing rows a stated relation must hold for
 MAX_SITES = 4  # positions the pursuit picks per row (a few blocks' edges)
 MIN_FEATURES_PER_SITE = 4  # features per fitted coefficient, so a fit cannot just memorise
+# A different position per row is a lead only over enough features: the best of a few hundred
+# slices correlates well with noise over eight.
+DOMINANT_FEATURES = 32
 PURSUIT_ROWS = 64  # rows the pursuit fits: enough for a common set, cheap enough per check
 
 
@@ -38,6 +41,7 @@ class Attribution:
     rows: np.ndarray  # (count, output rank - 1) coordinates of the failing rows, feature axis out
     row_axes: tuple[int, ...]  # the output axes those coordinates index
     out_shape: tuple[int, ...]
+    features: int  # values each correlation was taken over
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,8 @@ def _candidate(name: str, x: np.ndarray, reduced: int, g: _Rows, shape) -> Attri
     own = np.abs(_correlations(g.references, g.slices))[np.arange(n), best]
     if np.all(np.isfinite(g.references)) and float(np.median(own)) >= STRONG:
         return None
-    return Attribution(name, reduced, x.shape[reduced], best, strength, g.rows, g.row_axes, shape)
+    size, features = g.slices.shape[1:]
+    return Attribution(name, reduced, size, best, strength, g.rows, g.row_axes, shape, features)
 
 
 def _residuals(errors: np.ndarray, regressors: np.ndarray) -> np.ndarray:
@@ -275,7 +280,25 @@ def attribute_error(
             f"median of {len(best.positions)} failing rows — an element of the reduction taken "
             "or dropped there."
         )
-    return _several_sentence(gathered)
+    return _several_sentence(gathered) or (
+        _dominant_sentence(best)
+        if best and best.strength >= STRONG and best.features >= DOMINANT_FEATURES
+        else None
+    )
+
+
+def _dominant_sentence(found: Attribution) -> str:
+    """Each row's error follows one slice, a different one per row, with no rule: the row's
+    result is one element where the reference weighs many — a softmax made too sharp (logits
+    scaled up), or one element picked where a weighted sum belongs."""
+    return (
+        f"Each failing row's error follows a single element of {found.input} along its axis "
+        f"{found.axis} (size {found.size}, reduced away in the output), a different one per row "
+        f"({len(np.unique(found.positions))} positions over {len(found.positions)} rows; "
+        f"correlation {found.strength:.2f} in the median): one element dominates each row's "
+        "reduction where the reference weighs many — weights too sharp (logits scaled up, a "
+        "scale inverted) or one element picked where a weighted sum belongs."
+    )
 
 
 def _several_sentence(gathered: list[tuple[str, int, _Rows]]) -> str | None:
