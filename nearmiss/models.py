@@ -141,6 +141,9 @@ class Localisation(BaseModel):
     # The input positions, along an axis the output reduces away, that the error follows
     # (forensics.attribution).
     follows: str | None = None
+    # Which outputs one nudged input element moves in the kernel against the reference
+    # (forensics.reach): asked only when nothing above gave a lead.
+    reach: str | None = None
 
 
 class ControlResult(BaseModel):

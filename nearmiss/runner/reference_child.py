@@ -239,7 +239,7 @@ def prepare(channel: Channel, request: dict) -> None:
         )
     channel.send(event="done")
     if request.get("controls"):
-        control_round(channel, request, spec, parameters)
+        control_round(channel, request, spec, parameters, cases)
 
 
 def _unrunnable(channel: Channel, name: str, what: str, exc: Exception) -> None:
@@ -252,16 +252,35 @@ def _unrunnable(channel: Channel, name: str, what: str, exc: Exception) -> None:
     )
 
 
-def control_round(channel: Channel, request: dict, spec, parameters: list[str]) -> None:
+def control_round(channel: Channel, request: dict, spec, parameters: list[str], suite) -> None:
     """The engine's control cases, as many rounds as it asks for (``{"cmd": "controls",
     "cases": [...]}``; anything else ends the child). Every case gets ``case_inputs`` then
     ``case_ready`` — or ``case_unrunnable`` at the step the spec could not do — in the order
-    asked, then the round ``done``."""
+    asked, then the round ``done``. ``suite``: the run's (suite, case) pairs, which a nudge
+    (``forensics.reach``) redraws."""
     while (asked := channel.receive()).get("cmd") == "controls":
-        control_cases(channel, request, spec, parameters, asked.get("cases", []))
+        control_cases(channel, request, spec, parameters, asked.get("cases", []), suite)
 
 
-def control_cases(channel: Channel, request: dict, spec, parameters: list[str], cases) -> None:
+def _draw(jax, spec, request: dict, item: dict, case, suite) -> tuple:
+    """A control's inputs: drawn fresh for its own ``case``, or — a nudge — the suite case's
+    own inputs redrawn from its key, with one element of one input moved by that input's rms."""
+    if "nudge" not in item:
+        return spec.make_inputs(case, case_key(jax, request["seed"], CONTROL_SUITE, case.name))
+    nudge = item["nudge"]
+    label, name = nudge["of"]
+    case = next(c for s, c in suite if (s, c.name) == (label, name))
+    inputs = list(spec.make_inputs(case, case_key(jax, request["seed"], label, name)))
+    x = jax.numpy.asarray(inputs[nudge["input"]])
+    size = jax.numpy.sqrt(jax.numpy.mean(jax.numpy.square(x.astype("float32"))))
+    step = jax.numpy.where(size > 0, size, 1.0).astype(x.dtype)
+    inputs[nudge["input"]] = x.at[tuple(nudge["index"])].add(step)
+    return tuple(inputs)
+
+
+def control_cases(
+    channel: Channel, request: dict, spec, parameters: list[str], cases, suite
+) -> None:
     import jax
     import numpy as np
 
@@ -274,8 +293,7 @@ def control_cases(channel: Channel, request: dict, spec, parameters: list[str], 
         name = str(item.get("name"))
         try:
             case = Case(name, item["dims"], dtype=item["dtype"], profile=item["profile"])
-            key = case_key(jax, request["seed"], CONTROL_SUITE, name)
-            inputs = spec.make_inputs(case, key)
+            inputs = _draw(jax, spec, request, item, case, suite)
             arrays = _arrays_or_none(jax, np, inputs) if isinstance(inputs, tuple | list) else None
             if arrays is None:
                 raise TypeError(f"make_inputs returned {type(inputs).__name__}, not arrays")

@@ -120,7 +120,8 @@ class RawRun:
 
 
 # Asked after the suite's cases, with them and the controls run so far: the control cases to
-# run next, each {"name", "dims", "dtype", "profile"} (none: no more control rounds).
+# run next, each {"name", "dims", "dtype", "profile"}, and for a nudge of a suite case
+# (``forensics.reach``) "nudge": {"of": [suite, name], "input", "index"} (none: no more rounds).
 ControlPlanner = Callable[[list[RawCase], dict[str, RawCase]], list[dict[str, Any]]]
 CONTROL_ROUNDS = 2  # the controls, then a split of the ones that isolated several dims at once
 
@@ -636,10 +637,17 @@ class _CandidateRunner(_Child):
         return artifact
 
 
+def _control_info(item: dict[str, Any]) -> CaseInfo:
+    """A control case's identity; its tolerance comes with its inputs. (A nudge's ``nudge``
+    says how the spec's child draws it, not what the case is.)"""
+    fields = {key: item[key] for key in ("name", "dims", "dtype", "profile")}
+    return CaseInfo(suite="custom", atol=0.0, rtol=0.0, **fields)
+
+
 def _unrunnable(wanted: list[dict[str, Any]], why: str) -> dict[str, RawCase]:
     done = {}
     for item in wanted:
-        info = CaseInfo(suite="custom", atol=0.0, rtol=0.0, **item)
+        info = _control_info(item)
         done[info.name] = RawCase(info, [], "", failure="unrunnable", failure_detail=why)
     return done
 
@@ -678,9 +686,7 @@ def _control_round(
 
     exported = []
     for item in wanted:
-        raw = RawCase(
-            CaseInfo(suite="custom", atol=0.0, rtol=0.0, **item), reference=[], reference_tree=""
-        )
+        raw = RawCase(_control_info(item), reference=[], reference_tree="")
         done[raw.info.name] = raw
         filed = next_for(raw, "case_inputs")
         if filed is None:
