@@ -3,6 +3,7 @@ element and compares which outputs move in the kernel and in the reference."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,29 +17,51 @@ from nearmiss.models import CaseResult, Localisation
 NUDGE = reach.Nudge("base.nudge-x", ("compact", "base"), "x", 0, (1, 4))
 
 
-def footprint(shape, *cells) -> np.ndarray:
-    mask = np.zeros(shape, bool)
+def footprint(shape, *cells, between=()) -> np.ndarray:
+    """A nudge's classes over an output: MOVED at ``cells``, BETWEEN at ``between``."""
+    out = np.full(shape, reach.STILL, np.int8)
+    for cell in between:
+        out[cell] = reach.BETWEEN
     for cell in cells:
-        mask[cell] = True
-    return mask
+        out[cell] = reach.MOVED
+    return out
+
+
+def test_an_output_moves_when_it_changes_beyond_tolerance_and_by_a_share_of_itself():
+    before = np.array([1.0, 1.0, 100.0, 0.0, 1.0])
+    after = np.array([1.0 + 1e-6, 1.5, 100.5, 0.5, np.nan])
+    got = reach.classes(before, after, atol=1e-4, rtol=1e-4)
+    # within tolerance; 50 %; 0.5 % of 100 (beyond tolerance, not clearly moved); from zero; NaN
+    assert got.tolist() == [reach.STILL, reach.MOVED, reach.BETWEEN, reach.MOVED, reach.MOVED]
 
 
 def test_a_footprint_cut_to_its_own_element_names_the_missing_reduction():
     row = footprint((2, 8), (1, slice(None)))
     text = reach.describe(NUDGE, footprint((2, 8), (1, 4)), row, "out")
-    assert text.startswith("Nudging x[1, 4] moves 8 elements of out in the reference ([1, 0-7])")
-    assert "and 1 in the kernel ([1, 4])" in text
+    assert text.startswith("Nudging x[1, 4] (up by 8 times its rms) moves 8 elements ([1, 0-7])")
+    assert "of out in the reference and 1 element ([1, 4]) in the kernel" in text
     assert "carries x[1, 4] along output axis 1 and the kernel does not" in text
+    # The kernel's own element barely moving (between) is still "touched": not "ignores".
+    barely = footprint((2, 8), between=[(1, 4)])
+    assert "along output axis 1 and the kernel does not" in reach.describe(NUDGE, barely, row)
 
 
 def test_an_ignored_element_and_a_misdirected_one_are_told_apart():
     row = footprint((2, 8), (1, slice(None)))
-    assert "the kernel ignores x[1, 4]" in reach.describe(NUDGE, np.zeros((2, 8), bool), row)
+    assert "the kernel ignores x[1, 4]" in reach.describe(NUDGE, footprint((2, 8)), row)
     both_rows = footprint((2, 8), (slice(None), slice(None)))
-    assert "to outputs the reference leaves alone" in reach.describe(NUDGE, both_rows, row)
+    said = reach.describe(NUDGE, both_rows, row)
+    assert "to [0, 0-7], which the reference leaves alone" in said
     other_row = footprint((2, 8), (0, slice(None)))
-    assert "to other outputs than the reference does" in reach.describe(NUDGE, other_row, row)
+    said = reach.describe(NUDGE, other_row, row)
+    assert "to [0, 0-7] and not to [1, 0-7], where the reference does" in said
     assert reach.describe(NUDGE, row, row.copy()) is None  # the same footprint: no lead
+    # One output of a wide footprint on the edge of the thresholds is no finding either.
+    wide = footprint((2, 64), (1, slice(None)))
+    assert reach.describe(NUDGE, footprint((2, 64), (1, slice(1, None))), wide) is None
+    # Outputs that moved only a little on one side are no evidence either way.
+    weak = footprint((2, 8), (1, slice(0, 6)), between=[(1, 6), (1, 7)])
+    assert reach.describe(NUDGE, weak, row) is None
 
 
 def test_only_a_wrong_values_case_without_a_lead_is_nudged_and_only_its_float_inputs():
@@ -57,11 +80,12 @@ def test_only_a_wrong_values_case_without_a_lead_is_nudged_and_only_its_float_in
     x, lengths = np.zeros((4, 6), np.float32), np.zeros(4, np.int32)
     inputs = [("x", x), ("lengths", lengths), ("w", np.zeros(6, np.float32))]
     planned = reach.plan([case("base")], [inputs])
-    assert [(n.input, n.position, n.index) for n in planned] == [("x", 0, (2, 3)), ("w", 2, (3,))]
+    assert [(n.input, n.position, n.index) for n in planned] == [("x", 0, (1, 4)), ("w", 2, (3,))]
     assert planned[0].request(case("base"))["nudge"] == {
         "of": ["compact", "base"],
         "input": 0,
-        "index": [2, 3],
+        "index": [1, 4],
+        "by": reach.NUDGE_BY,
     }
     assert reach.plan([case("base", follows="The error follows ...")], [inputs]) == []
 
@@ -77,8 +101,11 @@ def test_an_unreduced_sum_of_squares_is_named_by_a_nudge_in_a_real_check(tmp_pat
     failing = report.cases[0]
     assert report.failure_class == "wrong_values" and not report.certified
     said = failing.localisation.reach
-    assert said and said.startswith("Nudging x[1, 4, 128] moves 256 elements of out in the ref")
-    assert "and 1 in the kernel ([1, 4, 128])" in said
+    assert said and said.startswith("Nudging x[0, 4, 192] (up by 8 times its rms) moves 25")
+    # The kernel moves the element's own output at most (a sign flip), the reference its row.
+    assert re.search(
+        r"of out in the reference and (0 elements|1 element \(\[0, 4, 192\]\)) in", said
+    )
     assert "along output axis 2 and the kernel does not" in said
     assert said in failing.diagnosis and said in report.diagnosis
     # Evidence only: the nudges are not suite cases and certify nothing.

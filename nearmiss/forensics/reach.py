@@ -10,9 +10,9 @@ ignored (nothing moves), or one carried to outputs the reference leaves alone (a
 reading the wrong block).
 
 The nudges run as control cases (``runner.session``): the failing suite case's own inputs,
-redrawn from its key by the spec's child, with one element — the middle of the input — moved by
-that input's rms, through the same candidate and executor children. Evidence only: a nudge
-never certifies anything.
+redrawn from its key by the spec's child, with one element (inside the input, off its diagonal)
+moved up by NUDGE_BY times that input's rms, through the same candidate and executor children.
+Evidence only: a nudge never certifies anything.
 """
 
 from __future__ import annotations
@@ -28,6 +28,13 @@ from nearmiss.runner.arrays import is_float
 
 MAX_NUDGES = 2  # inputs nudged per check: one more run of the kernel each
 NUDGED_CLASSES = ("wrong_values",)  # a crash or a NaN says where it is by itself
+# An element moved up by this many times its input's rms: far enough that every dependence the
+# reference has shows clearly (a row norm's other elements move by percents), not so far that a
+# stable computation overflows.
+NUDGE_BY = 8.0
+REL = 0.01  # an output moved, beyond its tolerance, by more than this share of its own value
+STILL, BETWEEN, MOVED = 0, 1, 2
+SIGNIFICANT = 0.1  # the share of the larger footprint a difference must reach
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class Nudge:
     input: str
     position: int
     index: tuple[int, ...]
+    by: float = NUDGE_BY
 
     def request(self, case: CaseResult) -> dict:
         """The control case asked of the children (``runner.session``)."""
@@ -47,14 +55,21 @@ class Nudge:
             "dims": dict(case.dims),
             "dtype": case.dtype,
             "profile": case.profile,
-            "nudge": {"of": list(self.case), "input": self.position, "index": list(self.index)},
+            "nudge": {
+                "of": list(self.case),
+                "input": self.position,
+                "index": list(self.index),
+                "by": self.by,
+            },
         }
 
 
 def plan(cases: Sequence[CaseResult], inputs: Sequence[Sequence[tuple[str, np.ndarray]]]):
     """The nudges of one check: the first failing case with wrong values and no lead of its
-    own gets one per float input (its first MAX_NUDGES), each at the input's middle element.
-    ``inputs``: each case's (name, array) pairs, in the order the kernel takes them."""
+        own gets one per float input (its first MAX_NUDGES), each at a different fraction of each
+    axis (a third and two thirds of a matrix: off the diagonal, where a transposed block would
+    land on itself).
+        ``inputs``: each case's (name, array) pairs, in the order the kernel takes them."""
     for case, arrays in zip(cases, inputs, strict=True):
         loc = case.localisation
         if case.passed or case.failure_class not in NUDGED_CLASSES or loc is None:
@@ -65,23 +80,29 @@ def plan(cases: Sequence[CaseResult], inputs: Sequence[Sequence[tuple[str, np.nd
         for position, (name, x) in enumerate(arrays):
             if not is_float(x.dtype) or x.size < 2 or len(nudges) == MAX_NUDGES:
                 continue
-            index = tuple(size // 2 for size in x.shape)
+            index = tuple(size * (i + 1) // (x.ndim + 1) for i, size in enumerate(x.shape))
             label = f"{case.name}.nudge-{name}"
             nudges.append(Nudge(label, (case.suite, case.name), name, position, index))
         return nudges
     return []
 
 
-def moved(before: np.ndarray, after: np.ndarray, atol: float, rtol: float) -> np.ndarray:
-    """The outputs a nudge moved beyond the case's tolerance (NaN appearing or going counts)."""
+def classes(before: np.ndarray, after: np.ndarray, atol: float, rtol: float) -> np.ndarray:
+    """Per output, what the nudge did to it: STILL (within the case's tolerance), MOVED (by
+    more than REL of its own value besides), or in between — left out of every comparison, so
+    a dependence too weak to tell (a product with a near-zero weight) is never a finding. NaN
+    appearing or going is MOVED."""
     before, after = before.astype(np.float64), after.astype(np.float64)
+    allowed = atol + rtol * np.abs(before)
     with np.errstate(invalid="ignore"):
-        beyond = np.abs(after - before) > atol + rtol * np.abs(before)
-    return beyond | (np.isnan(after) != np.isnan(before))
+        change = np.abs(after - before)
+        out = np.where(change <= allowed, STILL, BETWEEN)
+        out = np.where(change > allowed + REL * np.abs(before), MOVED, out)
+    return np.where(np.isnan(after) != np.isnan(before), MOVED, out).astype(np.int8)
 
 
 def where(mask: np.ndarray) -> str:
-    """'[1, 4, 0-255]': the indices along each axis where anything moved."""
+    """'[1, 4, 0-255]': the indices along each axis where the mask holds."""
     parts = []
     for axis in range(mask.ndim):
         others = tuple(a for a in range(mask.ndim) if a != axis)
@@ -98,33 +119,52 @@ def _axes(mask: np.ndarray) -> list[int]:
     ]
 
 
+def _moves(mask: np.ndarray) -> str:
+    count = int(mask.sum())
+    return f"{count} {'element' if count == 1 else 'elements'}" + (
+        f" ({where(mask)})" if count else ""
+    )
+
+
 def describe(
     nudge: Nudge, kernel: np.ndarray, reference: np.ndarray, leaf: str = "the output"
 ) -> str | None:
-    """One sentence comparing the two footprints (boolean masks over one output leaf), or
-    None when they are the same: then this nudge explains nothing."""
-    if np.array_equal(kernel, reference):
+    """One sentence comparing the kernel's footprint with the reference's (``classes`` over
+    one output leaf), or None when no output clearly moves in one and stays in the other."""
+    ref_only = (reference == MOVED) & (kernel == STILL)
+    kernel_only = (kernel == MOVED) & (reference == STILL)
+    # A few outputs on the edge of the thresholds (the kernel's values are wrong, so its own
+    # threshold differs) are no finding: the difference must be a share of the footprint.
+    reached = max(int((reference == MOVED).sum()), int((kernel == MOVED).sum()), 1)
+    if max(ref_only.sum(), kernel_only.sum()) < SIGNIFICANT * reached:
         return None
     at = f"{nudge.input}[{', '.join(str(i) for i in nudge.index)}]"
-    ref_n, ker_n = int(reference.sum()), int(kernel.sum())
     said = (
-        f"Nudging {at} moves {ref_n} elements of {leaf} in the reference"
-        + (f" ({where(reference)})" if ref_n else "")
-        + f" and {ker_n} in the kernel"
-        + (f" ({where(kernel)})" if ker_n else "")
+        f"Nudging {at} (up by {nudge.by:g} times its rms) moves "
+        f"{_moves(reference != STILL)} of {leaf} in the reference and "
+        f"{_moves(kernel != STILL)} in the kernel"
     )
-    only_ref = [a for a in _axes(reference) if a not in _axes(kernel)]
-    if ref_n and not ker_n:
+    touched = kernel != STILL
+    if not touched.any():
         return f"{said}: the kernel ignores {at}, which the reference uses."
-    if only_ref and not (kernel & ~reference).any():
-        axes = " and ".join(str(a) for a in only_ref)
+    if not kernel_only.any():
+        beyond = [a for a in _axes(ref_only) if a not in _axes(touched)]
+        if beyond:
+            axes = " and ".join(str(a) for a in beyond)
+            return (
+                f"{said}: the reference carries {at} along output axis {axes} and the kernel "
+                "does not — a reduction over that axis missing or cut short."
+            )
+        return f"{said}: the kernel leaves out {where(ref_only)}, which the reference moves."
+    if not ref_only.any():
         return (
-            f"{said}: the reference carries {at} along output axis {axes} and the kernel does "
-            "not — a reduction over that axis missing or cut short."
+            f"{said}: the kernel carries {at} to {where(kernel_only)}, which the reference "
+            "leaves alone."
         )
-    if not (reference & ~kernel).any():
-        return f"{said}: the kernel carries {at} to outputs the reference leaves alone."
-    return f"{said}: the kernel carries {at} to other outputs than the reference does."
+    return (
+        f"{said}: the kernel carries {at} to {where(kernel_only)} and not to "
+        f"{where(ref_only)}, where the reference does."
+    )
 
 
 def conclude(
@@ -148,8 +188,8 @@ def conclude(
             after = ran.get(nudge.name)
             if after is None or leaf >= min(len(after[0]), len(after[1]), len(outputs)):
                 continue
-            kernel = moved(outputs[leaf], after[0][leaf], case.atol, case.rtol)
-            ref = moved(reference[leaf], after[1][leaf], case.atol, case.rtol)
+            kernel = classes(outputs[leaf], after[0][leaf], case.atol, case.rtol)
+            ref = classes(reference[leaf], after[1][leaf], case.atol, case.rtol)
             if kernel.shape != ref.shape:
                 continue
             sentence = describe(nudge, kernel, ref, case.localisation.leaf)

@@ -264,7 +264,8 @@ def control_round(channel: Channel, request: dict, spec, parameters: list[str], 
 
 def _draw(jax, spec, request: dict, item: dict, case, suite) -> tuple:
     """A control's inputs: drawn fresh for its own ``case``, or — a nudge — the suite case's
-    own inputs redrawn from its key, with one element of one input moved by that input's rms."""
+    own inputs redrawn from its key, with one element of one input moved up by ``by`` times
+    that input's rms."""
     if "nudge" not in item:
         return spec.make_inputs(case, case_key(jax, request["seed"], CONTROL_SUITE, case.name))
     nudge = item["nudge"]
@@ -273,7 +274,7 @@ def _draw(jax, spec, request: dict, item: dict, case, suite) -> tuple:
     inputs = list(spec.make_inputs(case, case_key(jax, request["seed"], label, name)))
     x = jax.numpy.asarray(inputs[nudge["input"]])
     size = jax.numpy.sqrt(jax.numpy.mean(jax.numpy.square(x.astype("float32"))))
-    step = jax.numpy.where(size > 0, size, 1.0).astype(x.dtype)
+    step = (float(nudge["by"]) * jax.numpy.where(size > 0, size, 1.0)).astype(x.dtype)
     inputs[nudge["input"]] = x.at[tuple(nudge["index"])].add(step)
     return tuple(inputs)
 
