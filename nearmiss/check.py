@@ -234,18 +234,17 @@ def check(
     seed = secrets.randbelow(2**31) if seed is None else seed
     plan = ControlPlan(source, require_file("spec", spec)) if controls else None
     results: list[CaseResult] = []
-    nudges: list[reach.Nudge] = []
+    nudges: list[reach.NudgePlan] = []  # one, once the suite's cases are in
 
     def planner(raws: list[RawCase], ran: dict[str, RawCase]) -> list[dict]:
         assert plan is not None
         if not results:  # the first round; with none to run, the second may have some
             results[:] = [case_result(r, candidate.name) for r in raws]
             wanted = plan.plan(results, [r.geometry for r in raws])
-            nudges[:] = reach.plan(results, [r.input_arrays for r in raws])
-            named = {(c.suite, c.name): c for c in results}
-            wanted += [nudge.request(named[nudge.case]) for nudge in nudges]
+            nudges.append(reach.NudgePlan(results, raws))
+            wanted += nudges[0].next({})
             return wanted or plan.split({})
-        return plan.split(control_results(ran, candidate.name))
+        return plan.split(control_results(ran, candidate.name)) + nudges[0].next(ran)
 
     raw = run_sandboxed(
         spec,
@@ -266,7 +265,7 @@ def check(
     cases = cases or [case_result(r, candidate.name) for r in raw.cases]
     decided = plan.conclude(cases, control_results(raw.controls, candidate.name)) if plan else set()
     if nudges:
-        reach.conclude(nudges, cases, *_nudged(raw, nudges))
+        nudges[0].conclude(cases, raw.controls)
     refine_unstable(cases, decided)
     on_targets = target_results(raw, cases) if execute else {}
     classes = ranked_classes(
@@ -302,16 +301,6 @@ def check(
         wall_s=time.perf_counter() - started,
         targets=on_targets,
     )
-
-
-def _nudged(raw: RawRun, nudges: list[reach.Nudge]) -> tuple[dict, dict]:
-    """The (outputs, reference) leaves of the suite's cases, and of each nudge that ran."""
-
-    def leaves(r: RawCase | None):
-        return (r.outputs, r.reference) if r and r.outputs is not None and r.reference else None
-
-    base = {(r.info.suite, r.info.name): leaves(r) for r in raw.cases if leaves(r)}
-    return base, {n.name: leaves(raw.controls.get(n.name)) for n in nudges}
 
 
 def control_results(ran: dict[str, RawCase], candidate_name: str) -> dict[str, CaseResult | str]:

@@ -79,7 +79,7 @@ def test_only_a_wrong_values_case_without_a_lead_is_nudged_and_only_its_float_in
 
     x, lengths = np.zeros((4, 6), np.float32), np.zeros(4, np.int32)
     inputs = [("x", x), ("lengths", lengths), ("w", np.zeros(6, np.float32))]
-    planned = reach.plan([case("base")], [inputs])
+    planned = reach.candidates([case("base")], [inputs])
     assert [(n.input, n.position, n.index) for n in planned] == [("x", 0, (1, 4)), ("w", 2, (3,))]
     assert planned[0].request(case("base"))["nudge"] == {
         "of": ["compact", "base"],
@@ -87,7 +87,7 @@ def test_only_a_wrong_values_case_without_a_lead_is_nudged_and_only_its_float_in
         "index": [1, 4],
         "by": reach.NUDGE_BY,
     }
-    assert reach.plan([case("base", follows="The error follows ...")], [inputs]) == []
+    assert reach.candidates([case("base", follows="The error follows ...")], [inputs]) == []
 
 
 def test_an_unreduced_sum_of_squares_is_named_by_a_nudge_in_a_real_check(tmp_path: Path):
@@ -110,3 +110,51 @@ def test_an_unreduced_sum_of_squares_is_named_by_a_nudge_in_a_real_check(tmp_pat
     assert said in failing.diagnosis and said in report.diagnosis
     # Evidence only: the nudges are not suite cases and certify nothing.
     assert [c.name for c in report.cases] == ["base"]
+
+
+def test_a_second_nudge_is_asked_only_when_the_first_found_nothing():
+    from types import SimpleNamespace as Raw
+
+    x, w = np.arange(1.0, 13.0).reshape(3, 4), np.ones(4)
+    out = x * w
+    case = CaseResult(
+        suite="compact",
+        name="base",
+        dims={},
+        dtype="float32",
+        profile="normal",
+        passed=False,
+        failure_class="wrong_values",
+        atol=1e-5,
+        rtol=1e-5,
+        localisation=Localisation(leaf="out", axes=[]),
+    )
+    info = Raw(suite="compact", name="base")
+    base = Raw(info=info, outputs=[out], reference=[out], input_arrays=[("x", x), ("w", w)])
+
+    def run(kernel, reference):
+        return Raw(outputs=[kernel], reference=[reference])
+
+    # The first nudge (x) moves the same outputs on both sides: the second (w) is asked.
+    plan = reach.NudgePlan([case], [base])
+    (first,) = plan.next({})
+    assert first["nudge"]["input"] == 0
+    moved_x = out.copy()
+    moved_x[1, 2] += 8.0
+    (second,) = plan.next({first["name"]: run(moved_x, moved_x)})
+    assert second["nudge"]["input"] == 1
+    # The second finds the kernel ignoring w: no third round, and the case says so.
+    moved_w = out.copy()
+    moved_w[:, 2] += 8.0
+    assert (
+        plan.next({first["name"]: run(moved_x, moved_x), second["name"]: run(out, moved_w)}) == []
+    )
+    plan.conclude([case], {})
+    assert "the kernel ignores w[2], which the reference uses" in case.localisation.reach
+    assert case.localisation.reach in case.diagnosis
+
+    # A first nudge that finds something ends the nudging.
+    case.localisation.reach, case.diagnosis = None, ""
+    plan = reach.NudgePlan([case], [base])
+    (first,) = plan.next({})
+    assert plan.next({first["name"]: run(out, moved_x)}) == []

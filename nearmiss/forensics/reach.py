@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -64,12 +65,14 @@ class Nudge:
         }
 
 
-def plan(cases: Sequence[CaseResult], inputs: Sequence[Sequence[tuple[str, np.ndarray]]]):
-    """The nudges of one check: the first failing case with wrong values and no lead of its
-        own gets one per float input (its first MAX_NUDGES), each at a different fraction of each
-    axis (a third and two thirds of a matrix: off the diagonal, where a transposed block would
-    land on itself).
-        ``inputs``: each case's (name, array) pairs, in the order the kernel takes them."""
+def candidates(
+    cases: Sequence[CaseResult], inputs: Sequence[Sequence[tuple[str, np.ndarray]]]
+) -> list[Nudge]:
+    """The nudges worth asking: the first failing case with wrong values and no lead of its own
+    gets one per float input (its first MAX_NUDGES), each at a different fraction of each axis
+    (a third and two thirds of a matrix: off the diagonal, where a transposed block would land
+    on itself). ``inputs``: each case's (name, array) pairs, in the order the kernel takes
+    them."""
     for case, arrays in zip(cases, inputs, strict=True):
         loc = case.localisation
         if case.passed or case.failure_class not in NUDGED_CLASSES or loc is None:
@@ -167,34 +170,66 @@ def describe(
     )
 
 
-def conclude(
-    nudges: Sequence[Nudge],
-    cases: Sequence[CaseResult],
-    base: Mapping[tuple[str, str], tuple[list[np.ndarray], list[np.ndarray]]],
-    ran: Mapping[str, tuple[list[np.ndarray], list[np.ndarray]] | None],
-) -> None:
-    """Add the nudges' findings to their case (``localisation.reach`` and the diagnosis).
+def _leaves(raw: Any) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+    """A run case's (outputs, reference) leaves (``runner.session.RawCase``), None if it has
+    no outputs to compare."""
+    if raw is None or raw.outputs is None or not raw.reference:
+        return None
+    return raw.outputs, raw.reference
 
-    ``base``: the nudged case's (outputs, reference) leaves; ``ran``: each nudge's, by name, or
-    None where it did not run. Compared on the leaf the case localised."""
-    for case in cases:
-        mine = [n for n in nudges if n.case == (case.suite, case.name)]
-        if not mine or case.localisation is None or (case.suite, case.name) not in base:
-            continue
-        outputs, reference = base[(case.suite, case.name)]
-        leaf = next((i for i, s in enumerate(case.leaves) if s.path == case.localisation.leaf), 0)
-        found = []
-        for nudge in mine:
-            after = ran.get(nudge.name)
-            if after is None or leaf >= min(len(after[0]), len(after[1]), len(outputs)):
+
+class NudgePlan:
+    """The nudges of one check, asked one per control round (``runner.session``): the next
+    only while those before found nothing, so a check pays for one run of the kernel when the
+    first nudge names the fault."""
+
+    def __init__(self, cases: Sequence[CaseResult], raws: Sequence[Any]):
+        self.cases = {(c.suite, c.name): c for c in cases}
+        self.base = {(r.info.suite, r.info.name): _leaves(r) for r in raws}
+        self.waiting = candidates(cases, [r.input_arrays for r in raws])
+        self.asked: list[Nudge] = []
+        self.found: dict[str, str | None] = {}  # nudge name -> its sentence, once judged
+
+    def next(self, ran: Mapping[str, Any]) -> list[dict]:
+        """The control case(s) to ask in this round, given the control runs so far."""
+        self._judge(ran)
+        if any(self.found.values()) or not self.waiting:
+            return []
+        nudge = self.waiting.pop(0)
+        self.asked.append(nudge)
+        return [nudge.request(self.cases[nudge.case])]
+
+    def _judge(self, ran: Mapping[str, Any]) -> None:
+        for nudge in self.asked:
+            if nudge.name in self.found or nudge.name not in ran:
                 continue
-            kernel = classes(outputs[leaf], after[0][leaf], case.atol, case.rtol)
-            ref = classes(reference[leaf], after[1][leaf], case.atol, case.rtol)
-            if kernel.shape != ref.shape:
-                continue
-            sentence = describe(nudge, kernel, ref, case.localisation.leaf)
-            if sentence:
-                found.append(sentence)
-        if found:
-            case.localisation.reach = " ".join(found)
-            case.diagnosis = f"{case.diagnosis} {case.localisation.reach}"
+            case = self.cases[nudge.case]
+            before, after = self.base.get(nudge.case), _leaves(ran[nudge.name])
+            self.found[nudge.name] = _compare(nudge, case, before, after)
+
+    def conclude(self, cases: Sequence[CaseResult], ran: Mapping[str, Any]) -> None:
+        """Add the findings to their case: ``localisation.reach`` and the diagnosis."""
+        self._judge(ran)
+        for case in cases:
+            said = [
+                self.found[n.name]
+                for n in self.asked
+                if n.case == (case.suite, case.name) and self.found.get(n.name)
+            ]
+            if said and case.localisation is not None:
+                case.localisation.reach = " ".join(s for s in said if s)
+                case.diagnosis = f"{case.diagnosis} {case.localisation.reach}"
+
+
+def _compare(nudge: Nudge, case: CaseResult, before, after) -> str | None:
+    """The sentence for one nudge, compared on the output leaf the case localised."""
+    if before is None or after is None or case.localisation is None:
+        return None
+    leaf = next((i for i, s in enumerate(case.leaves) if s.path == case.localisation.leaf), 0)
+    if leaf >= min(len(before[0]), len(after[0]), len(after[1])):
+        return None
+    kernel = classes(before[0][leaf], after[0][leaf], case.atol, case.rtol)
+    reference = classes(before[1][leaf], after[1][leaf], case.atol, case.rtol)
+    if kernel.shape != reference.shape:
+        return None
+    return describe(nudge, kernel, reference, case.localisation.leaf)
