@@ -73,6 +73,14 @@ measured on the planted kernel before the playbook saw any of them:
         structured along axis 1, 13.5% (rows of the second query tile, the first to fold in
         two kv blocks)
 
+Three of those diagnoses gave no lead ("values are wrong") and now name one, by engine work
+done after this set was planted (``forensics.attribution``, ``forensics.reach``): the decode
+error "follows v along its axis 1 … at positions 0, 128 and 256 (the first of each block of
+128), together"; flash's "follows a single element of v along its axis 2 …, a different one per
+row: … weights too sharp (logits scaled up, a scale inverted)"; and for rms norm a nudge of
+x[0, 4, 192] moves the whole row in the reference and only that element in the kernel: "a
+reduction over that axis missing or cut short".
+
 All eight are diagnosed with integrity ok. One idea was run and dropped: layer norm's output
 loop loading the bias from ``weight_ref`` (a copy-paste of the line above) is caught as
 wrong_values ("offset by a constant 1"), but the integrity gate flags it input_independent
