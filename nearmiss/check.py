@@ -7,9 +7,12 @@ outputs come back as files, and every comparison and classification happens here
 from __future__ import annotations
 
 import ast
+import logging
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from nearmiss.errors import UsageError
 from nearmiss.forensics import reach
@@ -43,6 +46,9 @@ from nearmiss.runner.environment import isolation_level
 from nearmiss.runner.session import Limits, RawCase, RawRun, run_sandboxed
 from nearmiss.runner.target_plan import plan_targets
 from nearmiss.targets.verdict import judge_target
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SUITES = ("compact", "extended", "all")
 
@@ -143,17 +149,27 @@ def case_evidence(raw: RawCase, candidate_name: str) -> tuple[CaseResult, LeafCo
         base.passed = True
         return base, worst
     base.localisation = localise(worst.stats.path, worst.bad, raw.geometry)
-    base.localisation.trigger = value_trigger(
-        worst.bad, raw.input_arrays, info.dims, geometry_blocks(raw.geometry)
+    base.localisation.trigger = lead(
+        value_trigger, worst.bad, raw.input_arrays, info.dims, geometry_blocks(raw.geometry)
     )
     leaf = comparisons.index(worst)
-    base.localisation.follows = attribute_error(
-        raw.outputs[leaf], raw.reference[leaf], worst.bad, raw.input_arrays
+    base.localisation.follows = lead(
+        attribute_error, raw.outputs[leaf], raw.reference[leaf], worst.bad, raw.input_arrays
     )
     narrow = raw.narrow_floats
     base.failure_class = classify_numeric(worst.stats, base.localisation, narrow)
     base.diagnosis = describe_numeric(base.failure_class, worst.stats, base.localisation, narrow)
     return base, worst
+
+
+def lead(find: Callable[..., T], *args: Any) -> T | None:
+    """A diagnosis helper's finding, or None when it fails: a lead is evidence, and a check
+    must never fail because a way of finding one did (the failure is logged)."""
+    try:
+        return find(*args)
+    except Exception:
+        log.warning("diagnosis helper %s failed; no lead from it", find.__qualname__, exc_info=True)
+        return None
 
 
 def case_tolerance_used(leaves: list[LeafStats]) -> float | None:
@@ -234,17 +250,19 @@ def check(
     seed = secrets.randbelow(2**31) if seed is None else seed
     plan = ControlPlan(source, require_file("spec", spec)) if controls else None
     results: list[CaseResult] = []
-    nudges: list[reach.NudgePlan] = []  # one, once the suite's cases are in
+    nudges: reach.NudgePlan | None = None  # once the suite's cases are in
 
     def planner(raws: list[RawCase], ran: dict[str, RawCase]) -> list[dict]:
+        nonlocal nudges
         assert plan is not None
         if not results:  # the first round; with none to run, the second may have some
             results[:] = [case_result(r, candidate.name) for r in raws]
             wanted = plan.plan(results, [r.geometry for r in raws])
-            nudges.append(reach.NudgePlan(results, raws))
-            wanted += nudges[0].next({})
+            nudges = lead(reach.NudgePlan, results, raws)
+            wanted += (nudges and lead(nudges.next, {})) or []
             return wanted or plan.split({})
-        return plan.split(control_results(ran, candidate.name)) + nudges[0].next(ran)
+        more = (nudges and lead(nudges.next, ran)) or []
+        return plan.split(control_results(ran, candidate.name)) + more
 
     raw = run_sandboxed(
         spec,
@@ -265,7 +283,7 @@ def check(
     cases = cases or [case_result(r, candidate.name) for r in raw.cases]
     decided = plan.conclude(cases, control_results(raw.controls, candidate.name)) if plan else set()
     if nudges:
-        nudges[0].conclude(cases, raw.controls)
+        lead(nudges.conclude, cases, raw.controls)
     refine_unstable(cases, decided)
     on_targets = target_results(raw, cases) if execute else {}
     classes = ranked_classes(

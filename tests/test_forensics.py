@@ -361,7 +361,7 @@ def test_keys_dropped_at_each_block_edge_are_named_together():
     inputs = [("q", q), ("k", k), ("v", v)]
     text = attribute_error(out, ref, np.abs(out - ref) > 1e-6, inputs)
     assert "follows v along its axis 1 (size 192" in text
-    assert "positions 0, 64 and 128 (the first of each block of 64), together" in text
+    assert "positions 0, 64 and 128 (each the first of a block of 64), together" in text
     # Errors that follow no input at all stay unattributed, however many positions are tried.
     noise = rng.standard_normal(ref.shape) * 0.1
     assert attribute_error(ref + noise, ref, np.ones_like(ref, bool), inputs) is None
@@ -433,3 +433,35 @@ def test_failing_rows_that_are_an_input_s_zero_rows_are_named():
     assert text.startswith("The failing rows are exactly those where x is all zeros")
     bad[0, 1, 3] = True  # a failing row that is not zero: no such claim
     assert value_trigger(bad, [("x", x)], {}) is None
+
+
+def test_the_pursuit_survives_zero_slices_and_names_no_noise_over_few_rows():
+    """A zero-padded cache past each row's length correlates with nothing: the pursuit must
+    not pick a position twice (it used to crash the check); and one row is too few to call
+    its picks common."""
+    from nearmiss.forensics.attribution import attribute_error
+
+    rng = np.random.default_rng(9)
+    k = rng.standard_normal((4, 16, 32))
+    for row, length in enumerate([2, 10, 12, 16]):
+        k[row, length:] = 0.0
+    ref = k.sum(axis=1)
+    out = ref - k[:, 0] - k[:, 8]
+    attribute_error(out, ref, np.ones_like(ref, bool), [("k", k)])  # no exception
+    x = rng.standard_normal((1, 64, 48))
+    ref1 = x.sum(axis=1)
+    out1 = ref1 - x[:, 0] - x[:, 16]
+    text = attribute_error(out1, ref1, np.ones_like(ref1, bool), [("x", x)])
+    assert text is None or "together" not in text
+
+
+def test_a_common_position_with_a_few_strays_is_not_called_scattered():
+    from nearmiss.forensics.attribution import attribute_error
+
+    rng = np.random.default_rng(10)
+    k = rng.standard_normal((20, 64, 48))
+    ref = k.sum(axis=1)
+    dropped = np.where(np.arange(20) < 17, 5, 9)
+    out = ref - k[np.arange(20), dropped]
+    text = attribute_error(out, ref, np.ones_like(ref, bool), [("k", k)])
+    assert text is None or "a different one per row" not in text

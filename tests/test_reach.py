@@ -158,3 +158,42 @@ def test_a_second_nudge_is_asked_only_when_the_first_found_nothing():
     plan = reach.NudgePlan([case], [base])
     (first,) = plan.next({})
     assert plan.next({first["name"]: run(out, moved_x)}) == []
+
+
+def test_an_unchanged_inf_or_nan_did_not_move():
+    before = np.array([np.inf, np.nan, -np.inf, 1.0])
+    after = np.array([np.inf, np.nan, np.inf, 1.0])
+    assert reach.classes(before, after, 1e-5, 1e-5).tolist() == [
+        reach.STILL,
+        reach.STILL,
+        reach.MOVED,  # -Inf to Inf
+        reach.STILL,
+    ]
+
+
+def test_a_nudge_keeps_its_input_s_dtype_and_type_and_stays_finite():
+    """In the spec's child: a float32 input near its maximum (an adversarial profile) is nudged
+    to at most a quarter of it, not to Inf; bfloat16 stays bfloat16; a NumPy float64 input stays
+    a NumPy float64 array (a JAX array without x64 would be float32)."""
+    from types import SimpleNamespace
+
+    import jax
+    import jax.numpy as jnp
+
+    from nearmiss.runner.reference_child import _draw
+
+    drawn = (
+        jnp.full((4, 4), 3e38, jnp.float32),
+        jnp.ones((4, 4), jnp.bfloat16),
+        np.ones(4, np.float64),
+    )
+    spec = SimpleNamespace(make_inputs=lambda case, key: drawn)
+    suite = [("compact", SimpleNamespace(name="base"))]
+    for position, index in ((0, [1, 2]), (1, [1, 2]), (2, [1])):
+        nudge = {"of": ["compact", "base"], "input": position, "index": index, "by": 8.0}
+        inputs = _draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite)
+        x, was = inputs[position], drawn[position]
+        assert type(x) is type(was) and x.dtype == was.dtype
+        wide = np.asarray(x, np.float64)
+        assert np.isfinite(wide).all() and (wide != np.asarray(was, np.float64)).sum() == 1
+    assert float(_draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite)[2][1]) == 9.0

@@ -6,7 +6,10 @@ has no axis for the reduced one, so the error's place on the output cannot say w
 correlation with each slice of an input along that axis can. Per output row, the position whose
 slice best explains the row's error is the suspect; when it is the same for every failing row,
 follows the row's own index (a diagonal) or a per-row integer input (a length), the diagnosis
-names it.
+names it. When no single slice explains the rows, a few positions every row shares may together
+(a split-K mask dropping each split's first key); and when each row's error follows one slice
+with no rule for which, one element dominates a reduction that should weigh many (a softmax
+made too sharp).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ MIN_FEATURES_PER_SITE = 4  # features per fitted coefficient, so a fit cannot ju
 # A different position per row is a lead only over enough features: the best of a few hundred
 # slices correlates well with noise over eight.
 DOMINANT_FEATURES = 32
+PURSUIT_MIN_ROWS = 8
 PURSUIT_ROWS = 64  # rows the pursuit fits: enough for a common set, cheap enough per check
 
 
@@ -53,7 +57,7 @@ class Sites:
     size: int
     positions: tuple[int, ...]
     strength: float  # median correlation of the rows' fits
-    rows: int
+    row_count: int
 
 
 def _match(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> dict[int, int] | None:
@@ -130,7 +134,7 @@ def _gather(
     return _Rows(rows, row_axes, e[tuple(rows.T)], slices, references)
 
 
-def _candidate(name: str, x: np.ndarray, reduced: int, g: _Rows, shape) -> Attribution | None:
+def _candidate(name: str, reduced: int, g: _Rows, shape) -> Attribution | None:
     """The attribution of each failing row's error to its best-correlated slice of ``x``."""
     corr = np.abs(_correlations(g.errors, g.slices))
     best = corr.argmax(axis=-1)
@@ -161,17 +165,24 @@ def _several(name: str, reduced: int, g: _Rows) -> Sites | None:
     picks scatter over the axis and are never common. The set is kept if, fitted in every
     row, it explains the error (median correlation of the fit at least STRONG)."""
     n, size, features = g.slices.shape
-    if features < MIN_FEATURES_PER_SITE * (MAX_SITES + 2) or not np.isfinite(g.references).all():
+    if n < PURSUIT_MIN_ROWS or features < MIN_FEATURES_PER_SITE * (MAX_SITES + 2):
+        return None  # over a few rows every pick is "common"; over few features every fit fits
+    if not np.isfinite(g.references).all():
         return None
     with np.errstate(all="ignore"):
         slices = np.nan_to_num(g.slices)
         base = np.stack([np.ones_like(g.references), g.references], axis=-1)  # (n, F, 2)
         left = _residuals(g.errors, base)
         picked = np.zeros((n, size), bool)
+        order = np.zeros((n, 0), int)  # each row's picks, in the order picked
         for _ in range(MAX_SITES):
-            corr = np.where(picked, 0.0, np.abs(_correlations(left, slices)))
-            picked[np.arange(n), corr.argmax(axis=-1)] = True
-            chosen = slices[picked].reshape(n, -1, features)  # (n, k, F), in position order
+            # A picked position can never win again (-1), nor can one that explains nothing.
+            corr = np.where(picked, -1.0, np.abs(_correlations(left, slices)))
+            pick = corr.argmax(axis=-1)
+            useful = corr[np.arange(n), pick] > 0
+            picked[np.arange(n)[useful], pick[useful]] = True
+            order = np.concatenate([order, pick[:, None]], axis=1)
+            chosen = np.take_along_axis(slices, order[..., None], axis=1)  # (n, k, F)
             left = _residuals(g.errors, np.concatenate([base, np.swapaxes(chosen, 1, 2)], -1))
         common = np.nonzero(picked.mean(axis=0) >= AGREEMENT)[0]
         if len(common) < 2:
@@ -238,7 +249,9 @@ def attribute_error(
 
     ``output`` and ``reference`` are one output leaf's, ``mask`` its elements out of tolerance;
     ``inputs`` the case's (name, array) pairs. Every float input and every one of its axes is
-    tried as the reduced one; the best-explained wins, if it explains well enough."""
+    tried as the reduced one; the best-explained wins, if it explains well enough: one position
+    per row with a rule, else several positions shared by every row, else one scattered
+    position per row (see the module's docstring)."""
     if output.ndim == 0 or not mask.any():
         return None
     if output.ndim == 1:  # one row: a leading axis of one, so rows are always 2-D
@@ -254,24 +267,25 @@ def attribute_error(
         if x.shape[reduced] >= MIN_POSITIONS  # picking one of two positions proves little
     ]
     best: Attribution | None = None
-    gathered = []  # the first rows of each pairing, kept for the pursuit
+    several: Sites | None = None  # the pursuit's best, said only when no single slice is
     for name, x, reduced in pairings:
-        x = np.asarray(x, np.float64)
-        rows = _gather(x, reduced, error, mask, reference)
+        rows = _gather(np.asarray(x, np.float64), reduced, error, mask, reference)
         if rows is None:
             continue
-        found = _candidate(name, x, reduced, rows, error.shape)
+        found = _candidate(name, reduced, rows, error.shape)
         if found and (best is None or found.strength > best.strength):
             best = found
         cut = slice(0, PURSUIT_ROWS)
-        first = replace(rows, rows=rows.rows[cut], errors=rows.errors[cut])
-        gathered.append(
-            (
-                name,
-                reduced,
-                replace(first, slices=rows.slices[cut].copy(), references=rows.references[cut]),
-            )
+        first = replace(
+            rows,
+            rows=rows.rows[cut],
+            errors=rows.errors[cut],
+            slices=rows.slices[cut],
+            references=rows.references[cut],
         )
+        sites = _several(name, reduced, first)
+        if sites and (several is None or sites.strength > several.strength):
+            several = sites
     where = _describe(best, integers) if best and best.strength >= STRONG else None
     if best and where:
         return (
@@ -280,11 +294,19 @@ def attribute_error(
             f"median of {len(best.positions)} failing rows — an element of the reduction taken "
             "or dropped there."
         )
-    return _several_sentence(gathered) or (
-        _dominant_sentence(best)
-        if best and best.strength >= STRONG and best.features >= DOMINANT_FEATURES
-        else None
-    )
+    if several:
+        return _several_sentence(several)
+    if best and best.strength >= STRONG and best.features >= DOMINANT_FEATURES and _spread(best):
+        return _dominant_sentence(best)
+    return None
+
+
+def _spread(found: Attribution) -> bool:
+    """Whether the rows' positions scatter (no position in half the rows, distinct positions
+    for a quarter of them at least): a common position with a few strays is not 'a different
+    one per row'."""
+    n = len(found.positions)
+    return np.bincount(found.positions).max() < n / 2 and len(np.unique(found.positions)) >= n / 4
 
 
 def _dominant_sentence(found: Attribution) -> str:
@@ -301,29 +323,22 @@ def _dominant_sentence(found: Attribution) -> str:
     )
 
 
-def _several_sentence(gathered: list[tuple[str, int, _Rows]]) -> str | None:
-    """The sentence for the best set of several positions every failing row follows, if any."""
-    best: Sites | None = None
-    for name, reduced, rows in gathered:
-        found = _several(name, reduced, rows)
-        if found and (best is None or found.strength > best.strength):
-            best = found
-    if best is None:
-        return None
+def _several_sentence(best: Sites) -> str:
+    """The sentence for several positions every failing row follows together."""
     return (
         f"The error follows {best.input} along its axis {best.axis} (size {best.size}, reduced "
         f"away in the output) at {_positions(best.positions)}, together: a fit on those "
-        f"slices explains it with correlation {best.strength:.2f} in the median of {best.rows} "
-        "failing rows — one element of the reduction taken or dropped at each."
+        f"slices explains it with correlation {best.strength:.2f} in the median of "
+        f"{best.row_count} failing rows — one element of the reduction taken or dropped at each."
     )
 
 
 def _positions(positions: tuple[int, ...]) -> str:
-    """ "positions 0, 128 and 256 (the first of each block of 128)": a block edge named when
-    the positions are the first (or the last) of equal blocks."""
+    """ "positions 0, 128 and 256 (each the first of a block of 128)": a block edge named when
+    every position is the first (or the last) of a block of one size."""
     listed = ", ".join(str(p) for p in positions[:-1]) + f" and {positions[-1]}"
     for word, shift in (("first", 0), ("last", 1)):
-        block = int(np.gcd.reduce(np.array(positions) + shift))
-        if block >= MIN_POSITIONS and all((p + shift) % block == 0 for p in positions):
-            return f"positions {listed} (the {word} of each block of {block})"
+        block = int(np.gcd.reduce(np.array(positions) + shift))  # divides every position
+        if block >= MIN_POSITIONS:
+            return f"positions {listed} (each the {word} of a block of {block})"
     return f"positions {listed}"

@@ -17,6 +17,7 @@ Evidence only: a nudge never certifies anything.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,11 +69,11 @@ class Nudge:
 def candidates(
     cases: Sequence[CaseResult], inputs: Sequence[Sequence[tuple[str, np.ndarray]]]
 ) -> list[Nudge]:
-    """The nudges worth asking: the first failing case with wrong values and no lead of its own
-    gets one per float input (its first MAX_NUDGES), each at a different fraction of each axis
-    (a third and two thirds of a matrix: off the diagonal, where a transposed block would land
-    on itself). ``inputs``: each case's (name, array) pairs, in the order the kernel takes
-    them."""
+    """The nudges worth asking: the first failing case with wrong values — none if it has a
+    lead of its own already (a trigger, positions its error follows) — gets one per float
+    input (its first MAX_NUDGES), each at a different fraction of each axis (a third and two
+    thirds of a matrix: off the diagonal, where a transposed block would land on itself).
+    ``inputs``: each case's (name, array) pairs, in the order the kernel takes them."""
     for case, arrays in zip(cases, inputs, strict=True):
         loc = case.localisation
         if case.passed or case.failure_class not in NUDGED_CLASSES or loc is None:
@@ -84,7 +85,7 @@ def candidates(
             if not is_float(x.dtype) or x.size < 2 or len(nudges) == MAX_NUDGES:
                 continue
             index = tuple(size * (i + 1) // (x.ndim + 1) for i, size in enumerate(x.shape))
-            label = f"{case.name}.nudge-{name}"
+            label = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{case.name}.nudge-{name}")
             nudges.append(Nudge(label, (case.suite, case.name), name, position, index))
         return nudges
     return []
@@ -94,14 +95,19 @@ def classes(before: np.ndarray, after: np.ndarray, atol: float, rtol: float) -> 
     """Per output, what the nudge did to it: STILL (within the case's tolerance), MOVED (by
     more than REL of its own value besides), or in between — left out of every comparison, so
     a dependence too weak to tell (a product with a near-zero weight) is never a finding. NaN
-    appearing or going is MOVED."""
+    appearing or going, or an Inf changing, is MOVED; an unchanged value (an Inf, a NaN left
+    as it was) is STILL."""
     before, after = before.astype(np.float64), after.astype(np.float64)
     allowed = atol + rtol * np.abs(before)
     with np.errstate(invalid="ignore"):
         change = np.abs(after - before)
         out = np.where(change <= allowed, STILL, BETWEEN)
         out = np.where(change > allowed + REL * np.abs(before), MOVED, out)
-    return np.where(np.isnan(after) != np.isnan(before), MOVED, out).astype(np.int8)
+    same = (after == before) | (np.isnan(after) & np.isnan(before))
+    out = np.where(same, STILL, out)
+    # An infinite tolerance (rtol times an Inf) measures nothing: an Inf that changed moved.
+    changed = (np.isnan(after) != np.isnan(before)) | (np.isinf(before) & ~same)
+    return np.where(changed, MOVED, out).astype(np.int8)
 
 
 def where(mask: np.ndarray) -> str:

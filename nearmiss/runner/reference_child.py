@@ -262,7 +262,7 @@ def control_round(channel: Channel, request: dict, spec, parameters: list[str], 
         control_cases(channel, request, spec, parameters, asked.get("cases", []), suite)
 
 
-def _draw(jax, spec, request: dict, item: dict, case, suite) -> tuple:
+def _draw(jax, np, spec, request: dict, item: dict, case, suite) -> tuple:
     """A control's inputs: drawn fresh for its own ``case``, or — a nudge — the suite case's
     own inputs redrawn from its key, with one element of one input moved up by ``by`` times
     that input's rms."""
@@ -272,10 +272,15 @@ def _draw(jax, spec, request: dict, item: dict, case, suite) -> tuple:
     label, name = nudge["of"]
     case = next(c for s, c in suite if (s, c.name) == (label, name))
     inputs = list(spec.make_inputs(case, case_key(jax, request["seed"], label, name)))
-    x = jax.numpy.asarray(inputs[nudge["input"]])
-    size = jax.numpy.sqrt(jax.numpy.mean(jax.numpy.square(x.astype("float32"))))
-    step = (float(nudge["by"]) * jax.numpy.where(size > 0, size, 1.0)).astype(x.dtype)
-    inputs[nudge["input"]] = x.at[tuple(nudge["index"])].add(step)
+    original = inputs[nudge["input"]]
+    x = np.array(original)  # a copy in the input's own dtype (numpy or JAX, float64 or bf16)
+    wide = x.astype(np.float64)
+    size = float(np.sqrt(np.mean(np.square(wide))))  # in float64: huge float32 values square
+    size = size if np.isfinite(size) and size > 0 else 1.0
+    index = tuple(nudge["index"])
+    top = float(jax.numpy.finfo(x.dtype).max) / 4  # never past what the dtype holds
+    x[index] = min(wide[index] + float(nudge["by"]) * size, top)
+    inputs[nudge["input"]] = jax.numpy.asarray(x) if isinstance(original, jax.Array) else x
     return tuple(inputs)
 
 
@@ -294,7 +299,7 @@ def control_cases(
         name = str(item.get("name"))
         try:
             case = Case(name, item["dims"], dtype=item["dtype"], profile=item["profile"])
-            inputs = _draw(jax, spec, request, item, case, suite)
+            inputs = _draw(jax, np, spec, request, item, case, suite)
             arrays = _arrays_or_none(jax, np, inputs) if isinstance(inputs, tuple | list) else None
             if arrays is None:
                 raise TypeError(f"make_inputs returned {type(inputs).__name__}, not arrays")
