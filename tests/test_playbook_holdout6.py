@@ -75,7 +75,7 @@ measured on the planted kernel before the playbook saw any of them:
 
 Three of those diagnoses gave no lead ("values are wrong") and now name one, by engine work
 done after this set was planted (``forensics.attribution``, ``forensics.reach``): the decode
-error "follows v along its axis 1 … at positions 0, 128 and 256 (the first of each block of
+error "follows v along its axis 1 … at positions 0, 128 and 256 (each the first of a block of
 128), together"; flash's "follows a single element of v along its axis 2 …, a different one per
 row: … weights too sharp (logits scaled up, a scale inverted)"; and for rms norm a nudge of
 x[0, 4, 192] moves the whole row in the reference and only that element in the kernel: "a
