@@ -15,7 +15,7 @@ made too sharp).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -97,7 +97,12 @@ class _Rows:
 
 
 def _gather(
-    x: np.ndarray, reduced: int, error: np.ndarray, mask: np.ndarray, reference: np.ndarray
+    x: np.ndarray,
+    reduced: int,
+    error: np.ndarray,
+    mask: np.ndarray,
+    reference: np.ndarray,
+    limit: int = MAX_ROWS,
 ) -> _Rows | None:
     """The failing rows' errors, references and ``x``'s slices along ``reduced``, or None when
     the input's other axes do not line up with the output's."""
@@ -118,7 +123,7 @@ def _gather(
     usable = np.moveaxis(mask, feature_out, -1).any(axis=-1) & np.isfinite(e).all(axis=-1)
     # Bounded work: (rows x positions x features) values at most; fewer rows when larger.
     per_row = x.shape[reduced] * x.shape[feature_in]
-    rows = np.argwhere(usable)[: min(MAX_ROWS, MAX_VALUES // per_row)]
+    rows = np.argwhere(usable)[: min(limit, MAX_VALUES // per_row)]
     if not len(rows):
         return None
     # The input as (its matched row axes..., R, F): indexed by each row's coordinates.
@@ -267,25 +272,11 @@ def attribute_error(
         if x.shape[reduced] >= MIN_POSITIONS  # picking one of two positions proves little
     ]
     best: Attribution | None = None
-    several: Sites | None = None  # the pursuit's best, said only when no single slice is
     for name, x, reduced in pairings:
         rows = _gather(np.asarray(x, np.float64), reduced, error, mask, reference)
-        if rows is None:
-            continue
-        found = _candidate(name, reduced, rows, error.shape)
+        found = rows and _candidate(name, reduced, rows, error.shape)
         if found and (best is None or found.strength > best.strength):
             best = found
-        cut = slice(0, PURSUIT_ROWS)
-        first = replace(
-            rows,
-            rows=rows.rows[cut],
-            errors=rows.errors[cut],
-            slices=rows.slices[cut],
-            references=rows.references[cut],
-        )
-        sites = _several(name, reduced, first)
-        if sites and (several is None or sites.strength > several.strength):
-            several = sites
     where = _describe(best, integers) if best and best.strength >= STRONG else None
     if best and where:
         return (
@@ -294,6 +285,12 @@ def attribute_error(
             f"median of {len(best.positions)} failing rows — an element of the reduction taken "
             "or dropped there."
         )
+    several: Sites | None = None  # only now, when no single slice is a lead: the pursuit costs
+    for name, x, reduced in pairings:
+        rows = _gather(np.asarray(x, np.float64), reduced, error, mask, reference, PURSUIT_ROWS)
+        sites = rows and _several(name, reduced, rows)
+        if sites and (several is None or sites.strength > several.strength):
+            several = sites
     if several:
         return _several_sentence(several)
     if best and best.strength >= STRONG and best.features >= DOMINANT_FEATURES and _spread(best):
