@@ -32,6 +32,7 @@ MIN_FEATURES_PER_SITE = 4  # features per fitted coefficient, so a fit cannot ju
 # slices correlates well with noise over eight.
 DOMINANT_FEATURES = 32
 PURSUIT_MIN_ROWS = 8
+PURSUIT_MIN_POSITIONS = 32  # the pursuit picks up to MAX_SITES of them per row
 PURSUIT_ROWS = 64  # rows the pursuit fits: enough for a common set, cheap enough per check
 
 
@@ -168,10 +169,13 @@ def _several(name: str, reduced: int, g: _Rows) -> Sites | None:
     the reference's own row and a constant (what renormalising — a softmax's denominator —
     adds to every element). Positions picked in nearly every row are the common set; random
     picks scatter over the axis and are never common. The set is kept if, fitted in every
-    row, it explains the error (median correlation of the fit at least STRONG)."""
+    row, it explains what the constant and the reference leave of the error (median
+    correlation of the fit at least STRONG)."""
     n, size, features = g.slices.shape
     if n < PURSUIT_MIN_ROWS or features < MIN_FEATURES_PER_SITE * (MAX_SITES + 2):
         return None  # over a few rows every pick is "common"; over few features every fit fits
+    if size < PURSUIT_MIN_POSITIONS:
+        return None  # picking four of eight positions names half the axis: no finding
     if not np.isfinite(g.references).all():
         return None
     with np.errstate(all="ignore"):
@@ -194,8 +198,10 @@ def _several(name: str, reduced: int, g: _Rows) -> Sites | None:
             return None
         fit = np.concatenate([base, np.swapaxes(slices[:, common], 1, 2)], axis=-1)
         left = _residuals(g.errors, fit)
-        centred = g.errors - g.errors.mean(axis=-1, keepdims=True)
-        explained = 1.0 - (left**2).sum(-1) / (centred**2).sum(-1)
+        # Judged on what the constant and the reference leave: a scale error of the whole row
+        # is explained by the reference alone, and the slices must explain the rest.
+        unexplained = _residuals(g.errors, base)
+        explained = 1.0 - (left**2).sum(-1) / (unexplained**2).sum(-1)
     strength = float(np.sqrt(max(float(np.nanmedian(explained)), 0.0)))
     if not np.isfinite(strength) or strength < STRONG:
         return None
