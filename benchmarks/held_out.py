@@ -31,6 +31,7 @@ SETS = {  # set name -> (test module, the dict of planted cases in it)
     "holdout4": ("test_playbook_holdout4", "HOLDOUT4"),
     "holdout5": ("test_playbook_holdout5", "HOLDOUT5"),
     "holdout6": ("test_playbook_holdout6", "HOLDOUT6"),
+    "holdout7": ("test_playbook_holdout7", "HOLDOUT7"),
     "families": ("test_playbook_families", "FAMILIES"),
 }
 
