@@ -197,3 +197,43 @@ def test_a_nudge_keeps_its_input_s_dtype_and_type_and_stays_finite():
         wide = np.asarray(x, np.float64)
         assert np.isfinite(wide).all() and (wide != np.asarray(was, np.float64)).sum() == 1
     assert float(_draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite)[2][1]) == 9.0
+    swap = {"of": ["compact", "base"], "swap": [0, 2]}
+    swapped = _draw(jax, np, spec, {"seed": 0}, {"nudge": swap}, None, suite)
+    assert swapped[0] is drawn[2] and swapped[2] is drawn[0] and swapped[1] is drawn[1]
+
+
+def test_inputs_the_kernel_takes_one_for_the_other_are_named_in_a_real_check(tmp_path: Path):
+    """JAX's layer norm with weight and bias swapped (holdout4): its outputs are the
+    reference's on the swapped inputs, which one more run with them swapped shows."""
+    from test_playbook_holdout4 import HOLDOUT4
+
+    case = HOLDOUT4["layer_norm_weight_bias_swapped"]
+    candidate = tmp_path / "kernel.py"
+    candidate.write_text(planted(case))
+    report = check(SPECS / f"{case.spec}_spec.py", candidate, "compact", seed=3)
+    said = report.cases[0].localisation.reach
+    assert "The kernel's out is the reference's with weight and bias swapped (100.0%" in said
+    assert "the kernel takes weight for bias and bias for weight" in report.diagnosis
+
+
+def test_a_swap_is_named_only_when_the_swapped_reference_matches():
+    swap = reach.Swap("base.swap-a-b", ("compact", "base"), ("a", "b"), (0, 1))
+    case = CaseResult(
+        suite="compact",
+        name="base",
+        dims={},
+        dtype="float32",
+        profile="normal",
+        passed=False,
+        failure_class="wrong_values",
+        atol=1e-5,
+        rtol=1e-5,
+        localisation=Localisation(leaf="out", axes=[]),
+    )
+    a, b = np.arange(8.0), np.arange(8.0) * 3 + 1
+    kernel, reference = [b - a], [a - b]  # the kernel computes b - a for a - b
+    said = reach.swap_sentence(swap, case, (kernel, reference), ([a - b], [b - a]))
+    assert said.startswith("The kernel's out is the reference's with a and b swapped (100.0%")
+    assert "0.0% of the reference as called" in said
+    # A swapped reference as wrong as the plain one: no finding.
+    assert reach.swap_sentence(swap, case, (kernel, reference), ([a - b], [b + a])) is None

@@ -29,6 +29,8 @@ from nearmiss.models import CaseResult
 from nearmiss.runner.arrays import is_float
 
 MAX_NUDGES = 2  # inputs nudged per check: one more run of the kernel each
+MAX_SWAPS = 2  # pairs of like inputs swapped per check: one more run each
+SWAP_MATCH = 0.99  # the share of elements the swapped reference must match
 NUDGED_CLASSES = ("wrong_values",)  # a crash or a NaN says where it is by itself
 # An element moved up by this many times its input's rms: far enough that every dependence the
 # reference has shows clearly (a row norm's other elements move by percents), not so far that a
@@ -66,29 +68,125 @@ class Nudge:
         }
 
 
-def candidates(
+@dataclass(frozen=True)
+class Swap:
+    """Two inputs of ``case`` of one shape and dtype, given to the kernel the other way round:
+    if the kernel's outputs on the suite's inputs are the reference's on the swapped ones, the
+    kernel takes one for the other (weight for bias, x for y)."""
+
+    name: str
+    case: tuple[str, str]
+    inputs: tuple[str, str]
+    positions: tuple[int, int]
+
+    def request(self, case: CaseResult) -> dict:
+        return {
+            "name": self.name,
+            "dims": dict(case.dims),
+            "dtype": case.dtype,
+            "profile": case.profile,
+            "nudge": {"of": list(self.case), "swap": list(self.positions)},
+        }
+
+
+def _label(case: CaseResult, what: str) -> str:
+    """A control case's name (a directory name in the work tree)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{case.name}.{what}")
+
+
+def swaps(
     cases: Sequence[CaseResult], inputs: Sequence[Sequence[tuple[str, np.ndarray]]]
-) -> list[Nudge]:
-    """The nudges worth asking: the first failing case with wrong values — none if it has a
-    lead of its own already (a trigger, positions its error follows) — gets one per float
-    input (its first MAX_NUDGES), each at a different fraction of each axis (a third and two
-    thirds of a matrix: off the diagonal, where a transposed block would land on itself).
-    ``inputs``: each case's (name, array) pairs, in the order the kernel takes them."""
+) -> list[Swap]:
+    """The swaps worth asking, for the case the nudges are for: its pairs of float inputs of
+    one shape and dtype (the first MAX_SWAPS)."""
+    chosen = _nudged_case(cases, inputs)
+    if chosen is None:
+        return []
+    case, arrays = chosen
+    floats = [(i, name, x) for i, (name, x) in enumerate(arrays) if is_float(x.dtype)]
+    pairs = [
+        ((i, a), (j, b))
+        for k, (i, a, x) in enumerate(floats)
+        for j, b, y in floats[k + 1 :]
+        if x.shape == y.shape and x.dtype == y.dtype
+    ]
+    key = (case.suite, case.name)
+    return [
+        Swap(_label(case, f"swap-{a}-{b}"), key, (a, b), (i, j))
+        for (i, a), (j, b) in pairs[:MAX_SWAPS]
+    ]
+
+
+def swap_sentence(swap: Swap, case: CaseResult, before, after) -> str | None:
+    """The sentence when the kernel's outputs (``before``: the suite's run) are the reference's
+    on the swapped inputs (``after``: the swap's run), on nearly every element."""
+    if before is None or after is None or case.localisation is None:
+        return None
+    leaf = _leaf(case)
+    if leaf >= min(len(before[0]), len(before[1]), len(after[1])):
+        return None
+    kernel, swapped, reference = before[0][leaf], after[1][leaf], before[1][leaf]
+    if kernel.shape != swapped.shape:
+        return None
+    share = _within(kernel, swapped, case.atol, case.rtol)
+    if share < SWAP_MATCH:
+        return None
+    a, b = swap.inputs
+    return (
+        f"The kernel's {case.localisation.leaf} is the reference's with {a} and {b} swapped "
+        f"({share:.1%} of its elements within tolerance of that, "
+        f"{_within(kernel, reference, case.atol, case.rtol):.1%} of the reference as called): "
+        f"the kernel takes {a} for {b} and {b} for {a}."
+    )
+
+
+def _within(out: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> float:
+    out, ref = out.astype(np.float64), ref.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        close = np.abs(out - ref) <= atol + rtol * np.abs(ref)
+    return float(np.mean(close | (np.isnan(out) & np.isnan(ref))))
+
+
+def _leaf(case: CaseResult) -> int:
+    """The output leaf the case localised."""
+    assert case.localisation is not None
+    return next((i for i, s in enumerate(case.leaves) if s.path == case.localisation.leaf), 0)
+
+
+def _nudged_case(
+    cases: Sequence[CaseResult], inputs: Sequence[Sequence[tuple[str, np.ndarray]]]
+) -> tuple[CaseResult, Sequence[tuple[str, np.ndarray]]] | None:
+    """The case nudges are for, with its inputs: the first failing case with wrong values —
+    none if it has a lead of its own already (a trigger, positions its error follows)."""
     for case, arrays in zip(cases, inputs, strict=True):
         loc = case.localisation
         if case.passed or case.failure_class not in NUDGED_CLASSES or loc is None:
             continue
         if loc.trigger or loc.follows or not arrays:
-            return []
-        nudges = []
-        for position, (name, x) in enumerate(arrays):
-            if not is_float(x.dtype) or x.size < 2 or len(nudges) == MAX_NUDGES:
-                continue
-            index = tuple(size * (i + 1) // (x.ndim + 1) for i, size in enumerate(x.shape))
-            label = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{case.name}.nudge-{name}")
-            nudges.append(Nudge(label, (case.suite, case.name), name, position, index))
-        return nudges
-    return []
+            return None
+        return case, arrays
+    return None
+
+
+def candidates(
+    cases: Sequence[CaseResult], inputs: Sequence[Sequence[tuple[str, np.ndarray]]]
+) -> list[Nudge]:
+    """The nudges worth asking: one per float input of the case they are for (its first
+    MAX_NUDGES), each at a different fraction of each axis (a third and two thirds of a
+    matrix: off the diagonal, where a transposed block would land on itself). ``inputs``: each
+    case's (name, array) pairs, in the order the kernel takes them."""
+    chosen = _nudged_case(cases, inputs)
+    if chosen is None:
+        return []
+    case, arrays = chosen
+    nudges = []
+    for position, (name, x) in enumerate(arrays):
+        if not is_float(x.dtype) or x.size < 2 or len(nudges) == MAX_NUDGES:
+            continue
+        index = tuple(size * (i + 1) // (x.ndim + 1) for i, size in enumerate(x.shape))
+        key = (case.suite, case.name)
+        nudges.append(Nudge(_label(case, f"nudge-{name}"), key, name, position, index))
+    return nudges
 
 
 def classes(before: np.ndarray, after: np.ndarray, atol: float, rtol: float) -> np.ndarray:
@@ -187,31 +285,36 @@ def _leaves(raw: Any) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
 class NudgePlan:
     """The nudges of one check, asked one per control round (``runner.session``): the next
     only while those before found nothing, so a check pays for one run of the kernel when the
-    first nudge names the fault."""
+    first nudge names the fault. The swaps go with the first."""
 
     def __init__(self, cases: Sequence[CaseResult], raws: Sequence[Any]):
         self.cases = {(c.suite, c.name): c for c in cases}
         self.base = {(r.info.suite, r.info.name): _leaves(r) for r in raws}
-        self.waiting = candidates(cases, [r.input_arrays for r in raws])
-        self.asked: list[Nudge] = []
-        self.found: dict[str, str | None] = {}  # nudge name -> its sentence, once judged
+        inputs = [r.input_arrays for r in raws]
+        self.waiting: list[Nudge] = candidates(cases, inputs)
+        self.swaps = swaps(cases, inputs)
+        self.asked: list[Nudge | Swap] = []
+        self.found: dict[str, str | None] = {}  # name -> its sentence, once judged
 
     def next(self, ran: Mapping[str, Any]) -> list[dict]:
         """The control case(s) to ask in this round, given the control runs so far."""
         self._judge(ran)
         if any(self.found.values()) or not self.waiting:
             return []
-        nudge = self.waiting.pop(0)
-        self.asked.append(nudge)
-        return [nudge.request(self.cases[nudge.case])]
+        asked: list[Nudge | Swap] = [self.waiting.pop(0)]
+        if not self.asked:
+            asked += self.swaps
+        self.asked += asked
+        return [item.request(self.cases[item.case]) for item in asked]
 
     def _judge(self, ran: Mapping[str, Any]) -> None:
-        for nudge in self.asked:
-            if nudge.name in self.found or nudge.name not in ran:
+        for item in self.asked:
+            if item.name in self.found or item.name not in ran:
                 continue
-            case = self.cases[nudge.case]
-            before, after = self.base.get(nudge.case), _leaves(ran[nudge.name])
-            self.found[nudge.name] = _compare(nudge, case, before, after)
+            case = self.cases[item.case]
+            before, after = self.base.get(item.case), _leaves(ran[item.name])
+            judge = swap_sentence if isinstance(item, Swap) else _compare
+            self.found[item.name] = judge(item, case, before, after)
 
     def conclude(self, cases: Sequence[CaseResult], ran: Mapping[str, Any]) -> None:
         """Add the findings to their case: ``localisation.reach`` and the diagnosis."""
@@ -231,7 +334,7 @@ def _compare(nudge: Nudge, case: CaseResult, before, after) -> str | None:
     """The sentence for one nudge, compared on the output leaf the case localised."""
     if before is None or after is None or case.localisation is None:
         return None
-    leaf = next((i for i, s in enumerate(case.leaves) if s.path == case.localisation.leaf), 0)
+    leaf = _leaf(case)
     if leaf >= min(len(before[0]), len(after[0]), len(after[1])):
         return None
     kernel = classes(before[0][leaf], after[0][leaf], case.atol, case.rtol)

@@ -265,13 +265,17 @@ def control_round(channel: Channel, request: dict, spec, parameters: list[str], 
 def _draw(jax, np, spec, request: dict, item: dict, case, suite) -> tuple:
     """A control's inputs: drawn fresh for its own ``case``, or — a nudge — the suite case's
     own inputs redrawn from its key, with one element of one input moved up by ``by`` times
-    that input's rms."""
+    that input's rms, or two inputs swapped (``swap``)."""
     if "nudge" not in item:
         return spec.make_inputs(case, case_key(jax, request["seed"], CONTROL_SUITE, case.name))
     nudge = item["nudge"]
     label, name = nudge["of"]
     case = next(c for s, c in suite if (s, c.name) == (label, name))
     inputs = list(spec.make_inputs(case, case_key(jax, request["seed"], label, name)))
+    if "swap" in nudge:
+        i, j = nudge["swap"]
+        inputs[i], inputs[j] = inputs[j], inputs[i]
+        return tuple(inputs)
     original = inputs[nudge["input"]]
     x = np.array(original)  # a copy in the input's own dtype (numpy or JAX, float64 or bf16)
     wide = x.astype(np.float64)

@@ -121,8 +121,8 @@ class RawRun:
 
 # Asked after the suite's cases, with them and the controls run so far: the control cases to
 # run next, each {"name", "dims", "dtype", "profile"}, and for a nudge of a suite case
-# (``forensics.reach``) "nudge": {"of": [suite, name], "input", "index", "by"} (none: no more
-# rounds).
+# (``forensics.reach``) "nudge": {"of": [suite, name], "input", "index", "by"} or {"of", "swap":
+# [i, j]} (none: no more rounds).
 ControlPlanner = Callable[[list[RawCase], dict[str, RawCase]], list[dict[str, Any]]]
 CONTROL_ROUNDS = 2  # the controls, then a split of the ones that isolated several dims at once
 
