@@ -17,6 +17,22 @@ from nearmiss.models import CaseResult, Localisation
 NUDGE = reach.Nudge("base.nudge-x", ("compact", "base"), "x", 0, (1, 4))
 
 
+def failing_case(name: str = "base", **loc) -> CaseResult:
+    """A compact-suite case failing with wrong values, its output leaf ``out`` localised."""
+    return CaseResult(
+        suite="compact",
+        name=name,
+        dims={},
+        dtype="float32",
+        profile="normal",
+        passed=False,
+        failure_class="wrong_values",
+        atol=1e-5,
+        rtol=1e-5,
+        localisation=Localisation(leaf="out", axes=[], **loc),
+    )
+
+
 def footprint(shape, *cells, between=()) -> np.ndarray:
     """A nudge's classes over an output: MOVED at ``cells``, BETWEEN at ``between``."""
     out = np.full(shape, reach.STILL, np.int8)
@@ -65,17 +81,7 @@ def test_an_ignored_element_and_a_misdirected_one_are_told_apart():
 
 
 def test_only_a_wrong_values_case_without_a_lead_is_nudged_and_only_its_float_inputs():
-    def case(name, **loc) -> CaseResult:
-        return CaseResult(
-            suite="compact",
-            name=name,
-            dims={},
-            dtype="float32",
-            profile="normal",
-            passed=False,
-            failure_class="wrong_values",
-            localisation=Localisation(leaf="out", axes=[], **loc),
-        )
+    case = failing_case
 
     x, lengths = np.zeros((4, 6), np.float32), np.zeros(4, np.int32)
     inputs = [("x", x), ("lengths", lengths), ("w", np.zeros(6, np.float32))]
@@ -117,18 +123,7 @@ def test_a_second_nudge_is_asked_only_when_the_first_found_nothing():
 
     x, w = np.arange(1.0, 13.0).reshape(3, 4), np.ones(4)
     out = x * w
-    case = CaseResult(
-        suite="compact",
-        name="base",
-        dims={},
-        dtype="float32",
-        profile="normal",
-        passed=False,
-        failure_class="wrong_values",
-        atol=1e-5,
-        rtol=1e-5,
-        localisation=Localisation(leaf="out", axes=[]),
-    )
+    case = failing_case()
     info = Raw(suite="compact", name="base")
     base = Raw(info=info, outputs=[out], reference=[out], input_arrays=[("x", x), ("w", w)])
 
@@ -218,18 +213,7 @@ def test_inputs_the_kernel_takes_one_for_the_other_are_named_in_a_real_check(tmp
 
 def test_a_swap_is_named_only_when_the_swapped_reference_matches():
     swap = reach.Swap("base.swap-a-b", ("compact", "base"), ("a", "b"), (0, 1))
-    case = CaseResult(
-        suite="compact",
-        name="base",
-        dims={},
-        dtype="float32",
-        profile="normal",
-        passed=False,
-        failure_class="wrong_values",
-        atol=1e-5,
-        rtol=1e-5,
-        localisation=Localisation(leaf="out", axes=[]),
-    )
+    case = failing_case()
     a, b = np.arange(8.0), np.arange(8.0) * 3 + 1
     kernel, reference = [b - a], [a - b]  # the kernel computes b - a for a - b
     said = reach.swap_sentence(swap, case, (kernel, reference), ([a - b], [b - a]))

@@ -53,19 +53,8 @@ class Nudge:
     by: float = NUDGE_BY
 
     def request(self, case: CaseResult) -> dict:
-        """The control case asked of the children (``runner.session``)."""
-        return {
-            "name": self.name,
-            "dims": dict(case.dims),
-            "dtype": case.dtype,
-            "profile": case.profile,
-            "nudge": {
-                "of": list(self.case),
-                "input": self.position,
-                "index": list(self.index),
-                "by": self.by,
-            },
-        }
+        move = {"input": self.position, "index": list(self.index), "by": self.by}
+        return _request(self.name, case, move)
 
 
 @dataclass(frozen=True)
@@ -80,13 +69,19 @@ class Swap:
     positions: tuple[int, int]
 
     def request(self, case: CaseResult) -> dict:
-        return {
-            "name": self.name,
-            "dims": dict(case.dims),
-            "dtype": case.dtype,
-            "profile": case.profile,
-            "nudge": {"of": list(self.case), "swap": list(self.positions)},
-        }
+        return _request(self.name, case, {"swap": list(self.positions)})
+
+
+def _request(name: str, case: CaseResult, change: dict) -> dict:
+    """The control case asked of the children (``runner.session``): ``case``'s own inputs,
+    redrawn by the spec's child, with ``change`` made to them."""
+    return {
+        "name": name,
+        "dims": dict(case.dims),
+        "dtype": case.dtype,
+        "profile": case.profile,
+        "nudge": {"of": [case.suite, case.name], **change},
+    }
 
 
 def _label(case: CaseResult, what: str) -> str:
