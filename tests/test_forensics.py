@@ -465,3 +465,60 @@ def test_a_common_position_with_a_few_strays_is_not_called_scattered():
     out = ref - k[np.arange(20), dropped]
     text = attribute_error(out, ref, np.ones_like(ref, bool), [("k", k)])
     assert text is None or "a different one per row" not in text
+
+
+def _multiplied_mask(q, k, v, lengths, window_from=False):
+    """The length mask multiplied into the logits: every padding key gets logit 0, one weight.
+    ``window_from``: the mask keeps the keys from ``lengths`` on instead (a sliding window)."""
+    s = np.einsum("bqd,bkd->bqk", q, k)
+    position = np.arange(k.shape[1])[None, None, :]
+    keep = position >= lengths[:, None, None] if window_from else position < lengths[:, None, None]
+    s = s * keep
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bqk,bkd->bqd", p / p.sum(-1, keepdims=True), v)
+
+
+def test_padding_let_in_past_a_boundary_is_named_as_a_run():
+    """No single key and no few keys explain it: the sum of every key past the mask's edge
+    does — the same edge for every row, or each row's length."""
+    from nearmiss.forensics.attribution import attribute_error
+
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((2, 16, 64)) * 0.125
+    k, v = rng.standard_normal((2, 256, 64)), rng.standard_normal((2, 256, 64))
+    inputs = [("q", q), ("k", k), ("v", v)]
+    edge = np.full(2, 150, np.int32)
+    ref, out = _attention(q, k, v, edge), _multiplied_mask(q, k, v, edge)
+    text = attribute_error(out, ref, np.abs(out - ref) > 1e-6, inputs)
+    assert text.startswith("The error follows the sum of v along its axis 1 (size 256")
+    assert "over the positions from 150 to its end" in text
+    # Per-row lengths: the run starts at each row's own length.
+    q8 = rng.standard_normal((8, 4, 64)) * 0.125
+    k8, v8 = rng.standard_normal((8, 256, 64)), rng.standard_normal((8, 256, 64))
+    lengths = np.array([40, 90, 100, 130, 170, 200, 220, 250], np.int32)
+    ref8, out8 = _attention(q8, k8, v8, lengths), _multiplied_mask(q8, k8, v8, lengths)
+    both = [("q", q8), ("k", k8), ("v", v8), ("lengths", lengths)]
+    text8 = attribute_error(out8, ref8, np.abs(out8 - ref8) > 1e-6, both)
+    assert "over the positions from lengths to its end" in text8
+    # Without the lengths to follow, a boundary that differs per row by no rule is no lead.
+    text_no_rule = attribute_error(out8, ref8, np.abs(out8 - ref8) > 1e-6, both[:3])
+    assert text_no_rule is None or "the sum of" not in text_no_rule
+    # A sum whose loop starts at 64 instead of 0 leaves a head out: with the reference's own
+    # row allowed for, that is the tail kept as well, and either way the edge is 64.
+    x = rng.standard_normal((16, 128, 32))
+    ref_sum, late = x.sum(axis=1), x[:, 64:].sum(axis=1)
+    text_late = attribute_error(late, ref_sum, np.ones_like(late, bool), [("x", x)])
+    assert "the sum of x along its axis 1 (size 128" in text_late
+    assert "(a mask or a bound at 64)" in text_late
+    # A window that should start at key 100 lets the keys before it in: a head.
+    start = np.full(2, 100, np.int32)
+    window = _multiplied_mask(q, k, v, start, window_from=True)
+    keep = np.arange(256) >= 100
+    ref_window = _attention(q, k[:, keep], v[:, keep], np.full(2, 156, np.int32))
+    text_head = attribute_error(window, ref_window, np.abs(window - ref_window) > 1e-6, inputs)
+    assert "over the positions from its start up to 100" in text_head
+    # A split-K loop that skips the last split lets in only the padding of the split the edge
+    # falls in: a run with two ends (JAX's decode, 300 valid keys in splits of 128).
+    inside = _multiplied_mask(q, k[:, :200], v[:, :200], edge)  # keys past 200 never visited
+    text_inner = attribute_error(inside, ref, np.abs(inside - ref) > 1e-6, inputs)
+    assert "over the positions 150-199: correlation 1.00" in text_inner

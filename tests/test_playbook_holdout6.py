@@ -223,6 +223,14 @@ EXPECTED_CLASS = {
 # What the playbook certifies (zero tokens, within ROUNDS); every other case must end uncertified.
 EXPECTED_CERTIFIED: set[str] = set()  # the playbook's first run (see the docstring)
 
+# Where the first diagnosis names the fault's place or value: the words it must keep.
+EXPECTED_LEAD = {
+    "decode_start_mask_exclusive": (
+        "at positions 0, 128 and 256 (each the first of a block of 128), together"
+    ),
+    "flash_logits_divided_by_scale": "weights too sharp",
+}
+
 
 def test_the_sixth_held_out_set_is_new_and_varied():
     from test_playbook_families import FAMILIES
@@ -244,5 +252,11 @@ def test_the_sixth_held_out_set_is_new_and_varied():
 @pytest.mark.parametrize("name", sorted(HOLDOUT6))
 async def test_playbook_on_a_sixth_held_out_kernel(name, tmp_path: Path, record_property):
     await assert_playbook_outcome(
-        HOLDOUT6[name], name, EXPECTED_CLASS, EXPECTED_CERTIFIED, tmp_path, record_property
+        HOLDOUT6[name],
+        name,
+        EXPECTED_CLASS,
+        EXPECTED_CERTIFIED,
+        tmp_path,
+        record_property,
+        EXPECTED_LEAD,
     )

@@ -200,6 +200,12 @@ EXPECTED_CLASS = {
 # What the playbook certifies (zero tokens, within ROUNDS); every other case must end uncertified.
 EXPECTED_CERTIFIED: set[str] = set()  # the playbook's first run: 0 of 8 (see the docstring)
 
+# Where the first diagnosis names the fault's place or value: the words it must keep.
+EXPECTED_LEAD = {
+    "decode_mask_multiplied": "over the positions 300-383",
+    "rms_norm_weight_bias_loads_swapped": "the kernel takes weight for bias and bias for weight",
+}
+
 
 def test_the_seventh_held_out_set_is_new_and_varied():
     from test_playbook_families import FAMILIES
@@ -222,5 +228,11 @@ def test_the_seventh_held_out_set_is_new_and_varied():
 @pytest.mark.parametrize("name", sorted(HOLDOUT7))
 async def test_playbook_on_a_seventh_held_out_kernel(name, tmp_path: Path, record_property):
     await assert_playbook_outcome(
-        HOLDOUT7[name], name, EXPECTED_CLASS, EXPECTED_CERTIFIED, tmp_path, record_property
+        HOLDOUT7[name],
+        name,
+        EXPECTED_CLASS,
+        EXPECTED_CERTIFIED,
+        tmp_path,
+        record_property,
+        EXPECTED_LEAD,
     )

@@ -241,15 +241,24 @@ async def repair_planted(spec: Path, source: str, candidate: Path, fixer=None):
 
 
 async def assert_playbook_outcome(
-    case: HeldOut, name: str, expected_class, expected_certified, tmp_path: Path, record_property
+    case: HeldOut,
+    name: str,
+    expected_class,
+    expected_certified,
+    tmp_path: Path,
+    record_property,
+    expected_lead: dict[str, str] | None = None,
 ):
-    """The planted set tests' one assertion: the class the engine diagnoses first, then whether
-    the playbook's rounds certify (zero tokens), as the set pins them."""
+    """The planted set tests' one assertion: the class the engine diagnoses first (and, where
+    the set pins one, the lead its diagnosis gives), then whether the playbook's rounds
+    certify (zero tokens), as the set pins them."""
     spec = SPECS / f"{case.spec}_spec.py"
     first, report, steps = await repair_planted(spec, planted(case), tmp_path / "kernel.py")
     record_property("playbook_steps", " | ".join(steps))
     print(f"{name}: {' | '.join(steps)}")
     assert first.failure_class == expected_class[name], f"{name}: {first.failure_class}"
+    lead = (expected_lead or {}).get(name)
+    assert lead is None or lead in first.diagnosis, f"{name}: {first.diagnosis}"
     if name in expected_certified:
         assert report.certified and report.integrity.ok, f"{name}: {steps}: {report.diagnosis}"
     else:

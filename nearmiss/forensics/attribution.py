@@ -7,7 +7,9 @@ correlation with each slice of an input along that axis can. Per output row, the
 slice best explains the row's error is the suspect; when it is the same for every failing row,
 follows the row's own index (a diagonal) or a per-row integer input (a length), the diagnosis
 names it. When no single slice explains the rows, a few positions every row shares may together
-(a split-K mask dropping each split's first key); and when each row's error follows one slice
+(a split-K mask dropping each split's first key); or the sum of every position past a boundary,
+or before it (a length mask multiplied into the logits instead of sending them to -inf lets
+every padding key in, each with the same weight); and when each row's error follows one slice
 with no rule for which, one element dominates a reduction that should weigh many (a softmax
 made too sharp).
 """
@@ -31,9 +33,11 @@ MIN_FEATURES_PER_SITE = 4  # features per fitted coefficient, so a fit cannot ju
 # A different position per row is a lead only over enough features: the best of a few hundred
 # slices correlates well with noise over eight.
 DOMINANT_FEATURES = 32
+# The pursuit's and the span's: several positions, or a boundary, chosen per row.
 PURSUIT_MIN_ROWS = 8
 PURSUIT_MIN_POSITIONS = 32  # the pursuit picks up to MAX_SITES of them per row
 PURSUIT_ROWS = 64  # rows the pursuit fits: enough for a common set, cheap enough per check
+ROUNDS_OF_ENDS = 2  # a run's two ends, each moved this many times (_span)
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,21 @@ class Sites:
     positions: tuple[int, ...]
     strength: float  # median correlation of the rows' fits
     row_count: int
+
+
+@dataclass(frozen=True)
+class Span:
+    """A run of ``input``'s ``axis`` whose sum every failing row's error follows."""
+
+    input: str
+    axis: int
+    size: int
+    starts: np.ndarray  # per failing row: the run is [start, end)
+    ends: np.ndarray
+    strength: float  # median correlation of the rows' best runs
+    rows: np.ndarray
+    row_axes: tuple[int, ...]
+    out_shape: tuple[int, ...]
 
 
 def _match(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> dict[int, int] | None:
@@ -208,6 +227,51 @@ def _several(name: str, reduced: int, g: _Rows) -> Sites | None:
     return Sites(name, reduced, size, tuple(int(p) for p in common), strength, n)
 
 
+def _span(name: str, reduced: int, g: _Rows, shape) -> Span | None:
+    """The run of positions [start, end) whose summed slices best explain each failing row's
+    error beyond a constant and the reference's own row (what a softmax's renormalisation
+    adds): a mask that lets padding in, each padding element with one weight, or a bound that
+    stops short. Every run of an axis is too many to score; a prefix sum scores all runs with
+    one end fixed, so each row starts from its best tail or head and then moves one end at a
+    time (ROUNDS_OF_ENDS), each move scoring every position for that end."""
+    n, size, features = g.slices.shape
+    if n < PURSUIT_MIN_ROWS or features < MIN_FEATURES_PER_SITE * (MAX_SITES + 2):
+        return None  # two ends picked from the axis fit noise over few features
+    if size < PURSUIT_MIN_POSITIONS or not np.isfinite(g.references).all():
+        return None
+    rows = np.arange(n)
+    with np.errstate(all="ignore"):
+        base = np.stack([np.ones_like(g.references), g.references], axis=-1)  # (n, F, 2)
+        left = _residuals(g.errors, base)
+        basis, _ = np.linalg.qr(base)  # what the constant and the reference span, per row
+        zero = np.zeros_like(g.slices[:, :1])
+        prefix = np.concatenate([zero, np.cumsum(np.nan_to_num(g.slices), axis=1)], axis=1)
+
+        def scores(runs: np.ndarray, valid: np.ndarray) -> np.ndarray:
+            """|correlation| of each (n, K, F) run, beyond the base, with what it leaves."""
+            runs = runs - (runs @ basis) @ np.swapaxes(basis, 1, 2)
+            return np.where(valid, np.abs(_correlations(left, runs)), -1.0)
+
+        ends = np.arange(size + 1)[None, :]
+        whole = (ends == 0) | (ends == size)  # the whole axis is the reduction itself
+        tails = scores(prefix[:, -1:] - prefix, ~whole)  # [start, size)
+        heads = scores(prefix, ~whole)  # [0, end)
+        start, end = tails.argmax(-1), np.full(n, size)
+        use_head = heads.max(-1) > tails.max(-1)
+        start[use_head], end[use_head] = 0, heads.argmax(-1)[use_head]
+        for _ in range(ROUNDS_OF_ENDS):
+            ok = (ends > start[:, None]) & ~((start[:, None] == 0) & (ends == size))
+            best = scores(prefix - prefix[rows, start][:, None], ok)
+            end = best.argmax(-1)
+            ok = (ends < end[:, None]) & ~((ends == 0) & (end[:, None] == size))
+            best = scores(prefix[rows, end][:, None] - prefix, ok)
+            start = best.argmax(-1)
+        strength = float(np.median(best[rows, start]))
+    if not np.isfinite(strength) or strength < STRONG:
+        return None
+    return Span(name, reduced, size, start, end, strength, g.rows, g.row_axes, shape)
+
+
 def _offset(values: np.ndarray, positions: np.ndarray) -> int | None:
     """k such that positions = values + k in nearly every row (a row or two at an edge, such
     as a first query with no key to lose, may follow something else)."""
@@ -232,22 +296,32 @@ def _describe(found: Attribution, integers: Sequence[tuple[str, np.ndarray]]) ->
         if k is not None:
             shift = f" {'+' if k > 0 else '-'} {abs(k)}" if k else ""
             return f"the output's own index along axis {out_axis}{shift} (a diagonal)"
+    followed = _follows_integer(found, positions, integers)
+    if followed is None:
+        return None  # a position per row that follows nothing: no lead worth giving
+    name, k = followed
+    if k == -1:
+        return f"{name} - 1, each row's last valid position"
+    if k == 0:
+        return f"{name}, the first position past each row's valid ones"
+    return f"{name} + {k}"
+
+
+def _follows_integer(
+    found: Attribution | Span, positions: np.ndarray, integers: Sequence[tuple[str, np.ndarray]]
+) -> tuple[str, int] | None:
+    """(name, k): each failing row's position is a per-row integer input's value + k (a
+    length), in nearly every row."""
     for name, values in integers:
         if values.ndim != 1:
             continue
         for i, out_axis in enumerate(found.row_axes):
             if found.out_shape[out_axis] != values.shape[0]:
                 continue  # a per-row value indexes an output axis of its own length
-            coords = found.rows[:, i]
-            k = _offset(values[coords].astype(np.int64), positions)
-            if k is None:
-                continue
-            if k == -1:
-                return f"{name} - 1, each row's last valid position"
-            if k == 0:
-                return f"{name}, the first position past each row's valid ones"
-            return f"{name} + {k}"
-    return None  # a position per row that follows nothing: no lead worth giving
+            k = _offset(values[found.rows[:, i]].astype(np.int64), positions)
+            if k is not None:
+                return name, k
+    return None
 
 
 def attribute_error(
@@ -299,6 +373,15 @@ def attribute_error(
             several = sites
     if several:
         return _several_sentence(several)
+    span: Span | None = None
+    for name, x, reduced in pairings:
+        rows = _gather(np.asarray(x, np.float64), reduced, error, mask, reference, PURSUIT_ROWS)
+        found_span = rows and _span(name, reduced, rows, error.shape)
+        if found_span and (span is None or found_span.strength > span.strength):
+            span = found_span
+    said = span and _span_sentence(span, integers)
+    if said:
+        return said
     if best and best.strength >= STRONG and best.features >= DOMINANT_FEATURES and _spread(best):
         return _dominant_sentence(best)
     return None
@@ -334,6 +417,44 @@ def _several_sentence(best: Sites) -> str:
         f"slices explains it with correlation {best.strength:.2f} in the median of "
         f"{best.row_count} failing rows — one element of the reduction taken or dropped at each."
     )
+
+
+def _span_sentence(span: Span, integers: Sequence[tuple[str, np.ndarray]]) -> str | None:
+    """The sentence for a run every failing row's error follows, where each of its ends is one
+    position for every row or follows a per-row integer input; else None (no rule, no lead)."""
+    start = _edge(span, span.starts, integers)
+    end = _edge(span, span.ends, integers)
+    if start is None or end is None:
+        return None
+    if start == "0":
+        where, edges = f"from its start up to {end}", end
+    elif end == str(span.size):
+        where, edges = f"from {start} to its end", start
+    elif start.isdigit() and end.isdigit():
+        where, edges = f"{start}-{int(end) - 1}", f"{start} and {end}"
+    else:
+        where, edges = f"from {start} up to {end}", f"{start} and {end}"
+    return (
+        f"The error follows the sum of {span.input} along its axis {span.axis} (size "
+        f"{span.size}, reduced away in the output) over the positions {where}: correlation "
+        f"{span.strength:.2f} in the median of {len(span.starts)} failing rows — those "
+        "elements taken into the reduction where the reference leaves them out, or left out "
+        f"where it takes them (a mask or a bound at {edges})."
+    )
+
+
+def _edge(
+    span: Span, positions: np.ndarray, integers: Sequence[tuple[str, np.ndarray]]
+) -> str | None:
+    """A run's end in words: the position every row shares, or a per-row integer input."""
+    common = int(np.bincount(positions).argmax())
+    if np.mean(positions == common) >= AGREEMENT:
+        return str(common)
+    followed = _follows_integer(span, positions, integers)
+    if followed is None:
+        return None
+    name, k = followed
+    return f"{name} {'+' if k > 0 else '-'} {abs(k)}" if k else name
 
 
 def _positions(positions: tuple[int, ...]) -> str:
