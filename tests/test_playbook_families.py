@@ -268,6 +268,11 @@ EXPECTED_CERTIFIED = {  # the first run's three, and two since (see the docstrin
     "layer_norm_mean_tail_unmasked",
 }
 
+# Where the first diagnosis names the fault's place or value: the words it must keep.
+EXPECTED_LEAD = {
+    "flash_acc_overwritten": "Nudging k[0, 0, 32, 102]",
+}
+
 
 def test_the_family_set_is_new_and_varied():
     from test_playbook_fresh import FRESH
@@ -289,5 +294,11 @@ def test_the_family_set_is_new_and_varied():
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 async def test_playbook_on_a_family_kernel(name, tmp_path: Path, record_property):
     await assert_playbook_outcome(
-        FAMILIES[name], name, EXPECTED_CLASS, EXPECTED_CERTIFIED, tmp_path, record_property
+        FAMILIES[name],
+        name,
+        EXPECTED_CLASS,
+        EXPECTED_CERTIFIED,
+        tmp_path,
+        record_property,
+        EXPECTED_LEAD,
     )

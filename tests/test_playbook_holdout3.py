@@ -173,6 +173,11 @@ EXPECTED_CLASS = {
 # What the playbook certifies (zero tokens, within ROUNDS); every other case must end uncertified.
 EXPECTED_CERTIFIED = {"matmul_bf16_output", "softmax_mask_off_by_one", "splash_alpha_sign"}
 
+# Where the first diagnosis names the fault's place or value: the words it must keep.
+EXPECTED_LEAD = {
+    "decode_length_max": "the kernel carries k[0, 447, 48] to",
+}
+
 
 def test_the_third_held_out_set_is_new_and_varied():
     from test_playbook_fresh import FRESH
@@ -190,5 +195,11 @@ def test_the_third_held_out_set_is_new_and_varied():
 @pytest.mark.parametrize("name", sorted(HOLDOUT3))
 async def test_playbook_on_a_third_held_out_kernel(name, tmp_path: Path, record_property):
     await assert_playbook_outcome(
-        HOLDOUT3[name], name, EXPECTED_CLASS, EXPECTED_CERTIFIED, tmp_path, record_property
+        HOLDOUT3[name],
+        name,
+        EXPECTED_CLASS,
+        EXPECTED_CERTIFIED,
+        tmp_path,
+        record_property,
+        EXPECTED_LEAD,
     )

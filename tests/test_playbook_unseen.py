@@ -157,6 +157,11 @@ EXPECTED_CLASS = {
 # The ones the playbook certifies (zero tokens, within ROUNDS); every other must end uncertified.
 EXPECTED_CERTIFIED = set(UNSEEN)
 
+# Where the first diagnosis names the fault's place or value: the words it must keep.
+EXPECTED_LEAD = {
+    "flash_reset_on_q_axis": "the kernel carries q[0, 0, 25, 102] to [0, 0, 153",
+}
+
 
 def test_the_unseen_set_is_new_and_varied():
     from test_playbook_shipped import HELD_OUT
@@ -171,5 +176,11 @@ def test_the_unseen_set_is_new_and_varied():
 @pytest.mark.parametrize("name", sorted(UNSEEN))
 async def test_playbook_on_an_unseen_kernel(name, tmp_path: Path, record_property):
     await assert_playbook_outcome(
-        UNSEEN[name], name, EXPECTED_CLASS, EXPECTED_CERTIFIED, tmp_path, record_property
+        UNSEEN[name],
+        name,
+        EXPECTED_CLASS,
+        EXPECTED_CERTIFIED,
+        tmp_path,
+        record_property,
+        EXPECTED_LEAD,
     )

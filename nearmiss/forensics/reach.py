@@ -28,7 +28,8 @@ from nearmiss.forensics.localise import index_ranges
 from nearmiss.models import CaseResult
 from nearmiss.runner.arrays import is_float
 
-MAX_NUDGES = 2  # inputs nudged per check: one more run of the kernel each
+MAX_NUDGES = 2  # inputs nudged per check, each up to thrice: one more run of the kernel each
+END_MIN_SIZE = 16  # an axis this long has ends worth nudges of their own
 MAX_SWAPS = 2  # pairs of like inputs swapped per check: one more run each
 SWAP_MATCH = 0.99  # the share of elements the swapped reference must match
 NUDGED_CLASSES = ("wrong_values",)  # a crash or a NaN says where it is by itself
@@ -166,22 +167,44 @@ def _nudged_case(
 def candidates(
     cases: Sequence[CaseResult], inputs: Sequence[Sequence[tuple[str, np.ndarray]]]
 ) -> list[Nudge]:
-    """The nudges worth asking: one per float input of the case they are for (its first
-    MAX_NUDGES), each at a different fraction of each axis (a third and two thirds of a
-    matrix: off the diagonal, where a transposed block would land on itself). ``inputs``: each
-    case's (name, array) pairs, in the order the kernel takes them."""
+    """The nudges worth asking, in order: one per float input of the case they are for (its
+    first MAX_NUDGES), each at a different fraction of each axis (a third and two thirds of a
+    matrix: off the diagonal, where a transposed block would land on itself); then the same
+    inputs again with their longest axis's index moved near its end, then near its start
+    (``_at_end``).
+    ``inputs``: each case's (name, array) pairs, in the order the kernel takes them."""
     chosen = _nudged_case(cases, inputs)
     if chosen is None:
         return []
     case, arrays = chosen
+    key = (case.suite, case.name)
     nudges = []
     for position, (name, x) in enumerate(arrays):
         if not is_float(x.dtype) or x.size < 2 or len(nudges) == MAX_NUDGES:
             continue
         index = tuple(size * (i + 1) // (x.ndim + 1) for i, size in enumerate(x.shape))
-        key = (case.suite, case.name)
         nudges.append(Nudge(_label(case, f"nudge-{name}"), key, name, position, index))
-    return nudges
+    ends = [
+        Nudge(_label(case, f"nudge-{n.input}-{end}"), key, n.input, n.position, index)
+        for end in ("end", "start")
+        for n in nudges
+        if (index := _at_end(n.index, arrays[n.position][1].shape, end)) is not None
+    ]
+    return nudges + ends
+
+
+def _at_end(index: tuple[int, ...], shape: tuple[int, ...], end: str) -> tuple[int, ...] | None:
+    """``index`` with its longest axis's position moved near that axis's ``end`` (an eighth of
+    the axis in from it): the first nudges sit mid-axis, and what a kernel gets wrong along a
+    long axis often sits at one end — padding past a length (decode's cache) at the end, the
+    kv blocks before the last (an accumulator overwritten) at the start. None for an axis
+    shorter than END_MIN_SIZE, or where that is the first nudge's position already."""
+    axis = int(np.argmax(shape))
+    size = shape[axis]
+    there = size - 1 - size // 8 if end == "end" else size // 8
+    if size < END_MIN_SIZE or there == index[axis]:
+        return None
+    return index[:axis] + (there,) + index[axis + 1 :]
 
 
 def classes(before: np.ndarray, after: np.ndarray, atol: float, rtol: float) -> np.ndarray:

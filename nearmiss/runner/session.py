@@ -124,7 +124,9 @@ class RawRun:
 # (``forensics.reach``) "nudge": {"of": [suite, name], "input", "index", "by"} or {"of", "swap":
 # [i, j]} (none: no more rounds).
 ControlPlanner = Callable[[list[RawCase], dict[str, RawCase]], list[dict[str, Any]]]
-CONTROL_ROUNDS = 2  # the controls, then a split of the ones that isolated several dims at once
+# The controls, then a split of the ones that isolated several dims at once; the nudges
+# (forensics.reach) go one per round, each only while those before found nothing.
+CONTROL_ROUNDS = 6
 
 
 class _ReferenceFeed:
