@@ -144,6 +144,54 @@ def test_operators_for_strides_pairs_dimensions_and_squares(operator, before, af
     assert any("`j, block, 0, block` -> `0, block, j, block`" in d for d in described), described
 
 
+MASKS = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def _body(q_ref, k_ref, o_ref):
+    s = q_ref[...] @ k_ref[...].T
+    keys = jnp.arange(s.shape[-1])[None, :]
+    mask = (keys >= 0) & (keys < 300)
+    scale = jnp.float32(0.125)
+    s *= mask
+    s *= scale
+    m = s.max(axis=-1).mean()
+    o_ref[...] = jnp.exp(s - m)
+
+
+def kernel(q, k):
+    def o_index_map(batch, head, _):
+        return (batch, 0, 0)
+
+    spec = pl.BlockSpec((None, 8, 128), o_index_map)
+    return pl.pallas_call(_body, grid=(2, 4, 1), out_specs=spec, out_shape=q)(q, k)
+"""
+
+
+@pytest.mark.parametrize(
+    ("operator", "before", "after"),
+    [
+        ("unused_parameter", "return (batch, 0, 0)", "return (batch, head, 0)"),
+        ("multiplied_mask", "s *= mask", "s = jnp.where(mask, s, 0.7 * jnp.finfo(s.dtype).min)"),
+        ("extremum", ".mean()", ".sum()"),
+    ],
+)
+def test_operators_for_index_maps_masks_and_reductions(operator, before, after):
+    """An index map that ignores a grid axis, a boolean mask multiplied into logits, a mean
+    where a sum belongs: each has its inverse, and only there — an ``_``-named parameter is
+    unread on purpose, and a factor that is not a comparison is no mask."""
+    made = [m for m in mutants(MASKS) if m.operator == operator]
+    edits = [_changed_lines(MASKS, m.source)[0] for m in made]
+    assert any(before in old and after in new for old, new in edits), edits
+    if operator == "unused_parameter":
+        # Either literal 0 may be the one, and ``head`` the only candidate: never ``_``.
+        assert [new for _, new in edits] == ["return (batch, head, 0)", "return (batch, 0, head)"]
+    if operator == "multiplied_mask":
+        assert len(made) == 1  # not `s *= scale`
+
+
 def test_unreached_code_is_never_mutated():
     changed = [_changed_lines(KERNEL, m.source)[0][0] for m in mutants(KERNEL)]
     assert not any("jnp.minimum(x, 1.0)" in old for old in changed)
@@ -239,3 +287,19 @@ async def test_the_search_repairs_a_planted_bug_in_one_of_jaxs_kernels(tmp_path)
     )
     assert report.certified, steps
     assert steps[1].startswith("mutant:transpose:"), steps
+
+
+async def test_the_search_repairs_a_mean_normalised_twice_in_jaxs_layer_norm(tmp_path):
+    """JAX's GPU layer norm with its mean loop reduced by ``.mean()`` and then divided by the
+    count again (held-out set 7, written after it was measured): the first mutant, ``.mean``
+    -> ``.sum``, certifies."""
+    from test_playbook_holdout7 import HOLDOUT7
+    from test_playbook_shipped import SPECS, planted, repair_planted
+
+    case = HOLDOUT7["layer_norm_mean_normalised_twice"]
+    spec = SPECS / f"{case.spec}_spec.py"
+    _, report, steps = await repair_planted(
+        spec, planted(case), tmp_path / "kernel.py", SearchFixer(Budget(checks=8))
+    )
+    assert report.certified, steps
+    assert steps[1].startswith("mutant:extremum:line 47: `.mean` -> `.sum`"), steps

@@ -17,6 +17,7 @@ kernel first, so a bounded search reaches them all before the many name substitu
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -81,7 +82,7 @@ Site = tuple[ast.AST, str]
 _FLIP = {ast.Lt: ">", ast.Gt: "<", ast.LtE: ">=", ast.GtE: "<="}
 _LOOSEN = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", ast.NotEq: "=="}
 _OPPOSITE = {"max": "min", "min": "max", "maximum": "minimum", "minimum": "maximum"}
-_OPPOSITE |= {"argmax": "argmin", "argmin": "argmax"}
+_OPPOSITE |= {"argmax": "argmin", "argmin": "argmax", "sum": "mean", "mean": "sum"}
 _ARITH = {ast.Add: "-", ast.Sub: "+", ast.Mult: "/", ast.Div: "*"}
 _SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//"}
 
@@ -94,12 +95,13 @@ def _transposes(source: str, fn: ast.AST) -> Iterator[Site]:
 
 
 def _extrema(source: str, fn: ast.AST) -> Iterator[Site]:
-    """``max`` <-> ``min`` (a function, a method, or a ``jnp.`` call)."""
+    """``max`` <-> ``min``, ``sum`` <-> ``mean`` (a function, a method, or a ``jnp.`` call): the
+    wrong reduction (a mean taken, then divided by the count again)."""
     for node in ast.walk(fn):
         if isinstance(node, ast.Call):
             name = node.func
             if isinstance(name, ast.Attribute) and name.attr in _OPPOSITE:
-                yield name, f"{_text(source, name.value)}.{_OPPOSITE[name.attr]}"
+                yield _AttributeName(name), f".{_OPPOSITE[name.attr]}"
             elif isinstance(name, ast.Name) and name.id in _OPPOSITE:
                 yield name, _OPPOSITE[name.id]
 
@@ -113,6 +115,82 @@ def _selects(source: str, fn: ast.AST) -> Iterator[Site]:
         elif isinstance(node, ast.IfExp):
             c, a, b = (_text(source, n) for n in (node.test, node.body, node.orelse))
             yield node, f"({b} if {c} else {a})"
+
+
+def _unused_parameters(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A literal 0 in a returned tuple where one of the function's own parameters, never read,
+    belongs: an index map ``(b, h, i, _) -> (b, 0, i, 0)`` that ignores the grid's head axis,
+    so every head writes one block and the others are never written. Each such 0 -> each
+    unread parameter (not an ``_``-named one, which is unread on purpose)."""
+    for scope in ast.walk(fn):
+        if isinstance(scope, ast.Lambda):
+            returned = [scope.body]
+        elif isinstance(scope, ast.FunctionDef):
+            returned = [n.value for n in _own_nodes(scope) if isinstance(n, ast.Return)]
+        else:
+            continue
+        read = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name)}
+        params = [a.arg for a in [*scope.args.posonlyargs, *scope.args.args]]
+        unread = [p for p in params if p not in read and not p.startswith("_")]
+        for value in returned:
+            if not unread or not isinstance(value, ast.Tuple):
+                continue
+            for entry in value.elts:
+                if _is_literal(entry, 0):
+                    for param in unread:
+                        yield entry, param
+
+
+def _multiplied_masks(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A boolean mask multiplied into logits where it should send them far below the rest:
+    ``s *= mask`` (or ``s = s * mask``) -> ``s = where(mask, s, 0.7 * finfo(s.dtype).min)``.
+    A masked logit of 0 keeps its weight in the softmax (the padding attended). Only for a
+    mask the function builds from a comparison, and a module that names jax.numpy."""
+    numpy = _numpy_alias(source)
+    if numpy is None:
+        return
+    for scope in ast.walk(fn):
+        if not isinstance(scope, ast.FunctionDef):
+            continue
+        own = list(_own_nodes(scope))
+        masks = {
+            n.targets[0].id
+            for n in own
+            if isinstance(n, ast.Assign)
+            and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name)
+            and _is_boolean(n.value)
+        }
+        for node in own:
+            if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Mult):
+                target, factor = node.target, node.value
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+                value = node.value
+                if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult)):
+                    continue
+                target = node.targets[0]
+                pair = (value.left, value.right)
+                factor = next((f for f, t in (pair, pair[::-1]) if _same_name(t, target)), None)
+            else:
+                continue
+            if isinstance(target, ast.Name) and isinstance(factor, ast.Name) and factor.id in masks:
+                s, mask = target.id, factor.id
+                yield node, f"{s} = {numpy}.where({mask}, {s}, 0.7 * {numpy}.finfo({s}.dtype).min)"
+
+
+def _is_boolean(value: ast.expr) -> bool:
+    """A comparison, or comparisons combined with ``&``, ``|``, ``~`` (indexed or not)."""
+    while isinstance(value, ast.Subscript):
+        value = value.value
+    if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.Invert | ast.Not):
+        return _is_boolean(value.operand)
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.BitAnd | ast.BitOr):
+        return _is_boolean(value.left) and _is_boolean(value.right)
+    return isinstance(value, ast.Compare | ast.BoolOp)
+
+
+def _same_name(node: ast.AST, other: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and isinstance(other, ast.Name) and node.id == other.id
 
 
 def _broadcasts(source: str, fn: ast.AST) -> Iterator[Site]:
@@ -305,6 +383,8 @@ OPERATORS: dict[str, Operator] = {
     "transpose": _transposes,
     "extremum": _extrema,
     "select": _selects,
+    "unused_parameter": _unused_parameters,
+    "multiplied_mask": _multiplied_masks,
     "broadcast": _broadcasts,
     "comparison": _comparisons,
     "swap": _swaps,
@@ -345,10 +425,12 @@ def mutants(source: str, entry: str = ENTRY) -> Iterator[Mutant]:
                 if edited is None or edited in seen or not _parses(edited):
                     continue
                 seen.add(edited)
-                before = node.text(source) if isinstance(node, _Pair) else _text(source, node)
+                spans = isinstance(node, _Pair | _AttributeName)
+                before = node.text(source) if spans else _text(source, node)
                 line = node.lineno
                 mutant = Mutant(operator, line, f"line {line}: `{before}` -> `{text}`", edited)
                 site = node.first if isinstance(node, _Pair) else node
+                site = site.node if isinstance(site, _AttributeName) else site
                 if id(site) in guarded:
                     last.append(mutant)
                 else:
@@ -385,11 +467,44 @@ class _Pair:
         return _span(source, start, (self.second.end_lineno, self.second.end_col_offset))
 
 
-def _edit(node: ast.AST | _Pair, text: str) -> _Edit:
+@dataclass(frozen=True)
+class _AttributeName:
+    """An attribute's name alone (``.mean`` of ``x.mean``), edited without its object, so a
+    mutant's description does not repeat a long call."""
+
+    node: ast.Attribute
+
+    @property
+    def lineno(self) -> int:
+        return self.node.end_lineno or self.node.lineno
+
+    @property
+    def start(self) -> tuple[int, int]:
+        value = self.node.value
+        return (value.end_lineno or value.lineno, value.end_col_offset or 0)
+
+    @property
+    def end(self) -> tuple[int, int]:
+        return (self.lineno, self.node.end_col_offset or 0)
+
+    def text(self, source: str) -> str:
+        return _span(source, self.start, self.end)
+
+
+def _edit(node: ast.AST | _Pair | _AttributeName, text: str) -> _Edit:
+    if isinstance(node, _AttributeName):
+        return _Edit(node.start, node.end, text)
     if isinstance(node, _Pair):
         start = (node.first.lineno, node.first.col_offset)
         return _Edit(start, (node.second.end_lineno, node.second.end_col_offset), text)
     return _replace(node, text)
+
+
+@functools.lru_cache(maxsize=8)
+def _numpy_alias(source: str) -> str | None:
+    """How the module names jax.numpy (``jnp``), to write new code with."""
+    mod = _module(source)
+    return mod.np if mod else None
 
 
 def _parses(source: str) -> bool:
