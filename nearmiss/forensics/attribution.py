@@ -7,11 +7,11 @@ correlation with each slice of an input along that axis can. Per output row, the
 slice best explains the row's error is the suspect; when it is the same for every failing row,
 follows the row's own index (a diagonal) or a per-row integer input (a length), the diagnosis
 names it. When no single slice explains the rows, a few positions every row shares may together
-(a split-K mask dropping each split's first key); or the sum of every position past a boundary,
-or before it (a length mask multiplied into the logits instead of sending them to -inf lets
-every padding key in, each with the same weight); and when each row's error follows one slice
-with no rule for which, one element dominates a reduction that should weigh many (a softmax
-made too sharp).
+(a split-K mask dropping each split's first key); or the sum of a run of positions (a length
+mask multiplied into the logits instead of sending them to -inf lets the padding in, each
+padding key with the same weight, up to where the loop stops); and when each row's error
+follows one slice with no rule for which, one element dominates a reduction that should weigh
+many (a softmax made too sharp).
 """
 
 from __future__ import annotations
