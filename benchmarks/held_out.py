@@ -32,6 +32,7 @@ SETS = {  # set name -> (test module, the dict of planted cases in it)
     "holdout5": ("test_playbook_holdout5", "HOLDOUT5"),
     "holdout6": ("test_playbook_holdout6", "HOLDOUT6"),
     "holdout7": ("test_playbook_holdout7", "HOLDOUT7"),
+    "holdout8": ("test_playbook_holdout8", "HOLDOUT8"),
     "families": ("test_playbook_families", "FAMILIES"),
 }
 

@@ -14,6 +14,7 @@ from test_playbook_holdout4 import HOLDOUT4
 from test_playbook_holdout5 import HOLDOUT5
 from test_playbook_holdout6 import HOLDOUT6
 from test_playbook_holdout7 import HOLDOUT7
+from test_playbook_holdout8 import HOLDOUT8
 from test_playbook_shipped import HELD_OUT, SEED, SUITE
 from test_playbook_unseen import UNSEEN
 from test_shipped_kernels import SPECS, installed_source
@@ -29,6 +30,7 @@ SETS = {
     "holdout5": HOLDOUT5,
     "holdout6": HOLDOUT6,
     "holdout7": HOLDOUT7,
+    "holdout8": HOLDOUT8,
     "families": FAMILIES,
 }
 CASES = {f"{group}/{name}": case for group, cases in SETS.items() for name, case in cases.items()}
