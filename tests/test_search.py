@@ -158,7 +158,16 @@ def _body(q_ref, k_ref, o_ref):
     s *= mask
     s *= scale
     m = s.max(axis=-1).mean()
-    o_ref[...] = jnp.exp(s - m)
+
+    def mean_body(i, acc):
+        return acc + s[i]
+
+    def var_body(i, acc):
+        return acc + s[i] * s[i]
+
+    var = jax.lax.fori_loop(0, 8, mean_body, jnp.zeros(s.shape[-1]))
+    total = jnp.sum(s, axis=-1, dtype=jnp.bfloat16)
+    o_ref[...] = jnp.exp(s - m) + var + total
 
 
 def kernel(q, k):
@@ -166,7 +175,8 @@ def kernel(q, k):
         return (batch, 0, 0)
 
     spec = pl.BlockSpec((None, 8, 128), o_index_map)
-    return pl.pallas_call(_body, grid=(2, 4, 1), out_specs=spec, out_shape=q)(q, k)
+    call = pl.pallas_call(_body, grid=(2, 4, 1), out_specs=spec, out_shape=q)
+    return jax.vmap(call, in_axes=(1, 0))(q, k)
 """
 
 
@@ -176,12 +186,17 @@ def kernel(q, k):
         ("unused_parameter", "return (batch, 0, 0)", "return (batch, head, 0)"),
         ("multiplied_mask", "s *= mask", "s = jnp.where(mask, s, 0.7 * jnp.finfo(s.dtype).min)"),
         ("extremum", ".mean()", ".sum()"),
+        ("name", "fori_loop(0, 8, mean_body,", "fori_loop(0, 8, var_body,"),
+        ("narrow_dtype", "dtype=jnp.bfloat16)", "dtype=jnp.float32)"),
+        ("axis", "in_axes=(1, 0)", "in_axes=(0, 0)"),
     ],
 )
 def test_operators_for_index_maps_masks_and_reductions(operator, before, after):
     """An index map that ignores a grid axis, a boolean mask multiplied into logits, a mean
-    where a sum belongs: each has its inverse, and only there — an ``_``-named parameter is
-    unread on purpose, and a factor that is not a comparison is no mask."""
+    where a sum belongs, the wrong loop body handed to ``fori_loop``, an accumulation asked in
+    bfloat16, a vmap over the wrong axis: each has its inverse, and only there — an
+    ``_``-named parameter is unread on purpose, and a factor that is not a comparison is no
+    mask."""
     made = [m for m in mutants(MASKS) if m.operator == operator]
     edits = [_changed_lines(MASKS, m.source)[0] for m in made]
     assert any(before in old and after in new for old, new in edits), edits

@@ -117,6 +117,17 @@ def _selects(source: str, fn: ast.AST) -> Iterator[Site]:
             yield node, f"({b} if {c} else {a})"
 
 
+def _narrow_dtypes(source: str, fn: ast.AST) -> Iterator[Site]:
+    """An accumulation asked in a narrow float: ``dtype=jnp.bfloat16`` (or ``float16``, or a
+    ``preferred_element_type``) -> ``float32``. Only in those keywords: an ``astype`` to the
+    output's narrow type is usually right."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.keyword) and node.arg in ("dtype", "preferred_element_type"):
+            value = node.value
+            if isinstance(value, ast.Attribute) and value.attr in ("bfloat16", "float16"):
+                yield _AttributeName(value), ".float32"
+
+
 def _unused_parameters(source: str, fn: ast.AST) -> Iterator[Site]:
     """A literal 0 in a returned tuple where one of the function's own parameters, never read,
     belongs: an index map ``(b, h, i, _) -> (b, 0, i, 0)`` that ignores the grid's head axis,
@@ -244,9 +255,14 @@ def _off_by_one(source: str, fn: ast.AST) -> Iterator[Site]:
 def _axes(source: str, fn: ast.AST) -> Iterator[Site]:
     """A reduction's or a concatenation's ``axis=`` the wrong one (0, 1, -1, -2), and the same
     for each entry of a dimension tuple: a ``broadcast_in_dim``'s broadcast dimensions (a row
-    statistic spread along the lanes instead of the rows), a ``transpose``'s permutation."""
+    statistic spread along the lanes instead of the rows), a ``transpose``'s permutation, a
+    ``vmap``'s ``in_axes``/``out_axes`` (the sequence axis mapped instead of the batch)."""
     for node in ast.walk(fn):
-        if isinstance(node, ast.keyword) and node.arg in ("axis", "dimension"):
+        if isinstance(node, ast.keyword) and node.arg in _MAPPED_AXES:  # vmap's: one or a tuple
+            yield from (_tuple_axes if isinstance(node.value, ast.Tuple) else _other_axes)(
+                node.value
+            )
+        elif isinstance(node, ast.keyword) and node.arg in ("axis", "dimension"):
             yield from _other_axes(node.value)
         elif isinstance(node, ast.keyword) and node.arg in _DIMENSION_KEYWORDS:
             yield from _tuple_axes(node.value)
@@ -257,6 +273,7 @@ def _axes(source: str, fn: ast.AST) -> Iterator[Site]:
 
 
 _DIMENSION_KEYWORDS = ("broadcast_dimensions", "axes", "permutation")
+_MAPPED_AXES = ("in_axes", "out_axes")
 _DIMENSION_ARGUMENT = {"broadcast_in_dim": 2, "transpose": 1}  # call -> its dimensions' position
 
 
@@ -385,6 +402,7 @@ OPERATORS: dict[str, Operator] = {
     "select": _selects,
     "unused_parameter": _unused_parameters,
     "multiplied_mask": _multiplied_masks,
+    "narrow_dtype": _narrow_dtypes,
     "broadcast": _broadcasts,
     "comparison": _comparisons,
     "swap": _swaps,
@@ -558,13 +576,16 @@ def _paren(node: ast.AST, text: str) -> str:
 
 
 def _local_names(scope: ast.FunctionDef | ast.Lambda) -> set[str]:
-    """Parameters and names assigned in the function itself (not in nested functions)."""
+    """Parameters, names assigned and functions defined in the function itself (not in nested
+    functions): a loop body handed to ``fori_loop`` is a local like any other."""
     args = scope.args
     names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
     names |= {a.arg for a in (args.vararg, args.kwarg) if a is not None}
     for node in _own_nodes(scope):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):  # a helper defined here
+            names.add(node.name)
     return names
 
 
