@@ -94,17 +94,15 @@ def test_only_a_wrong_values_case_without_a_lead_is_nudged_and_only_its_float_in
         "by": reach.NUDGE_BY,
     }
     assert reach.candidates([case("base", follows="The error follows ...")], [inputs]) == []
-    # A long axis gets nudges near its end, then near its start (padding past a length, the
-    # blocks before the last), after the mid-axis ones; a short one none.
-    long = [("x", np.zeros((4, 64), np.float32)), ("w", np.zeros(64, np.float32))]
+    # The longest axis gets nudges near its end, then near its start (padding past a length,
+    # the blocks before the last), after the mid-axis ones; a short one none.
+    long = [("x", np.zeros((4, 64), np.float32)), ("w", np.zeros(96, np.float32))]
     planned = reach.candidates([case("base")], [long])
     assert [(n.name, n.index) for n in planned] == [
         ("base.nudge-x", (1, 42)),
-        ("base.nudge-w", (32,)),
-        ("base.nudge-x-end", (1, 55)),
-        ("base.nudge-w-end", (55,)),
-        ("base.nudge-x-start", (1, 8)),
-        ("base.nudge-w-start", (8,)),
+        ("base.nudge-w", (48,)),
+        ("base.nudge-w-end", (83,)),
+        ("base.nudge-w-start", (12,)),
     ]
 
 

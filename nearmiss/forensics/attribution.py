@@ -38,6 +38,7 @@ PURSUIT_MIN_ROWS = 8
 PURSUIT_MIN_POSITIONS = 32  # the pursuit picks up to MAX_SITES of them per row
 PURSUIT_ROWS = 64  # rows the pursuit fits: enough for a common set, cheap enough per check
 ROUNDS_OF_ENDS = 2  # a run's two ends, each moved this many times (_span)
+SPAN_ROWS = 16  # rows a run is fitted on: one end scored at every position costs rows x axis x F
 
 
 @dataclass(frozen=True)
@@ -375,7 +376,7 @@ def attribute_error(
         return _several_sentence(several)
     span: Span | None = None
     for name, x, reduced in pairings:
-        rows = _gather(np.asarray(x, np.float64), reduced, error, mask, reference, PURSUIT_ROWS)
+        rows = _gather(np.asarray(x, np.float64), reduced, error, mask, reference, SPAN_ROWS)
         found_span = rows and _span(name, reduced, rows, error.shape)
         if found_span and (span is None or found_span.strength > span.strength):
             span = found_span

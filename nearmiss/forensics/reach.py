@@ -28,7 +28,7 @@ from nearmiss.forensics.localise import index_ranges
 from nearmiss.models import CaseResult
 from nearmiss.runner.arrays import is_float
 
-MAX_NUDGES = 2  # inputs nudged per check, each up to thrice: one more run of the kernel each
+MAX_NUDGES = 2  # inputs nudged mid-axis per check: one more run of the kernel each
 END_MIN_SIZE = 16  # an axis this long has ends worth nudges of their own
 MAX_SWAPS = 2  # pairs of like inputs swapped per check: one more run each
 SWAP_MATCH = 0.99  # the share of elements the swapped reference must match
@@ -169,8 +169,8 @@ def candidates(
 ) -> list[Nudge]:
     """The nudges worth asking, in order: one per float input of the case they are for (its
     first MAX_NUDGES), each at a different fraction of each axis (a third and two thirds of a
-    matrix: off the diagonal, where a transposed block would land on itself); then the same
-    inputs again with their longest axis's index moved near its end, then near its start
+    matrix: off the diagonal, where a transposed block would land on itself); then the input
+    with the longest axis again, that axis's index moved near its end, then near its start
     (``_at_end``).
     ``inputs``: each case's (name, array) pairs, in the order the kernel takes them."""
     chosen = _nudged_case(cases, inputs)
@@ -184,10 +184,13 @@ def candidates(
             continue
         index = tuple(size * (i + 1) // (x.ndim + 1) for i, size in enumerate(x.shape))
         nudges.append(Nudge(_label(case, f"nudge-{name}"), key, name, position, index))
+    # The ends of the longest axis of all (the sequence a kernel walks): each end nudge is
+    # one more kernel run for a case nothing else explained.
+    longest = max(nudges, key=lambda n: max(arrays[n.position][1].shape), default=None)
     ends = [
         Nudge(_label(case, f"nudge-{n.input}-{end}"), key, n.input, n.position, index)
         for end in ("end", "start")
-        for n in nudges
+        for n in ([longest] if longest else [])
         if (index := _at_end(n.index, arrays[n.position][1].shape, end)) is not None
     ]
     return nudges + ends

@@ -126,7 +126,7 @@ class RawRun:
 ControlPlanner = Callable[[list[RawCase], dict[str, RawCase]], list[dict[str, Any]]]
 # The controls, then a split of the ones that isolated several dims at once; the nudges
 # (forensics.reach) go one per round, each only while those before found nothing.
-CONTROL_ROUNDS = 6
+CONTROL_ROUNDS = 4
 
 
 class _ReferenceFeed:
