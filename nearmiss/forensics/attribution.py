@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -352,12 +353,18 @@ def attribute_error(
         for reduced in range(x.ndim)
         if x.shape[reduced] >= MIN_POSITIONS  # picking one of two positions proves little
     ]
-    best: Attribution | None = None
-    for name, x, reduced in pairings:
-        rows = _gather(np.asarray(x, np.float64), reduced, error, mask, reference)
-        found = rows and _candidate(name, reduced, rows, error.shape)
-        if found and (best is None or found.strength > best.strength):
-            best = found
+
+    def strongest(fit, limit: int):
+        """The strongest of ``fit``'s findings over the pairings, on up to ``limit`` rows."""
+        found = None
+        for name, x, reduced in pairings:
+            rows = _gather(np.asarray(x, np.float64), reduced, error, mask, reference, limit)
+            this = rows and fit(name, reduced, rows)
+            if this and (found is None or this.strength > found.strength):
+                found = this
+        return found
+
+    best: Attribution | None = strongest(partial(_candidate, shape=error.shape), MAX_ROWS)
     where = _describe(best, integers) if best and best.strength >= STRONG else None
     if best and where:
         return (
@@ -366,20 +373,11 @@ def attribute_error(
             f"median of {len(best.positions)} failing rows — an element of the reduction taken "
             "or dropped there."
         )
-    several: Sites | None = None  # only now, when no single slice is a lead: the pursuit costs
-    for name, x, reduced in pairings:
-        rows = _gather(np.asarray(x, np.float64), reduced, error, mask, reference, PURSUIT_ROWS)
-        sites = rows and _several(name, reduced, rows)
-        if sites and (several is None or sites.strength > several.strength):
-            several = sites
+    # Only now, when no single slice is a lead: the pursuit and the run cost more.
+    several: Sites | None = strongest(_several, PURSUIT_ROWS)
     if several:
         return _several_sentence(several)
-    span: Span | None = None
-    for name, x, reduced in pairings:
-        rows = _gather(np.asarray(x, np.float64), reduced, error, mask, reference, SPAN_ROWS)
-        found_span = rows and _span(name, reduced, rows, error.shape)
-        if found_span and (span is None or found_span.strength > span.strength):
-            span = found_span
+    span: Span | None = strongest(partial(_span, shape=error.shape), SPAN_ROWS)
     said = span and _span_sentence(span, integers)
     if said:
         return said
