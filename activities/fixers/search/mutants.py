@@ -101,7 +101,7 @@ def _extrema(source: str, fn: ast.AST) -> Iterator[Site]:
         if isinstance(node, ast.Call):
             name = node.func
             if isinstance(name, ast.Attribute) and name.attr in _OPPOSITE:
-                yield _AttributeName(name), f".{_OPPOSITE[name.attr]}"
+                yield _attribute_name(name), f".{_OPPOSITE[name.attr]}"
             elif isinstance(name, ast.Name) and name.id in _OPPOSITE:
                 yield name, _OPPOSITE[name.id]
 
@@ -125,7 +125,7 @@ def _narrow_dtypes(source: str, fn: ast.AST) -> Iterator[Site]:
         if isinstance(node, ast.keyword) and node.arg in ("dtype", "preferred_element_type"):
             value = node.value
             if isinstance(value, ast.Attribute) and value.attr in ("bfloat16", "float16"):
-                yield _AttributeName(value), ".float32"
+                yield _attribute_name(value), ".float32"
 
 
 def _unused_parameters(source: str, fn: ast.AST) -> Iterator[Site]:
@@ -300,7 +300,7 @@ def _swaps(source: str, fn: ast.AST) -> Iterator[Site]:
             params = node.args.args
             for a, b in zip(params, params[1:], strict=False):
                 if a.arg.endswith("_ref") and b.arg.endswith("_ref"):
-                    yield _Pair(a, b), f"{b.arg}, {a.arg}"
+                    yield _pair(a, b), f"{b.arg}, {a.arg}"
         elif isinstance(node, ast.Tuple) and 2 <= len(node.elts) <= 4:
             yield from _neighbours(source, node.elts)
 
@@ -321,7 +321,7 @@ def _pair_swaps(source: str, fn: ast.AST) -> Iterator[Site]:
                 continue
             a, b, c, d = (_text(source, arg) for arg in node.args)
             if (a, b) != (c, d):
-                yield _Pair(node.args[0], node.args[3]), f"{c}, {d}, {a}, {b}"
+                yield _pair(node.args[0], node.args[3]), f"{c}, {d}, {a}, {b}"
 
 
 def _strides(source: str, fn: ast.AST) -> Iterator[Site]:
@@ -354,7 +354,7 @@ def _neighbours(source: str, nodes: list[ast.expr]) -> Iterator[Site]:
         if isinstance(a, ast.Starred) or isinstance(b, ast.Starred):
             continue
         if _text(source, a) != _text(source, b):
-            yield _Pair(a, b), f"{_text(source, b)}, {_text(source, a)}"
+            yield _pair(a, b), f"{_text(source, b)}, {_text(source, a)}"
 
 
 def _arithmetic(source: str, fn: ast.AST) -> Iterator[Site]:
@@ -443,13 +443,11 @@ def mutants(source: str, entry: str = ENTRY) -> Iterator[Mutant]:
                 if edited is None or edited in seen or not _parses(edited):
                     continue
                 seen.add(edited)
-                spans = isinstance(node, _Pair | _AttributeName)
-                before = node.text(source) if spans else _text(source, node)
+                span = isinstance(node, _Span)
+                before = node.text(source) if span else _text(source, node)
                 line = node.lineno
                 mutant = Mutant(operator, line, f"line {line}: `{before}` -> `{text}`", edited)
-                site = node.first if isinstance(node, _Pair) else node
-                site = site.node if isinstance(site, _AttributeName) else site
-                if id(site) in guarded:
+                if id(node.site if span else node) in guarded:
                     last.append(mutant)
                 else:
                     yield mutant
@@ -469,52 +467,34 @@ def _guard_tests(fn: ast.AST) -> Iterator[ast.expr]:
 
 
 @dataclass(frozen=True)
-class _Pair:
-    """Two neighbouring nodes edited as one span (``a, b`` -> ``b, a``)."""
+class _Span:
+    """A site that is not one node's whole text: two neighbouring nodes edited as one (``a, b``
+    -> ``b, a``, ``_pair``), or an attribute's name without its object (``.mean`` of a long
+    call's ``x.mean``, ``_attribute_name``), so a description does not repeat the call."""
 
-    first: ast.AST
-    second: ast.AST
-
-    @property
-    def lineno(self) -> int:
-        return self.first.lineno
-
-    def text(self, source: str) -> str:
-        """The span's text, from the first node's start to the second's end."""
-        start = (self.first.lineno, self.first.col_offset)
-        return _span(source, start, (self.second.end_lineno, self.second.end_col_offset))
-
-
-@dataclass(frozen=True)
-class _AttributeName:
-    """An attribute's name alone (``.mean`` of ``x.mean``), edited without its object, so a
-    mutant's description does not repeat a long call."""
-
-    node: ast.Attribute
-
-    @property
-    def lineno(self) -> int:
-        return self.node.end_lineno or self.node.lineno
-
-    @property
-    def start(self) -> tuple[int, int]:
-        value = self.node.value
-        return (value.end_lineno or value.lineno, value.end_col_offset or 0)
-
-    @property
-    def end(self) -> tuple[int, int]:
-        return (self.lineno, self.node.end_col_offset or 0)
+    site: ast.AST  # the node a guard's test may hold
+    lineno: int
+    start: tuple[int, int]  # (line, utf-8 column) as ast reports positions
+    end: tuple[int, int]
 
     def text(self, source: str) -> str:
         return _span(source, self.start, self.end)
 
 
-def _edit(node: ast.AST | _Pair | _AttributeName, text: str) -> _Edit:
-    if isinstance(node, _AttributeName):
+def _pair(first: ast.AST, second: ast.AST) -> _Span:
+    start = (first.lineno, first.col_offset)
+    return _Span(first, first.lineno, start, (second.end_lineno, second.end_col_offset))
+
+
+def _attribute_name(node: ast.Attribute) -> _Span:
+    value, line = node.value, node.end_lineno or node.lineno
+    start = (value.end_lineno or value.lineno, value.end_col_offset or 0)
+    return _Span(node, line, start, (line, node.end_col_offset or 0))
+
+
+def _edit(node: ast.AST | _Span, text: str) -> _Edit:
+    if isinstance(node, _Span):
         return _Edit(node.start, node.end, text)
-    if isinstance(node, _Pair):
-        start = (node.first.lineno, node.first.col_offset)
-        return _Edit(start, (node.second.end_lineno, node.second.end_col_offset), text)
     return _replace(node, text)
 
 
