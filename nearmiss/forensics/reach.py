@@ -187,11 +187,14 @@ def candidates(
     # The ends of the longest axis of all (the sequence a kernel walks): each end nudge is
     # one more kernel run for a case nothing else explained.
     longest = max(nudges, key=lambda n: max(arrays[n.position][1].shape), default=None)
+    if longest is None:
+        return nudges
+    shape = arrays[longest.position][1].shape
+    name, position = longest.input, longest.position
     ends = [
-        Nudge(_label(case, f"nudge-{n.input}-{end}"), key, n.input, n.position, index)
+        Nudge(_label(case, f"nudge-{name}-{end}"), key, name, position, index)
         for end in ("end", "start")
-        for n in ([longest] if longest else [])
-        if (index := _at_end(n.index, arrays[n.position][1].shape, end)) is not None
+        if (index := _at_end(longest.index, shape, end)) is not None
     ]
     return nudges + ends
 
