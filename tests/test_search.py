@@ -167,7 +167,9 @@ def _body(q_ref, k_ref, o_ref):
 
     var = jax.lax.fori_loop(0, 8, mean_body, jnp.zeros(s.shape[-1]))
     total = jnp.sum(s, axis=-1, dtype=jnp.bfloat16)
-    o_ref[...] = jnp.exp(s - m) + var + total
+    rows = jnp.max(s, axis=1)[:, None]
+    cols = jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
+    o_ref[...] = jnp.exp(s - m) + var + total + rows + cols
 
 
 def kernel(q, k):
@@ -189,14 +191,25 @@ def kernel(q, k):
         ("name", "fori_loop(0, 8, mean_body,", "fori_loop(0, 8, var_body,"),
         ("narrow_dtype", "dtype=jnp.bfloat16)", "dtype=jnp.float32)"),
         ("axis", "in_axes=(1, 0)", "in_axes=(0, 0)"),
+        (
+            "axis",
+            "broadcasted_iota(jnp.int32, s.shape, 0)",
+            "broadcasted_iota(jnp.int32, s.shape, 1)",
+        ),
+        (
+            "kept_axis",
+            "axis=-1, dtype=jnp.bfloat16)",
+            "axis=-1, dtype=jnp.bfloat16, keepdims=True)",
+        ),
     ],
 )
 def test_operators_for_index_maps_masks_and_reductions(operator, before, after):
     """An index map that ignores a grid axis, a boolean mask multiplied into logits, a mean
     where a sum belongs, the wrong loop body handed to ``fori_loop``, an accumulation asked in
-    bfloat16, a vmap over the wrong axis: each has its inverse, and only there — an
-    ``_``-named parameter is unread on purpose, and a factor that is not a comparison is no
-    mask."""
+    bfloat16, a vmap over the wrong axis, key positions counted along the rows, a row statistic
+    that lost its axis: each has its inverse, and only there — an ``_``-named parameter is
+    unread on purpose, a factor that is not a comparison is no mask, and a reduction already
+    given its ``[:, None]`` keeps no more axes."""
     made = [m for m in mutants(MASKS) if m.operator == operator]
     edits = [_changed_lines(MASKS, m.source)[0] for m in made]
     assert any(before in old and after in new for old, new in edits), edits
@@ -205,6 +218,8 @@ def test_operators_for_index_maps_masks_and_reductions(operator, before, after):
         assert [new for _, new in edits] == ["return (batch, head, 0)", "return (batch, 0, head)"]
     if operator == "multiplied_mask":
         assert len(made) == 1  # not `s *= scale`
+    if operator == "kept_axis":
+        assert not any("[:, None]" in old for old, _ in edits), edits
 
 
 def test_unreached_code_is_never_mutated():

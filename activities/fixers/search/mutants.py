@@ -128,6 +128,28 @@ def _narrow_dtypes(source: str, fn: ast.AST) -> Iterator[Site]:
                 yield _attribute_name(value), ".float32"
 
 
+def _kept_axes(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A reduction over an axis that drops it where the code goes on as if it were kept:
+    ``jnp.max(s, axis=1)`` -> ``jnp.max(s, axis=1, keepdims=True)`` (a row statistic, its
+    ``[:, None]`` forgotten, then broadcast along the lanes instead of the rows). Only for a
+    call naming its ``axis=`` and not yet indexed (``[:, None]``) or told ``keepdims``."""
+    indexed = {id(n.value) for n in ast.walk(fn) if isinstance(n, ast.Subscript)}
+    for node in ast.walk(fn):
+        if (
+            not isinstance(node, ast.Call)
+            or _called(node) not in _REDUCTIONS
+            or id(node) in indexed
+        ):
+            continue
+        keywords = {k.arg for k in node.keywords}
+        if "axis" in keywords and "keepdims" not in keywords:
+            text = _text(source, node)
+            yield node, f"{text[:-1].rstrip().rstrip(',')}, keepdims=True)"
+
+
+_REDUCTIONS = ("max", "min", "sum", "mean", "var", "std", "prod", "logsumexp")
+
+
 def _unused_parameters(source: str, fn: ast.AST) -> Iterator[Site]:
     """A literal 0 in a returned tuple where one of the function's own parameters, never read,
     belongs: an index map ``(b, h, i, _) -> (b, 0, i, 0)`` that ignores the grid's head axis,
@@ -253,7 +275,8 @@ def _off_by_one(source: str, fn: ast.AST) -> Iterator[Site]:
 
 
 def _axes(source: str, fn: ast.AST) -> Iterator[Site]:
-    """A reduction's or a concatenation's ``axis=`` the wrong one (0, 1, -1, -2), and the same
+    """A reduction's or a concatenation's ``axis=`` the wrong one (0, 1, -1, -2), an iota's
+    (key positions counted along the rows: ``broadcasted_iota(int32, shape, 0)``), and the same
     for each entry of a dimension tuple: a ``broadcast_in_dim``'s broadcast dimensions (a row
     statistic spread along the lanes instead of the rows), a ``transpose``'s permutation, a
     ``vmap``'s ``in_axes``/``out_axes`` (the sequence axis mapped instead of the batch)."""
@@ -270,11 +293,16 @@ def _axes(source: str, fn: ast.AST) -> Iterator[Site]:
             index = _DIMENSION_ARGUMENT[_called(node)]
             if len(node.args) > index:
                 yield from _tuple_axes(node.args[index])
+        elif isinstance(node, ast.Call) and _called(node) in _AXIS_ARGUMENT:
+            index = _AXIS_ARGUMENT[_called(node)]
+            if len(node.args) > index:
+                yield from _other_axes(node.args[index])
 
 
 _DIMENSION_KEYWORDS = ("broadcast_dimensions", "axes", "permutation")
 _MAPPED_AXES = ("in_axes", "out_axes")
 _DIMENSION_ARGUMENT = {"broadcast_in_dim": 2, "transpose": 1}  # call -> its dimensions' position
+_AXIS_ARGUMENT = {"broadcasted_iota": 2}  # call -> its one axis's position (row vs column ids)
 
 
 def _other_axes(value: ast.expr) -> Iterator[Site]:
@@ -403,6 +431,7 @@ OPERATORS: dict[str, Operator] = {
     "unused_parameter": _unused_parameters,
     "multiplied_mask": _multiplied_masks,
     "narrow_dtype": _narrow_dtypes,
+    "kept_axis": _kept_axes,
     "broadcast": _broadcasts,
     "comparison": _comparisons,
     "swap": _swaps,
