@@ -57,6 +57,24 @@ def test_edits_share_a_child_and_are_judged_by_the_engine(tmp_path):
         screen.stop()
 
 
+def test_the_lines_a_kernel_runs_are_reported_and_no_others(tmp_path):
+    """The line tracer sees the kernel's import and its run (the body traced by Pallas), and
+    not a function the run never calls."""
+    source = FIXED + "\n\ndef _never(x):\n    return x * 3.0\n"
+    lines = source.splitlines()
+    screen = _screen(tmp_path, Limits(case_timeout_s=30))
+    try:
+        ran = screen.lines_run(source)
+        assert _passed(screen.judge(0, FIXED)) == [True, True]  # the child serves edits after
+    finally:
+        screen.stop()
+    assert ran is not None
+    assert lines.index("    o_ref[...] = x_ref[...] - 0.5 * y_ref[...]") + 1 in ran
+    assert lines.index("    rows, cols = x.shape") + 1 in ran
+    assert lines.index("def _never(x):") + 1 in ran  # the def statement runs at import
+    assert lines.index("    return x * 3.0") + 1 not in ran
+
+
 def test_a_hanging_edit_costs_its_timeout_and_the_next_runs_in_a_new_child(tmp_path):
     screen = _screen(tmp_path, Limits(case_timeout_s=3, startup_allowance_s=30))
     try:

@@ -16,7 +16,7 @@ from activities.evidence import evidence_from_report
 from activities.fixers.playbook import propose as playbook_propose
 from activities.fixers.search import SearchFixer, candidate_edits
 from activities.fixers.search.mutants import mutants, reachable
-from activities.fixers.search.screen import Budget
+from activities.fixers.search.screen import Budget, _Reached
 from nearmiss.check import check
 from workflows.models import FixRequest
 
@@ -285,6 +285,49 @@ async def test_a_spent_budget_says_what_it_screened_and_proposes_nothing_worse()
     assert "search: screened 2 edits" in result.reason and "more were left" in result.reason
     # only an edit that got further than the kernel on the failing suite, if any
     assert result.source is None or "gets further than the kernel" in result.reason
+
+
+# A second body behind a dispatch the suite never takes (inputs of over a million rows), full of
+# sites the operators edit before they reach the swap that repairs the body that does run.
+DISPATCHED = (
+    SWAPPED.read_text()
+    .replace("def kernel(x, y):", "def _small(x, y):")
+    .replace(
+        "def _axpy_body(",
+        "def _huge_body(x_ref, y_ref, o_ref):\n"
+        "    s = jnp.maximum(x_ref[...], 0.0)\n"
+        "    t = jnp.where(s < 1.0, s, y_ref[...]).T\n"
+        "    o_ref[...] = jnp.minimum(t, s) if s.shape[0] > 1 else s.T\n\n\n"
+        "def _huge(x, y):\n"
+        "    return pl.pallas_call(_huge_body, out_shape=x)(x, y)\n\n\n"
+        "def _axpy_body(",
+    )
+    + "\n\ndef kernel(x, y):\n    return _huge(x, y) if x.shape[0] > 2**20 else _small(x, y)\n"
+)
+
+
+def test_only_edits_of_statements_that_ran_are_kept():
+    source = "def f(x):\n    if x:\n        return 1\n    return 2\n\n\ndef g():\n    return 3\n"
+    reached = _Reached(source, frozenset({1, 2, 4, 7}))  # defs at import, f(0); g never ran
+    assert reached.reached(source.replace("return 2", "return 5"))
+    assert not reached.reached(source.replace("return 1", "return 5"))  # the branch not taken
+    assert reached.reached(source.replace("if x:", "if not x:"))  # its test did run
+    assert not reached.reached(source.replace("return 3", "return 5"))
+    assert reached.reached(source.replace("def g():", "def g(y=0):"))  # a def runs at import
+    assert _Reached(source, None).reached(source.replace("return 3", "return 5"))  # not known
+
+
+async def test_edits_of_code_the_suite_never_runs_are_skipped_unscreened():
+    """The dispatch's other body holds a dozen edits the order puts before the repair; a budget
+    of four screenings reaches the repair only because those are skipped."""
+    request = _request(DISPATCHED)
+    ahead = [e.name for e in candidate_edits(request)]
+    fix = next(i for i, name in enumerate(ahead) if "`y_ref, x_ref` -> `x_ref, y_ref`" in name)
+    assert fix > 8, ahead[:fix]
+    result = await SearchFixer(Budget(checks=4)).propose(request)
+    assert "passes the screening suite" in result.reason, result.reason
+    assert "skipped as editing code the suite never ran" in result.reason
+    assert check(SPEC, _write(result.source), "all", 5).certified
 
 
 def test_a_guard_is_turned_off_only_after_every_other_edit():

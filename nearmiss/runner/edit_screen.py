@@ -8,6 +8,7 @@ is imported once, each edit is imported as a module of its own and run on the in
 baseline run of the suite filed; its outputs are compared here, by the engine, against that
 run's references. An edit that hangs or kills the child costs its timeout and the child is
 replaced for the next; the sandbox, limits and namespaces are those of every child.
+``lines_run`` runs the kernel itself with a line tracer, for the lines the suite reaches.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class EditScreen(_Child):
         super().__init__(SCREEN_MODULE, "nearmiss-screen-", limits, platform)
         self.cases = [c for c in baseline.cases if (inputs / c.info.key / "inputs.npz").exists()]
         self.inputs = inputs
+        self.lines: frozenset[int] | None = None  # set by ``lines_run``
 
     def start(self) -> None:
         """Start the child and file the cases' inputs in its home; a child that does not get
@@ -47,8 +49,16 @@ class EditScreen(_Child):
             self.stop()
             raise
 
-    def judge(self, index: int, source: str) -> list[RawCase]:
-        """Each case of the baseline as the edit ``source`` ran it."""
+    def lines_run(self, source: str) -> frozenset[int] | None:
+        """The lines of ``source`` that ran (its import, every case); None where the child
+        gave no usable answer. The child runs untrusted code: this only guides screening."""
+        self.lines = None
+        self.judge(-1, source, lines=True)
+        return self.lines
+
+    def judge(self, index: int, source: str, lines: bool = False) -> list[RawCase]:
+        """Each case of the baseline as the edit ``source`` ran it (and, asked ``lines``, the
+        lines that ran in ``self.lines``)."""
         if self.child is None:
             self.start()
         assert self.child is not None
@@ -59,11 +69,13 @@ class EditScreen(_Child):
             dirs = [str(self.case_dir(raw)) for raw in ran]
             for folder in dirs:  # never read the previous edit's outputs as this one's
                 (Path(folder) / OUTPUT_FILE).unlink(missing_ok=True)
-            self.child.send(cmd="screen", index=index, path=str(path), cases=dirs)
+            self.child.send(cmd="screen", index=index, path=str(path), cases=dirs, lines=lines)
             timeout = self.limits.import_timeout_s + self.limits.case_timeout_s * len(ran)
             message = self.child.receive(timeout)
             if message.get("event") != "edit_done" or message.get("index") != index:
                 raise ValueError(f"unexpected message {message.get('event')!r}")
+            if lines:
+                self.lines = _line_numbers(message.get("lines"))
             if "error" in message:
                 for raw in ran:
                     raw.error = {**message["error"], "phase": "import"}
@@ -87,6 +99,12 @@ class EditScreen(_Child):
         finally:
             path.unlink(missing_ok=True)
         return ran
+
+
+def _line_numbers(value: object) -> frozenset[int] | None:
+    if not isinstance(value, list) or not all(type(n) is int for n in value):
+        return None
+    return frozenset(value)
 
 
 def _fresh(raw: RawCase) -> RawCase:

@@ -5,15 +5,21 @@ Each ``screen`` request names one edit's file and the case directories (``inputs
 each, filed by the spec's child for a baseline run). The child imports the edit as a module of
 its own, runs its ``kernel`` on every case (interpret mode on CPU, as everywhere), files each
 output as ``output.npz`` and reports per case; the engine compares (``runner.edit_screen``).
-Untrusted code runs here and nothing it does certifies: screening only ranks edits.
+Asked to (``lines``), it also reports which lines of the edit's file ran (a line tracer on that
+file alone): the engine skips edits of code the failing suite never runs. Untrusted code runs
+here and nothing it does certifies: screening only ranks edits, and a kernel that hides its
+lines only hides them from its own repair.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from nearmiss.runner.candidate_child import Stages
@@ -52,17 +58,47 @@ def _run_case(kernel, case_dir: Path) -> dict:
     return result
 
 
+@contextlib.contextmanager
+def _lines_of(path: str, lines: set[int]) -> Iterator[None]:
+    """Collect into ``lines`` the lines of ``path`` that run, in this thread and in threads
+    started meanwhile (a callback's). Other files' frames are not traced line by line."""
+
+    def local(frame, event, arg):
+        if event == "line":
+            lines.add(frame.f_lineno)
+        return local
+
+    def calls(frame, event, arg):
+        if frame.f_code.co_filename != path:
+            return None
+        lines.add(frame.f_lineno)
+        return local
+
+    sys.settrace(calls)
+    threading.settrace(calls)
+    try:
+        yield
+    finally:
+        sys.settrace(None)
+        threading.settrace(None)  # type: ignore[arg-type]
+
+
 def screen_edit(request: dict) -> dict:
     answer: dict = {"event": "edit_done", "index": request["index"]}
+    lines: set[int] = set()
+    traced = _lines_of(request["path"], lines) if request.get("lines") else contextlib.nullcontext()
     try:
-        kernel = getattr(_import_edit(request["path"], request["index"]), "kernel", None)
-        if not callable(kernel):
-            raise AttributeError("the edit defines no callable `kernel`")
-        answer["cases"] = [_run_case(kernel, Path(d)) for d in request["cases"]]
+        with traced:
+            kernel = getattr(_import_edit(request["path"], request["index"]), "kernel", None)
+            if not callable(kernel):
+                raise AttributeError("the edit defines no callable `kernel`")
+            answer["cases"] = [_run_case(kernel, Path(d)) for d in request["cases"]]
     except (Exception, SystemExit) as exc:  # the import: a case's own failure is its answer
         answer["error"] = describe_exception(exc, "import")
     finally:
         sys.modules.pop(f"nearmiss_edit_{request['index']}", None)
+    if request.get("lines"):
+        answer["lines"] = sorted(lines)
     return answer
 
 

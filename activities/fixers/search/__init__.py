@@ -88,7 +88,11 @@ def search(request: FixRequest, budget: Budget) -> FixResult:
 
     found: Screen = screen(request, sources(), budget)
     left = "more were left" if next(pending, None) is not None else "none was left"
-    done = f"screened {found.screened} edits in {found.seconds:.0f} s ({left})"
+    unreached = f"{found.unreached} skipped as editing code the suite never ran; "
+    done = (
+        f"screened {found.screened} edits in {found.seconds:.0f} s "
+        f"({unreached if found.unreached else ''}{left})"
+    )
     if found.best is None:
         why = found.why or "none got further than the kernel on the failing suite"
         return FixResult(model=MODEL, reason=f"search: {done}; {why}", tokens=TokenUsage())

@@ -9,16 +9,21 @@ sandboxed check instead, with the evidence's targets and the gate enforcing. Eit
 fixed seed, without control experiments (they explain failures; screening only ranks), in the
 edits' order, stopping at the first edit that passes, or when the budget is spent; among edits
 judged in the same batch the earlier wins, so the answer does not depend on which finished
-first. Screening never certifies: the loop's full check, in fresh children, judges the pick.
+first. In the warm case the kernel itself is run once more with a line tracer, and an edit
+none of whose statement ran is skipped unscreened: code the failing suite never executes (a
+backward pass, the other branch of a block-size dispatch) cannot change what the suite sees.
+Screening never certifies: the loop's full check, in fresh children, judges the pick.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import itertools
+import queue
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +60,7 @@ class Screen:
     best: int | None = None  # the index of the edit to propose
     passed: bool = False  # whether it passes the screening suite
     why: str = ""  # why there is no edit to propose, where it is not "none got further"
+    unreached: int = 0  # edits skipped unscreened: they edit code the suite never ran
 
 
 def screen(request: FixRequest, sources: Iterable[str], budget: Budget) -> Screen:
@@ -91,7 +97,10 @@ def screen(request: FixRequest, sources: Iterable[str], budget: Budget) -> Scree
         if cases and not all(c.passed for c in cases):
             warm = _Warm(request, baseline, inputs, limits)
             try:
-                return _rank(sources, budget, score_cases(cases), warm, started)
+                reached = _Reached(request.source, warm.lines_run())
+                edits = reached.edits(enumerate(sources))
+                found = _rank(edits, budget, score_cases(cases), warm, started)
+                return dataclasses.replace(found, unreached=reached.skipped)
             finally:
                 warm.close()
         fresh = _fresh(request, folder, suite, limits)
@@ -99,17 +108,19 @@ def screen(request: FixRequest, sources: Iterable[str], budget: Budget) -> Scree
         if base >= 1.0:
             why = f"the kernel passes the {suite} suite at the screening seed: nothing to rank by"
             return Screen(0, time.perf_counter() - started, why=why)
-        return _rank(sources, budget, base, fresh, started)
+        return _rank(enumerate(sources), budget, base, fresh, started)
 
 
 Judge = Callable[[int | str, str], float]  # (index, source) -> score; 1.0: passes
 
 
 def _rank(
-    sources: Iterable[str], budget: Budget, baseline: float, judged: Judge, started: float
+    edits: Iterable[tuple[int, str]], budget: Budget, baseline: float, judged: Judge, started: float
 ) -> Screen:
+    """The edits (index, source) judged in order, ``budget.lanes`` at a time, until one passes
+    or the budget is spent; the best's index (the edit's own, whatever was skipped before)."""
     best, best_score, screened = None, baseline, 0
-    wanted = enumerate(itertools.islice(sources, budget.checks))
+    wanted = itertools.islice(edits, budget.checks)
     with ThreadPoolExecutor(budget.lanes) as pool:
         while time.perf_counter() - started <= budget.seconds:
             batch = list(itertools.islice(wanted, budget.lanes))  # edits made as they are due
@@ -126,30 +137,93 @@ def _rank(
 
 
 class _Warm:
-    """Each edit run on the baseline's inputs in a warm child, one per lane (thread); an edit
-    the gate's static rules refuse scores 0 unrun. ``close`` stops the children."""
+    """Each edit run on the baseline's inputs in a warm child, one child per lane at a time
+    (an idle one reused); an edit the gate's static rules refuse scores 0 unrun. ``close``
+    stops the children."""
 
     def __init__(self, request: FixRequest, baseline: RawRun, inputs: Path, limits: Limits):
         self.request, self.baseline, self.inputs, self.limits = request, baseline, inputs, limits
-        self.children: dict[int, EditScreen] = {}
+        self.children: list[EditScreen] = []
+        self.idle: queue.SimpleQueue[EditScreen] = queue.SimpleQueue()
 
     def __call__(self, index: int | str, source: str) -> float:
         name = self.request.candidate_name
         if static_violations(source, name):
             return 0.0
-        lane = threading.get_ident()
-        if lane not in self.children:
-            self.children[lane] = EditScreen(self.baseline, self.inputs, self.limits)
+        child = self._take()
         try:
-            ran = self.children[lane].judge(int(index), source)
+            ran = child.judge(int(index), source)
         except ChildFailure:  # the child did not even start: this edit cannot be ranked
             return -1.0
+        finally:
+            self.idle.put(child)
         cases = [case_result(raw, name) for raw in ran]
         return 1.0 if cases and all(c.passed for c in cases) else score_cases(cases)
 
+    def lines_run(self) -> frozenset[int] | None:
+        """The kernel's own lines that its run of the suite executes; None: not known."""
+        child = self._take()
+        try:
+            return child.lines_run(self.request.source)
+        except ChildFailure:
+            return None
+        finally:
+            self.idle.put(child)
+
+    def _take(self) -> EditScreen:
+        try:
+            return self.idle.get_nowait()
+        except queue.Empty:
+            child = EditScreen(self.baseline, self.inputs, self.limits)
+            self.children.append(child)
+            return child
+
     def close(self) -> None:
-        for child in self.children.values():
+        for child in self.children:
             child.stop()
+
+
+class _Reached:
+    """Which edits touch code the kernel's run executed: an edit is kept when a line of the
+    smallest statement holding its change ran (a compound statement's header counts for its
+    body, a function's ``def`` for its parameters). Where the lines are not known, all are."""
+
+    def __init__(self, source: str, lines: frozenset[int] | None) -> None:
+        self.original = source.splitlines()
+        self.lines = lines
+        self.skipped = 0
+        self.statement: dict[int, tuple[int, int]] = {}  # line -> its smallest statement
+        tree = ast.parse(source) if lines else None
+        statements = [n for n in ast.walk(tree) if isinstance(n, ast.stmt)] if tree else []
+        for node in sorted(statements, key=lambda n: n.lineno - (n.end_lineno or n.lineno)):
+            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                self.statement[line] = (node.lineno, node.end_lineno or node.lineno)
+
+    def edits(self, edits: Iterable[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+        for index, source in edits:
+            if self.reached(source):
+                yield index, source
+            else:
+                self.skipped += 1
+
+    def reached(self, edited: str) -> bool:
+        if not self.lines:
+            return True
+        first, last = _changed(self.original, edited.splitlines())
+        if last < first or first not in self.statement:  # lines only added: keep it
+            return True
+        start, end = self.statement[first]
+        return any(line in self.lines for line in range(start, max(end, last) + 1))
+
+
+def _changed(original: list[str], edited: list[str]) -> tuple[int, int]:
+    """The first and last lines (1-based) of ``original`` that ``edited`` changes."""
+    shortest = min(len(original), len(edited))
+    head = next((i for i in range(shortest) if original[i] != edited[i]), shortest)
+    tail = next(
+        (i for i in range(shortest - head) if original[-1 - i] != edited[-1 - i]), shortest - head
+    )
+    return head + 1, len(original) - tail
 
 
 def _fresh(request: FixRequest, folder: Path, suite: str, limits: Limits) -> Judge:
