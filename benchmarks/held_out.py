@@ -7,7 +7,8 @@ reverted), once with ``playbook`` (recipes only) and once with ``search`` (recip
 screened mutation search), and prints per kernel what each did, the certified counts side by
 side, and the search's seconds. Minutes per kernel for the search: choose the sets.
 
-    .venv/bin/python benchmarks/held_out.py [--sets holdout5,holdout6] [--checks N] [--seconds S]
+    .venv/bin/python benchmarks/held_out.py [--sets holdout5,holdout6] [--only NAME,...]
+        [--checks N] [--seconds S]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ SETS = {  # set name -> (test module, the dict of planted cases in it)
     "holdout6": ("test_playbook_holdout6", "HOLDOUT6"),
     "holdout7": ("test_playbook_holdout7", "HOLDOUT7"),
     "holdout8": ("test_playbook_holdout8", "HOLDOUT8"),
+    "holdout9": ("test_playbook_holdout9", "HOLDOUT9"),
     "families": ("test_playbook_families", "FAMILIES"),
 }
 
@@ -40,6 +42,7 @@ SETS = {  # set name -> (test module, the dict of planted cases in it)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sets", default="holdout5", help=f"comma list of {', '.join(SETS)}")
+    parser.add_argument("--only", default="", help="comma list of planted kernels of those sets")
     parser.add_argument("--checks", type=int, default=400, help="screened edits per round")
     parser.add_argument("--seconds", type=float, default=240.0, help="screening time per round")
     args = parser.parse_args()
@@ -59,10 +62,14 @@ def main() -> None:
     }
     certified = dict.fromkeys(fixers, 0)
     total = 0
-    for set_name in names:
-        module, attribute = SETS[set_name]
-        cases = getattr(importlib.import_module(module), attribute)
+    planted_sets = {s: getattr(importlib.import_module(SETS[s][0]), SETS[s][1]) for s in names}
+    only = {n for n in args.only.split(",") if n}
+    if only - {name for cases in planted_sets.values() for name in cases}:
+        parser.error(f"--only names kernels none of {', '.join(names)} plants: {args.only}")
+    for set_name, cases in planted_sets.items():
         for name, case in sorted(cases.items()):
+            if only and name not in only:
+                continue
             total += 1
             spec = SPECS / f"{case.spec}_spec.py"
             for fixer_name, make in fixers.items():
