@@ -14,7 +14,7 @@ import pytest
 
 from activities.evidence import evidence_from_report
 from activities.fixers.playbook import propose as playbook_propose
-from activities.fixers.search import SearchFixer, candidate_edits
+from activities.fixers.search import SearchFixer, candidate_edits, suspected_lines
 from activities.fixers.search.mutants import mutants, reachable
 from activities.fixers.search.screen import Budget, _Reached
 from nearmiss.check import check
@@ -220,6 +220,72 @@ def test_operators_for_index_maps_masks_and_reductions(operator, before, after):
         assert len(made) == 1  # not `s *= scale`
     if operator == "kept_axis":
         assert not any("[:, None]" in old for old, _ in edits), edits
+
+
+REBOUND = """
+import functools
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def _body(x_ref, m_ref, o_ref, *, sm_scale):
+    x = x_ref[...]
+    scale = 1.44269504
+    if sm_scale != 1.0:
+        scale = sm_scale
+    x *= scale
+    m, m_next = m_ref[0], m_ref[1]
+    p = jnp.exp(x - m_next)
+    o_ref[...] = p / jnp.sum(p) * jnp.exp(m_next - m) + p.max()
+
+
+def kernel(x, m):
+    row_len = x.shape[0]
+    body = functools.partial(_body, sm_scale=0.5)
+    return pl.pallas_call(body, grid=(row_len // 8,), out_shape=x)(x, m)
+"""
+
+
+@pytest.mark.parametrize(
+    ("operator", "before", "after"),
+    [
+        ("operand_swap", "jnp.exp(m_next - m)", "jnp.exp(m - m_next)"),
+        ("rebinding", "scale = sm_scale", "scale *= sm_scale"),
+        ("rebinding", "x *= scale", "x = scale"),
+        ("axis", "row_len = x.shape[0]", "row_len = x.shape[-1]"),
+        ("kept_axis", "p / jnp.sum(p)", "p / jnp.sum(p, axis=-1, keepdims=True)"),
+        ("kept_axis", "p.max()", "p.max(axis=-1, keepdims=True)"),
+    ],
+)
+def test_operators_for_reversed_differences_rebindings_and_whole_reductions(
+    operator, before, after
+):
+    """A rescale exponent reversed, a factor set where it was to be folded in, a length read
+    from the wrong dimension, a row's denominator summed over the whole tile: each has its
+    inverse; a name's first binding is never made a fold (``x = x_ref[...]`` stays)."""
+    made = [m for m in mutants(REBOUND) if m.operator == operator]
+    edits = [_changed_lines(REBOUND, m.source)[0] for m in made]
+    assert any(before in old and after in new for old, new in edits), edits
+    if operator == "rebinding":
+        assert not any("x_ref[...]" in old or "1.44269504" in old for old, _ in edits), edits
+
+
+def test_for_a_nan_the_lines_that_can_make_one_are_edited_first():
+    """NaN evidence points the search at exponentials, divisions and infinities; the order
+    among those edits stays, and other evidence changes nothing."""
+    first = suspected_lines("nan_inf")
+    lines = REBOUND.splitlines()
+    ordered = list(mutants(REBOUND, first=first))
+    suspect = [first(lines[m.line - 1]) for m in ordered]
+    assert any(suspect) and not all(suspect)
+    assert suspect == sorted(suspect, reverse=True), suspect  # all suspects, then the rest
+    plain = list(mutants(REBOUND))
+    assert sorted(m.source for m in ordered) == sorted(m.source for m in plain)
+    assert [m for m in plain if first(lines[m.line - 1])] == ordered[: sum(suspect)]
+    assert suspected_lines("wrong_values") is None
+    assert first("p = jnp.exp(x - m)") and first("m = -float('inf')") and first("a / b")
+    assert not first("acc += x  # exp later")
 
 
 def test_unreached_code_is_never_mutated():

@@ -3,7 +3,8 @@
 A recipe knows a bug's pattern; a mutant knows only that near-miss bugs are small: a comparison
 off by one, an operand swapped, an axis or a broadcast the wrong way round, a stray transpose,
 max for min, a slice started at a block's index instead of its first element, a helper's two
-(index, size) pairs swapped, a term of a sum not squared. Enumerating every such edit of the
+(index, size) pairs swapped, a difference reversed, a value set where it was to be folded in,
+a term of a sum not squared. Enumerating every such edit of the
 code the kernel runs, and letting the engine judge each, repairs bugs no recipe was written
 for — the zero-token counterpart of generate-and-validate program repair. Pure: source in,
 mutants out; nothing here runs code.
@@ -131,8 +132,11 @@ def _narrow_dtypes(source: str, fn: ast.AST) -> Iterator[Site]:
 def _kept_axes(source: str, fn: ast.AST) -> Iterator[Site]:
     """A reduction over an axis that drops it where the code goes on as if it were kept:
     ``jnp.max(s, axis=1)`` -> ``jnp.max(s, axis=1, keepdims=True)`` (a row statistic, its
-    ``[:, None]`` forgotten, then broadcast along the lanes instead of the rows). Only for a
-    call naming its ``axis=`` and not yet indexed (``[:, None]``) or told ``keepdims``."""
+    ``[:, None]`` forgotten, then broadcast along the lanes instead of the rows); and one over
+    everything where a row's was meant: ``jnp.sum(p)`` -> ``jnp.sum(p, axis=-1,
+    keepdims=True)`` (every row divided by the tile's total). Only for a call not yet indexed
+    (``[:, None]``) or told ``keepdims``, naming its ``axis=`` or given nothing but its
+    operand."""
     indexed = {id(n.value) for n in ast.walk(fn) if isinstance(n, ast.Subscript)}
     for node in ast.walk(fn):
         if (
@@ -142,9 +146,13 @@ def _kept_axes(source: str, fn: ast.AST) -> Iterator[Site]:
         ):
             continue
         keywords = {k.arg for k in node.keywords}
+        text = _text(source, node)
         if "axis" in keywords and "keepdims" not in keywords:
-            text = _text(source, node)
             yield node, f"{text[:-1].rstrip().rstrip(',')}, keepdims=True)"
+        elif not keywords and len(node.args) == 1:  # jnp.sum(p); not p.sum(1), axis positional
+            yield node, f"{text[:-1].rstrip().rstrip(',')}, axis=-1, keepdims=True)"
+        elif not keywords and not node.args and isinstance(node.func, ast.Attribute):  # p.sum()
+            yield node, f"{text[:-1].rstrip()}axis=-1, keepdims=True)"
 
 
 _REDUCTIONS = ("max", "min", "sum", "mean", "var", "std", "prod", "logsumexp")
@@ -276,7 +284,8 @@ def _off_by_one(source: str, fn: ast.AST) -> Iterator[Site]:
 
 def _axes(source: str, fn: ast.AST) -> Iterator[Site]:
     """A reduction's or a concatenation's ``axis=`` the wrong one (0, 1, -1, -2), an iota's
-    (key positions counted along the rows: ``broadcasted_iota(int32, shape, 0)``), and the same
+    (key positions counted along the rows: ``broadcasted_iota(int32, shape, 0)``), a size read
+    from the wrong dimension (``row_len = x.shape[0]`` for ``x.shape[-1]``), and the same
     for each entry of a dimension tuple: a ``broadcast_in_dim``'s broadcast dimensions (a row
     statistic spread along the lanes instead of the rows), a ``transpose``'s permutation, a
     ``vmap``'s ``in_axes``/``out_axes`` (the sequence axis mapped instead of the batch)."""
@@ -297,6 +306,8 @@ def _axes(source: str, fn: ast.AST) -> Iterator[Site]:
             index = _AXIS_ARGUMENT[_called(node)]
             if len(node.args) > index:
                 yield from _other_axes(node.args[index])
+        elif isinstance(node, ast.Subscript) and _is_shape(node.value):
+            yield from _other_axes(node.slice)
 
 
 _DIMENSION_KEYWORDS = ("broadcast_dimensions", "axes", "permutation")
@@ -350,6 +361,43 @@ def _pair_swaps(source: str, fn: ast.AST) -> Iterator[Site]:
             a, b, c, d = (_text(source, arg) for arg in node.args)
             if (a, b) != (c, d):
                 yield _pair(node.args[0], node.args[3]), f"{c}, {d}, {a}, {b}"
+
+
+def _operand_swaps(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A difference taken the wrong way round, ``a - b`` -> ``b - a``: a rescale exponent
+    ``exp(m_next - m_prev)`` that should shrink and grows (an overflow, NaN downstream)."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
+            left, right = _text(source, node.left), _text(source, node.right)
+            yield node, f"{_paren(node.right, right)} - {_paren(node.left, left)}"
+
+
+def _rebindings(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A value set where it should have been folded in, or the converse: ``x = y`` -> ``x *= y``
+    or ``x += y`` for a name already bound (a parameter, or set on an earlier line) and not read
+    by ``y`` (``qk_scale = sm_scale`` for ``qk_scale *= sm_scale``: the log2(e) factor lost);
+    ``x *= y``/``x += y`` -> ``x = y``."""
+    for scope in ast.walk(fn):
+        if not isinstance(scope, ast.FunctionDef):
+            continue
+        own = list(_own_nodes(scope))
+        args = scope.args
+        bound = {a.arg: 0 for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+        for node in own:
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                bound[node.id] = min(bound.get(node.id, node.lineno), node.lineno)
+        for node in own:
+            if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add | ast.Mult):
+                yield node, f"{_text(source, node.target)} = {_text(source, node.value)}"
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+                continue
+            target, value = node.targets[0], node.value
+            if not isinstance(target, ast.Name) or bound.get(target.id, node.lineno) >= node.lineno:
+                continue
+            if any(_same_name(n, target) for n in ast.walk(value)):
+                continue  # `acc = acc + x` folds already
+            for op in ("*", "+"):
+                yield node, f"{target.id} {op}= {_text(source, value)}"
 
 
 def _strides(source: str, fn: ast.AST) -> Iterator[Site]:
@@ -439,7 +487,9 @@ OPERATORS: dict[str, Operator] = {
     "off_by_one": _off_by_one,
     "stride": _strides,
     "argument_swap": _argument_swaps,
+    "operand_swap": _operand_swaps,
     "pair_swap": _pair_swaps,
+    "rebinding": _rebindings,
     "name": _names,
     "arithmetic": _arithmetic,
     "dropped_term": _dropped_terms,
@@ -447,14 +497,21 @@ OPERATORS: dict[str, Operator] = {
 }
 
 
-def mutants(source: str, entry: str = ENTRY) -> Iterator[Mutant]:
+def mutants(
+    source: str, entry: str = ENTRY, first: Callable[[str], bool] | None = None
+) -> Iterator[Mutant]:
     """Every single-site mutant of the code ``entry`` reaches, each distinct source once; none
     when the source does not parse. Ordered by where, then by what: the kernel bodies (and the
     functions they call) first, then the functions that build the pallas_calls (grids, block
     specs, index maps, output shapes), then the rest; within each, operator by operator in the
     order of ``OPERATORS``. Edits of a guard's test (an ``if`` that only raises, an ``assert``)
     come after all others: turning a check off makes a failing call pass on the suite while
-    breaking the calls the check let through (a plausible patch, not a fix)."""
+    breaking the calls the check let through (a plausible patch, not a fix).
+
+    ``first``, given a line of the source, says whether the evidence suspects it (a NaN is
+    born where an ``exp``, a division or an infinity is): edits of such lines come before all
+    others, in the same order among themselves. Where the edits are is planned for the whole
+    module first (cheap); each edit is made, parsed and yielded lazily, as it is asked for."""
     mod = _module(source)
     if mod is None:
         return
@@ -464,23 +521,27 @@ def mutants(source: str, entry: str = ENTRY) -> Iterator[Mutant]:
     builders = [f for f in functions if f in builders and f not in bodies]
     tiers = [bodies, builders, [f for f in functions if f not in bodies + builders]]
     guarded = {id(n) for fn in functions for test in _guard_tests(fn) for n in ast.walk(test)}
-    seen, last = {source}, []
+    lines = source.splitlines()
+    planned: list[tuple[int, str, ast.AST | _Span, str]] = []  # (rank, operator, site, text)
     for tier in tiers:
         for operator, sites in OPERATORS.items():
             for node, text in (site for fn in tier for site in sites(source, fn)):
-                edited = _apply(source, [_edit(node, text)])
-                if edited is None or edited in seen or not _parses(edited):
-                    continue
-                seen.add(edited)
                 span = isinstance(node, _Span)
-                before = node.text(source) if span else _text(source, node)
-                line = node.lineno
-                mutant = Mutant(operator, line, f"line {line}: `{before}` -> `{text}`", edited)
                 if id(node.site if span else node) in guarded:
-                    last.append(mutant)
+                    rank = 2
                 else:
-                    yield mutant
-    yield from last
+                    rank = 0 if first and first(lines[node.lineno - 1]) else 1
+                planned.append((rank, operator, node, text))
+    planned.sort(key=lambda plan: plan[0])  # stable: the order above within each rank
+    seen = {source}
+    for _, operator, node, text in planned:
+        edited = _apply(source, [_edit(node, text)])
+        if edited is None or edited in seen or not _parses(edited):
+            continue
+        seen.add(edited)
+        before = node.text(source) if isinstance(node, _Span) else _text(source, node)
+        line = node.lineno
+        yield Mutant(operator, line, f"line {line}: `{before}` -> `{text}`", edited)
 
 
 def _guard_tests(fn: ast.AST) -> Iterator[ast.expr]:
@@ -547,6 +608,10 @@ def _called(call: ast.Call) -> str | None:
     if isinstance(func, ast.Attribute):
         return func.attr
     return func.id if isinstance(func, ast.Name) else None
+
+
+def _is_shape(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "shape"
 
 
 def _is_none(node: ast.AST) -> bool:
