@@ -117,8 +117,14 @@ def test_tail_detection_without_kernel_geometry_uses_common_blocks():
 
 
 def test_nan_everywhere_is_nan_inf():
-    klass, stats, _ = classify(np.full_like(REF, np.nan))
+    klass, stats, loc = classify(np.full_like(REF, np.nan))
     assert klass == "nan_inf" and stats.nan_count == REF.size
+    said = describe_numeric(klass, stats, loc)
+    assert f"Every element is non-finite ({REF.size} NaN and 0 Inf" in said  # a start value
+    out = REF.copy()
+    out[3, 7] = np.nan  # one bad element is local: no claim about every element
+    klass, stats, loc = classify(out)
+    assert klass == "nan_inf" and "Every element" not in describe_numeric(klass, stats, loc)
 
 
 def test_rounding_noise_is_precision():

@@ -194,6 +194,9 @@ EXPECTED_LEAD = {
     "softmax_row_len_first_axis": "out is float32[8, 8], the reference's is float32[8, 200]",
     "flash_denominator_whole_tile": "a factor that differs by row (0.001538 to 0.01687",
     "splash_o_scratch_not_zeroed": "1/4 bad, first [[0, 0, 0]]",
+    "gpu_attention_m_init_plus_inf": "Every element is non-finite (32768 NaN and 0 Inf",
+    "decode_combine_correction_sign": "Every element is non-finite (2048 NaN and 0 Inf",
+    "gpu_attention_qk_scale_assigned": "Errors are structured, concentrated along axis 1",
 }
 
 

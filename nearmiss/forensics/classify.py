@@ -159,11 +159,7 @@ def describe_numeric(
             "pl.cdiv and that reads/writes past the edge are masked)."
         )
     elif klass == "nan_inf":
-        lead = (
-            f"{stats.nan_count} NaN and {stats.inf_count} Inf where the reference is finite "
-            "(uninitialised outputs or accumulators read as NaN in interpret mode; overflow, "
-            "e.g. exp of large values, gives Inf/NaN)."
-        )
+        lead = _non_finite_lead(stats)
     elif klass == "precision":
         types = f" (the kernel computes in {', '.join(narrow_floats)})" if narrow_floats else ""
         lead = (
@@ -208,6 +204,24 @@ def describe_numeric(
             + lead
         )
     return f"{lead} {amount} {where}.{tiles}".strip()
+
+
+def _non_finite_lead(stats: LeafStats) -> str:
+    counts = f"{stats.nan_count} NaN and {stats.inf_count} Inf where the reference is finite"
+    if stats.nan_count + stats.inf_count == stats.total:
+        # Nothing local (an edge, a block, a few extreme inputs) spoils every element: it is a
+        # value every element's computation goes through.
+        return (
+            f"Every element is non-finite ({counts}), at every position: not an edge or a few "
+            "extreme inputs but a value every element goes through: a running max or sum "
+            "started at +inf or NaN (inf - inf, 0 * inf), a rescale exp(a - b) with its "
+            "difference reversed (it overflows), or 0/0. Look at the start values of loop "
+            "carries and scratch, and at each exp, log and division."
+        )
+    return (
+        f"{counts} (uninitialised outputs or accumulators read as NaN in interpret mode; "
+        "overflow, e.g. exp of large values, gives Inf/NaN)."
+    )
 
 
 def describe_run(cases: list[CaseResult], primary: str | None) -> str:
