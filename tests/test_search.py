@@ -14,8 +14,9 @@ import pytest
 
 from activities.evidence import evidence_from_report
 from activities.fixers.playbook import propose as playbook_propose
+from activities.fixers.playbook.source import _apply, _Edit
 from activities.fixers.search import SearchFixer, candidate_edits, suspected_lines
-from activities.fixers.search.mutants import mutants, reachable
+from activities.fixers.search.mutants import _Statements, mutants, reachable
 from activities.fixers.search.screen import Budget, _Reached
 from nearmiss.check import check
 from workflows.models import FixRequest
@@ -286,6 +287,53 @@ def test_for_a_nan_the_lines_that_can_make_one_are_edited_first():
     assert suspected_lines("wrong_values") is None
     assert first("p = jnp.exp(x - m)") and first("m = -float('inf')") and first("a / b")
     assert not first("acc += x  # exp later")
+
+
+def test_an_edit_parses_if_and_only_if_its_statement_does():
+    """The parse check reads the smallest statement holding the edit (an ``elif``'s with its
+    ``if``, a decorator's with its function) and agrees with parsing the whole module."""
+    source = (
+        "import functools\n\n\n"
+        "@functools.partial(print, sep='')\n"
+        "def f(x, n):\n"
+        "    if x < n:\n"
+        "        y = (x +\n"
+        "             n)\n"
+        "    elif x > n:\n"
+        "        y = x\n"
+        "    return y\n"
+    )
+    statements = _Statements(ast.parse(source), source)
+    lines = source.split("\n")
+
+    def at(line: int, old: str, new: str, last: int | None = None) -> _Edit:
+        start = lines[line - 1].index(old.split("\n")[0])
+        end_line = last or line
+        end = lines[end_line - 1].index(old.split("\n")[-1]) + len(old.split("\n")[-1])
+        return _Edit((line, start), (end_line, end), new)
+
+    edits = [
+        at(4, "sep=''", "sep='-'"),  # a decorator
+        at(4, "sep=''", "sep=="),
+        at(9, "x > n", "x >= n"),  # an elif's test
+        at(9, "x > n", "x >"),
+        at(7, "x +\n             n", "x - n", last=8),  # two lines made one
+        at(7, "x +\n             n", "x -", last=8),
+        at(11, "y", "y, x"),
+        at(11, "y", "y x"),
+    ]
+    verdicts = []
+    for edit in edits:
+        edited = _apply(source, [edit])
+        assert edited is not None
+        verdicts.append(statements.parses(edited, edit))
+        try:
+            ast.parse(edited)
+            whole = True
+        except SyntaxError:
+            whole = False
+        assert verdicts[-1] == whole, (edit, edited)
+    assert verdicts == [True, False] * 4
 
 
 def test_unreached_code_is_never_mutated():

@@ -521,7 +521,7 @@ def mutants(
     builders = [f for f in functions if f in builders and f not in bodies]
     tiers = [bodies, builders, [f for f in functions if f not in bodies + builders]]
     guarded = {id(n) for fn in functions for test in _guard_tests(fn) for n in ast.walk(test)}
-    lines = source.splitlines()
+    lines = source.split("\n")  # as ast numbers them
     planned: list[tuple[int, str, ast.AST | _Span, str]] = []  # (rank, operator, site, text)
     for tier in tiers:
         for operator, sites in OPERATORS.items():
@@ -533,10 +533,11 @@ def mutants(
                     rank = 0 if first and first(lines[node.lineno - 1]) else 1
                 planned.append((rank, operator, node, text))
     planned.sort(key=lambda plan: plan[0])  # stable: the order above within each rank
-    seen = {source}
+    seen, statements = {source}, _Statements(mod.tree, source)
     for _, operator, node, text in planned:
-        edited = _apply(source, [_edit(node, text)])
-        if edited is None or edited in seen or not _parses(edited):
+        edit = _edit(node, text)
+        edited = _apply(source, [edit])
+        if edited is None or edited in seen or not statements.parses(edited, edit):
             continue
         seen.add(edited)
         before = node.text(source) if isinstance(node, _Span) else _text(source, node)
@@ -586,6 +587,39 @@ def _edit(node: ast.AST | _Span, text: str) -> _Edit:
     if isinstance(node, _Span):
         return _Edit(node.start, node.end, text)
     return _replace(node, text)
+
+
+class _Statements:
+    """Whether an edited module parses, judged by parsing the smallest statement that holds the
+    edit: an edit changes nothing outside it, and a whole module of JAX's flash attention takes
+    tens of milliseconds to parse (a search makes thousands of edits), a statement well under
+    one. Where no statement holds the edit, the whole module is parsed."""
+
+    def __init__(self, tree: ast.Module, source: str) -> None:
+        lines = source.split("\n")  # as ast numbers lines (splitlines also splits at \f)
+        self.newlines = len(lines) - 1
+        self.covering: dict[int, list[tuple[int, int]]] = {}  # line -> statements' line spans
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.stmt) or node.end_lineno is None:
+                continue
+            decorators = getattr(node, "decorator_list", [])
+            first = min([node.lineno, *(d.lineno for d in decorators)])
+            if lines[first - 1].lstrip().startswith("elif"):
+                continue  # an `elif` clause parses only with its `if`
+            for line in range(first, node.end_lineno + 1):
+                self.covering.setdefault(line, []).append((first, node.end_lineno))
+        for spans in self.covering.values():
+            spans.sort(key=lambda span: span[1] - span[0])  # the innermost first
+
+    def parses(self, edited: str, edit: _Edit) -> bool:
+        (first, _), (last, _) = edit.start, edit.end
+        held = [span for span in self.covering.get(first, []) if span[1] >= last]
+        if not held:
+            return _parses(edited)
+        start, end = held[0]
+        lines = edited.split("\n")
+        text = "\n".join(lines[start - 1 : end + len(lines) - 1 - self.newlines])
+        return _parses(f"if 1:\n{text}" if text[:1] in (" ", "\t") else text)
 
 
 @functools.lru_cache(maxsize=8)
