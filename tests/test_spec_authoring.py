@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,9 @@ import pytest
 from conftest import OPS, run_cli
 from nearmiss.authoring.calibration import CaseNoise, advise, judge_case, tolerance_used
 from nearmiss.authoring.spec_new import ragged, with_tolerance
-from nearmiss.runner.retype import retyped_evaluation
+from nearmiss.runner.retype import retyped_evaluation, small_constants
+
+SHIPPED = Path(__file__).parent / "shipped"
 
 
 def _mixed(x):
@@ -173,6 +176,42 @@ def test_spec_check_of_a_bundled_spec_passes_and_a_broken_spec_is_exit_2(tmp_pat
     result = run_cli("spec", "check", broken)
     assert result.returncode == 2
     assert "nope" in result.stderr and "Traceback" not in result.stderr
+
+
+def _eps_in_a_loop(x):
+    """An eps written twice: once at the top, once inside a loop body (a sub-computation)."""
+    total = jax.lax.fori_loop(0, 2, lambda i, acc: acc + jnp.sum(x * x) + 1e-6, 0.0)
+    return x / jnp.sqrt(total + 1e-5)
+
+
+def test_a_small_constant_is_read_as_zero_wherever_it_is_written():
+    x = np.linspace(-1, 1, 8, dtype=np.float32)
+    closed = jax.make_jaxpr(_eps_in_a_loop)(x)
+    found = small_constants(closed, 1e-3)
+    assert [round(v, 12) for v in found] == [1e-6, 1e-5]  # the loop's too; not 0, 1 or 2
+    with _x64():
+        kept = retyped_evaluation(closed, [x], np.float64)[0]
+        dropped = retyped_evaluation(closed, [x], np.float64, frozenset(found))[0]
+        zeros = retyped_evaluation(closed, [np.zeros_like(x)], np.float64, frozenset(found))[0]
+    exact = x / np.sqrt(2 * np.sum(x.astype(np.float64) ** 2))
+    np.testing.assert_allclose(dropped, exact, rtol=1e-12)
+    assert not np.allclose(kept, dropped, rtol=1e-12, atol=0)
+    assert np.isnan(zeros).all()  # 0 / sqrt(0): what the eps was there for
+
+
+def test_spec_check_warns_of_an_eps_no_case_can_tell_from_zero():
+    """JAX's rms norm spec as the wild set reused it: dropping its eps stays within tolerance
+    (a held-out planted eps 1e-3 was 'repaired' by deleting it); its padded twin, with
+    all-zero rows, tells them apart and gets no warning."""
+    plain = run_cli("spec", "check", SHIPPED / "gpu_rms_norm_spec.py", "--seed", "3")
+    assert plain.returncode == 0, plain.stderr
+    assert "warning: the reference's constant 1e-05 can be left out" in plain.stdout
+    padded = run_cli("spec", "check", SHIPPED / "gpu_norm_zero_rows_spec.py", "--seed", "3")
+    assert padded.returncode == 0 and "can be left out" not in padded.stdout
+    as_json = run_cli("spec", "check", SHIPPED / "gpu_norm_zero_rows_spec.py", "--json")
+    (case,) = json.loads(as_json.stdout)["cases"]
+    ((value, used),) = case["constants"]
+    assert abs(value - 1e-5) < 1e-9 and (used is None or used > 1)  # NaN rows: infinitely far
 
 
 REFERENCE = """

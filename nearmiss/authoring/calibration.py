@@ -61,6 +61,9 @@ class CaseNoise(BaseModel):
     narrow_scaled: float | None = None
     reference_s: float = 0.0
     note: str = ""
+    # Each small constant of the reference (an eps) and how much of the tolerance the same
+    # computation without it uses: at most 1, and this case cannot tell it from 0.
+    constants: list[tuple[float, float]] = []
 
 
 class DtypeAdvice(BaseModel):
@@ -87,6 +90,16 @@ class SpecNoise(BaseModel):
     @property
     def problems(self) -> list[CaseNoise]:
         return [case for case in self.cases if case.verdict in PROBLEMS]
+
+    @property
+    def droppable(self) -> list[tuple[float, float]]:
+        """(constant, the most of a tolerance its absence uses) for each small constant of the
+        reference that no case can tell from 0: a kernel that leaves it out certifies."""
+        worst: dict[float, float] = {}
+        for case in self.cases:
+            for value, used in case.constants:
+                worst[value] = max(worst.get(value, 0.0), used)
+        return [(value, used) for value, used in sorted(worst.items()) if used <= 1.0]
 
 
 def _finite_errors(value: np.ndarray, reference: np.ndarray):
@@ -250,6 +263,13 @@ def _case(message: dict) -> CaseNoise:
     truths = _load(case_dir, "truth.npz") if message.get("truth") == "ok" else None
     narrows = _load(case_dir, "coarse.npz") if message.get("coarse") == "ok" else None
     figures = judge_case(references, truths, narrows, atol, rtol)
+    constants = []
+    for value, name in message.get("constants") or []:
+        zeroed = _load(case_dir, name)
+        if zeroed is not None and len(zeroed) == len(references):
+            pairs = _float_pairs(zeroed, references)
+            used = max((tolerance_used(z, r, atol, rtol) for z, r in pairs), default=math.inf)
+            constants.append((float(value), used))
     notes = [m for m in (message.get("truth"), message.get("coarse")) if m and m != "ok"]
     return CaseNoise(
         suite=message["suite"],
@@ -260,5 +280,6 @@ def _case(message: dict) -> CaseNoise:
         rtol=rtol,
         reference_s=float(message.get("reference_s") or 0.0),
         note="; ".join(notes),
+        constants=constants,
         **figures,
     )

@@ -191,6 +191,13 @@ def render_noise(result: SpecNoise, heading: bool = True) -> str:
             f"{advice.dtype}: suggested atol = rtol {span} (declared {advice.declared[0]:g}, "
             f"{advice.declared[1]:g})"
         )
+    for value, used in result.droppable:
+        lines.append(
+            f"warning: the reference's constant {value:g} can be left out: without it every "
+            f"case stays within its tolerance (at most {_percent(used)} of it used), so a kernel "
+            "that drops it certifies; add a case where it matters (for an eps: a row of zeros "
+            "or a constant row)"
+        )
     if heading:
         lines.append(f"verdict: {result.verdict}")
     return "\n".join(lines)

@@ -60,27 +60,62 @@ def _cast(value: Any, dtype: np.dtype) -> Any:
     return value
 
 
-def _retyped_param(value: Any, dtype: np.dtype) -> Any:
+def _retyped_param(value: Any, dtype: np.dtype, zeroed: frozenset[float]) -> Any:
     if isinstance(value, np.dtype | type) and _is_float(value):
         return dtype
     if isinstance(value, core.ClosedJaxpr):
-        return _retyped_closed(value, dtype)
+        return _retyped_closed(value, dtype, zeroed)
     if isinstance(value, tuple) and value and all(isinstance(v, core.ClosedJaxpr) for v in value):
-        return tuple(_retyped_closed(v, dtype) for v in value)
+        return tuple(_retyped_closed(v, dtype, zeroed) for v in value)
     return value
 
 
-def _retyped_closed(closed: core.ClosedJaxpr, dtype: np.dtype) -> core.ClosedJaxpr:
+def _retyped_closed(
+    closed: core.ClosedJaxpr, dtype: np.dtype, zeroed: frozenset[float]
+) -> core.ClosedJaxpr:
     """A sub-computation (a loop body, a branch) traced again with the new float type."""
     structs = [
         jax.ShapeDtypeStruct(v.aval.shape, dtype if _is_float(v.aval.dtype) else v.aval.dtype)
         for v in closed.jaxpr.invars
     ]
-    return jax.make_jaxpr(lambda *args: evaluate(closed, args, dtype))(*structs)
+    return jax.make_jaxpr(lambda *args: evaluate(closed, args, dtype, zeroed))(*structs)
 
 
-def evaluate(closed: core.ClosedJaxpr | core.Jaxpr, args: Sequence[Any], dtype: Any) -> list:
-    """The outputs of ``closed`` on ``args`` with every float computed in ``dtype``."""
+def _scalar_float(value: Any) -> float | None:
+    """The value of a float scalar (a literal, a constant), None for anything else."""
+    if _is_float(getattr(value, "dtype", None)) and np.ndim(value) == 0:
+        return float(value)
+    return float(value) if isinstance(value, float) else None
+
+
+def small_constants(closed: core.ClosedJaxpr | core.Jaxpr, below: float) -> list[float]:
+    """The distinct float scalars written into a computation (literals and constants, in its
+    sub-computations too) whose size is above 0 and at most ``below``: an eps, a clamp."""
+    found: set[float] = set()
+    if isinstance(closed, core.ClosedJaxpr):
+        jaxpr, values = closed.jaxpr, list(closed.consts)
+    else:
+        jaxpr, values = closed, []
+    for eqn in jaxpr.eqns:
+        values += [v.val for v in eqn.invars if isinstance(v, core.Literal)]
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple) else (param,):
+                if isinstance(sub, core.ClosedJaxpr | core.Jaxpr):
+                    found.update(small_constants(sub, below))
+    scalars = (_scalar_float(v) for v in values)
+    found.update(v for v in scalars if v is not None and 0 < abs(v) <= below)
+    return sorted(found)
+
+
+def evaluate(
+    closed: core.ClosedJaxpr | core.Jaxpr,
+    args: Sequence[Any],
+    dtype: Any,
+    zeroed: frozenset[float] = frozenset(),
+) -> list:
+    """The outputs of ``closed`` on ``args`` with every float computed in ``dtype``, and each
+    float scalar written into it whose value is in ``zeroed`` read as 0 (what a kernel that
+    left that constant out computes)."""
     dtype = np.dtype(dtype)
     if isinstance(closed, core.ClosedJaxpr):
         jaxpr, consts = closed.jaxpr, closed.consts
@@ -88,21 +123,24 @@ def evaluate(closed: core.ClosedJaxpr | core.Jaxpr, args: Sequence[Any], dtype: 
         jaxpr, consts = closed, ()
     env: dict[Any, Any] = {}
 
+    def written(value: Any) -> Any:
+        return value * 0 if zeroed and _scalar_float(value) in zeroed else value
+
     def read(var: Any) -> Any:
-        value = var.val if isinstance(var, core.Literal) else env[var]
+        value = written(var.val) if isinstance(var, core.Literal) else env[var]
         return _cast(value, dtype)
 
     for var, value in zip(jaxpr.constvars, consts, strict=True):
-        env[var] = value
+        env[var] = written(value)
     for var, value in zip(jaxpr.invars, args, strict=True):
         env[var] = value
     for eqn in jaxpr.eqns:
         inputs = [read(v) for v in eqn.invars]
         name = eqn.primitive.name
         if name in _CALLS and _CALLS[name] in eqn.params:
-            outputs = evaluate(eqn.params[_CALLS[name]], inputs, dtype)
+            outputs = evaluate(eqn.params[_CALLS[name]], inputs, dtype, zeroed)
         else:
-            params = {k: _retyped_param(v, dtype) for k, v in eqn.params.items()}
+            params = {k: _retyped_param(v, dtype, zeroed) for k, v in eqn.params.items()}
             outputs = eqn.primitive.bind(*inputs, **params)
             if not eqn.primitive.multiple_results:
                 outputs = [outputs]
@@ -112,8 +150,13 @@ def evaluate(closed: core.ClosedJaxpr | core.Jaxpr, args: Sequence[Any], dtype: 
     return [read(v) for v in jaxpr.outvars]
 
 
-def retyped_evaluation(closed: core.ClosedJaxpr, inputs: Sequence[Any], dtype: Any) -> list:
+def retyped_evaluation(
+    closed: core.ClosedJaxpr,
+    inputs: Sequence[Any],
+    dtype: Any,
+    zeroed: frozenset[float] = frozenset(),
+) -> list:
     """``evaluate`` on numpy inputs, returning numpy leaves (trace once, evaluate per type)."""
     dtype = np.dtype(dtype)
     args = [_cast(jnp.asarray(value), dtype) for value in inputs]
-    return [np.asarray(value) for value in evaluate(closed, args, dtype)]
+    return [np.asarray(value) for value in evaluate(closed, args, dtype, zeroed)]

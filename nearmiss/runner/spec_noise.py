@@ -4,7 +4,10 @@ For every case it files three sets of output leaves under the case's directory:
 ``reference.npz`` (the reference as the check computes it), ``truth.npz`` (the same traced
 computation in float64) and, for cases whose outputs are float32 or wider, ``coarse.npz`` (the
 same computation in bfloat16, cast back to the output's type: what a kernel that computes in
-bfloat16 would return). The engine judges them (``nearmiss.authoring.calibration``); this side
+bfloat16 would return), and for each small constant written into the reference (an eps: a float
+scalar above 0 and at most ``SMALL``) ``zeroed-N.npz``, the float64 computation with that
+constant read as 0, cast to the output's type (what a kernel that left it out would return).
+The engine judges them (``nearmiss.authoring.calibration``); this side
 only computes. All cases are drawn and traced before x64 is switched on, so the inputs and the
 traces are exactly the check's.
 """
@@ -17,6 +20,8 @@ from pathlib import Path
 from nearmiss.runner.child import Channel
 
 NARROW = "bfloat16"
+SMALL = 1e-3  # a constant at most this size may be an eps the cases cannot tell from 0
+MAX_CONSTANTS = 4
 _WIDE_OUTPUTS = ("float32", "float64")
 
 
@@ -32,7 +37,7 @@ def calibrate(channel: Channel, request: dict) -> None:
 
     from nearmiss.runner.arrays import is_float, save_arrays
     from nearmiss.runner.reference_child import _arrays_or_none, case_key
-    from nearmiss.runner.retype import retyped_evaluation
+    from nearmiss.runner.retype import retyped_evaluation, small_constants
     from nearmiss.runner.selection import select_cases
     from nearmiss.spec import SpecError, load_spec
 
@@ -82,6 +87,7 @@ def calibrate(channel: Channel, request: dict) -> None:
             "reference_s": reference_s,
             "truth": None,
             "coarse": None,
+            "constants": [],
         }
         try:
             truth = retyped_evaluation(closed, arrays, np.float64)
@@ -89,6 +95,16 @@ def calibrate(channel: Channel, request: dict) -> None:
             message["truth"] = "ok"
         except Exception as exc:
             message["truth"] = f"the reference cannot be evaluated in float64: {_first_line(exc)}"
+        else:
+            for index, value in enumerate(small_constants(closed, SMALL)[:MAX_CONSTANTS]):
+                try:
+                    zeroed = retyped_evaluation(closed, arrays, np.float64, frozenset({value}))
+                except Exception:  # a constant that cannot be 0 there is no eps to drop
+                    continue
+                name = f"zeroed-{index}.npz"
+                restored = [z.astype(leaf.dtype) for z, leaf in zip(zeroed, leaves, strict=True)]
+                save_arrays(case_dir / name, restored)
+                message["constants"].append([value, name])
         if all(leaf.dtype.name in _WIDE_OUTPUTS for leaf in leaves if is_float(leaf.dtype)):
             try:
                 coarse = retyped_evaluation(closed, arrays, ml_dtypes.bfloat16)
