@@ -2,7 +2,7 @@
 on, checked once for all of them: each installed module certifies unplanted on its spec with its
 entry point (so a case's failure is its planted text, nothing else), each planted text occurs
 exactly once in the installed source (a jax upgrade that moves one fails here, loudly), and no
-two sets plant the same site."""
+two sets plant the same site or name two cases alike."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from test_playbook_holdout5 import HOLDOUT5
 from test_playbook_holdout6 import HOLDOUT6
 from test_playbook_holdout7 import HOLDOUT7
 from test_playbook_holdout8 import HOLDOUT8
+from test_playbook_holdout9 import HOLDOUT9
+from test_playbook_holdout10 import HOLDOUT10
 from test_playbook_shipped import HELD_OUT, SEED, SUITE
 from test_playbook_unseen import UNSEEN
 from test_shipped_kernels import SPECS, installed_source
@@ -31,14 +33,18 @@ SETS = {
     "holdout6": HOLDOUT6,
     "holdout7": HOLDOUT7,
     "holdout8": HOLDOUT8,
+    "holdout9": HOLDOUT9,
+    "holdout10": HOLDOUT10,
     "families": FAMILIES,
 }
 CASES = {f"{group}/{name}": case for group, cases in SETS.items() for name, case in cases.items()}
 
 
-def test_no_two_sets_plant_the_same_site():
+def test_no_two_sets_plant_the_same_site_or_share_a_name():
     sites = [(case.module, case.old) for case in CASES.values()]
     assert len(sites) == len(set(sites))
+    names = [name for cases in SETS.values() for name in cases]
+    assert len(names) == len(set(names))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

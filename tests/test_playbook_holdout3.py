@@ -180,15 +180,10 @@ EXPECTED_LEAD = {
 
 
 def test_the_third_held_out_set_is_new_and_varied():
-    from test_playbook_fresh import FRESH
-    from test_playbook_shipped import HELD_OUT
-    from test_playbook_unseen import UNSEEN
-
-    earlier = [HELD_OUT, UNSEEN, FRESH]
-    assert len(HOLDOUT3) == 8 and not set(HOLDOUT3) & set().union(*earlier)
+    """The set's own shape; that its names and sites are new to every other set is
+    checked across all of them in test_planted_sets.py."""
+    assert len(HOLDOUT3) == 8
     assert len({c.module for c in HOLDOUT3.values()}) >= 5
-    seen = {(c.module, c.old) for cases in earlier for c in cases.values()}
-    assert not {(c.module, c.old) for c in HOLDOUT3.values()} & seen  # new sites
     assert set(EXPECTED_CLASS) == set(HOLDOUT3) and set(HOLDOUT3) >= EXPECTED_CERTIFIED
 
 

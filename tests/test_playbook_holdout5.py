@@ -197,18 +197,10 @@ EXPECTED_CERTIFIED = {"matmul_out_index_map_transposed", "rms_norm_x_load_bf16"}
 
 
 def test_the_fifth_held_out_set_is_new_and_varied():
-    from test_playbook_families import FAMILIES
-    from test_playbook_fresh import FRESH
-    from test_playbook_holdout3 import HOLDOUT3
-    from test_playbook_holdout4 import HOLDOUT4
-    from test_playbook_shipped import HELD_OUT
-    from test_playbook_unseen import UNSEEN
-
-    earlier = [HELD_OUT, UNSEEN, FRESH, HOLDOUT3, HOLDOUT4, FAMILIES]
-    assert len(HOLDOUT5) == 8 and not set(HOLDOUT5) & set().union(*earlier)
+    """The set's own shape; that its names and sites are new to every other set is
+    checked across all of them in test_planted_sets.py."""
+    assert len(HOLDOUT5) == 8
     assert len({c.module for c in HOLDOUT5.values()}) >= 5
-    seen = {(c.module, c.old) for cases in earlier for c in cases.values()}
-    assert not {(c.module, c.old) for c in HOLDOUT5.values()} & seen  # new sites
     assert set(EXPECTED_CLASS) == set(HOLDOUT5) and set(HOLDOUT5) >= EXPECTED_CERTIFIED
 
 

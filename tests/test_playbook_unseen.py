@@ -164,12 +164,10 @@ EXPECTED_LEAD = {
 
 
 def test_the_unseen_set_is_new_and_varied():
-    from test_playbook_shipped import HELD_OUT
-
-    assert len(UNSEEN) == 8 and not set(UNSEEN) & set(HELD_OUT)
+    """The set's own shape; that its names and sites are new to every other set is
+    checked across all of them in test_planted_sets.py."""
+    assert len(UNSEEN) == 8
     assert len({c.module for c in UNSEEN.values()}) >= 4
-    seen = {(c.module, c.old) for c in HELD_OUT.values()}
-    assert not {(c.module, c.old) for c in UNSEEN.values()} & seen  # new sites
     assert set(EXPECTED_CLASS) == set(UNSEEN) and set(UNSEEN) >= EXPECTED_CERTIFIED
 
 
