@@ -35,6 +35,7 @@ SETS = {  # set name -> (test module, the dict of planted cases in it)
     "holdout7": ("test_playbook_holdout7", "HOLDOUT7"),
     "holdout8": ("test_playbook_holdout8", "HOLDOUT8"),
     "holdout9": ("test_playbook_holdout9", "HOLDOUT9"),
+    "holdout10": ("test_playbook_holdout10", "HOLDOUT10"),
     "families": ("test_playbook_families", "FAMILIES"),
 }
 

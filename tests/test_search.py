@@ -192,6 +192,7 @@ def kernel(q, k):
         ("name", "fori_loop(0, 8, mean_body,", "fori_loop(0, 8, var_body,"),
         ("narrow_dtype", "dtype=jnp.bfloat16)", "dtype=jnp.float32)"),
         ("axis", "in_axes=(1, 0)", "in_axes=(0, 0)"),
+        ("logic", "(keys >= 0) & (keys < 300)", "(keys >= 0) | (keys < 300)"),
         (
             "axis",
             "broadcasted_iota(jnp.int32, s.shape, 0)",
@@ -287,6 +288,47 @@ def test_for_a_nan_the_lines_that_can_make_one_are_edited_first():
     assert suspected_lines("wrong_values") is None
     assert first("p = jnp.exp(x - m)") and first("m = -float('inf')") and first("a / b")
     assert not first("acc += x  # exp later")
+
+
+STARTS = """
+import functools
+
+import jax
+from jax.experimental import pallas as pl
+
+
+def _body(x_ref, o_ref, *, causal):
+    i = pl.program_id(1)
+    row = x_ref[pl.ds(1, 8)]
+    total = jax.lax.fori_loop(1, 4, lambda j, acc: acc + row[j], 0.0)
+    o_ref[...] = row[1:] * total * i if causal else row
+
+
+def kernel(x, causal=True):
+    body = functools.partial(_body, causal=False)
+    return pl.pallas_call(body, grid=(2, 2), out_shape=x)(x)
+"""
+
+
+@pytest.mark.parametrize(
+    ("operator", "before", "after"),
+    [
+        ("axis", "pl.program_id(1)", "pl.program_id(0)"),
+        ("off_by_one", "x_ref[pl.ds(1, 8)]", "x_ref[pl.ds(0, 8)]"),
+        ("off_by_one", "fori_loop(1, 4,", "fori_loop(0, 4,"),
+        ("off_by_one", "row[1:]", "row[0:]"),
+        ("pinned_keyword", "partial(_body, causal=False)", "partial(_body, causal=causal)"),
+    ],
+)
+def test_operators_for_grid_axes_first_elements_and_pinned_flags(operator, before, after):
+    """A block index read from the wrong grid axis, a load, a loop or a slice that skips the
+    first element, a flag hard-coded where the caller's was to be passed on; a literal keyword
+    with no variable of its name (``grid=``) stays."""
+    made = [m for m in mutants(STARTS) if m.operator == operator]
+    edits = [_changed_lines(STARTS, m.source)[0] for m in made]
+    assert any(before in old and after in new for old, new in edits), edits
+    if operator == "pinned_keyword":
+        assert len(made) == 1
 
 
 def test_an_edit_parses_if_and_only_if_its_statement_does():

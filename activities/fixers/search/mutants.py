@@ -1,13 +1,14 @@
 """Single-site mutants of a kernel: the small edits a near-miss bug is usually one of.
 
 A recipe knows a bug's pattern; a mutant knows only that near-miss bugs are small: a comparison
-off by one, an operand swapped, an axis or a broadcast the wrong way round, a stray transpose,
-max for min, a slice started at a block's index instead of its first element, a helper's two
-(index, size) pairs swapped, a difference reversed, a value set where it was to be folded in,
-a term of a sum not squared. Enumerating every such edit of the
-code the kernel runs, and letting the engine judge each, repairs bugs no recipe was written
-for — the zero-token counterpart of generate-and-validate program repair. Pure: source in,
-mutants out; nothing here runs code.
+off by one, two conditions joined by ``|`` for ``&``, an operand swapped, an axis or a
+broadcast the wrong way round, a stray transpose, max for min, a slice started at a block's
+index instead of its first element, a helper's two (index, size) pairs swapped, a difference
+reversed, a value set where it was to be folded in, a flag pinned to a literal, a loop started
+at 1, a term of a sum not squared. Enumerating every such edit of the code the kernel runs, and
+letting the engine judge each, repairs bugs no recipe was written for — the zero-token
+counterpart of generate-and-validate program repair. Pure: source in, mutants out; nothing here
+runs code.
 
 Only the code the entry point can reach is mutated (``reachable``): the functions named,
 transitively, from ``kernel``'s body, so a module's unused backward pass or another op's kernel
@@ -182,6 +183,20 @@ def _unused_parameters(source: str, fn: ast.AST) -> Iterator[Site]:
                         yield entry, param
 
 
+def _pinned_keywords(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A keyword argument pinned to a literal where the function has a variable of that very
+    name to pass on: ``partial(_fwd, causal=False)`` -> ``causal=causal`` inside a function
+    that takes ``causal`` (a flag hard-coded while the caller's is ignored)."""
+    for scope in ast.walk(fn):
+        if not isinstance(scope, ast.FunctionDef):
+            continue
+        local = _local_names(scope)
+        for node in _own_nodes(scope):
+            pinned = isinstance(node, ast.keyword) and isinstance(node.value, ast.Constant)
+            if pinned and node.arg in local:
+                yield node.value, node.arg
+
+
 def _multiplied_masks(source: str, fn: ast.AST) -> Iterator[Site]:
     """A boolean mask multiplied into logits where it should send them far below the rest:
     ``s *= mask`` (or ``s = s * mask``) -> ``s = where(mask, s, 0.7 * finfo(s.dtype).min)``.
@@ -258,9 +273,35 @@ def _comparisons(source: str, fn: ast.AST) -> Iterator[Site]:
                 yield node, f"{left} {table[op]} {right}"
 
 
+def _logic(source: str, fn: ast.AST) -> Iterator[Site]:
+    """Two conditions joined the wrong way: ``a | b`` <-> ``a & b`` for masks built from
+    comparisons (a window's two bounds: every key passes one of them), ``logical_or`` <->
+    ``logical_and``, ``or`` <-> ``and``."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.BinOp) and type(node.op) in _JOIN and _is_boolean(node):
+            left, right = _text(source, node.left), _text(source, node.right)
+            joined = f"{_paren(node.left, left)} {_JOIN[type(node.op)]} {_paren(node.right, right)}"
+            yield node, joined
+        elif isinstance(node, ast.Call) and _called(node) in _LOGICAL:
+            name = node.func
+            if isinstance(name, ast.Attribute):
+                yield _attribute_name(name), f".{_LOGICAL[name.attr]}"
+            elif isinstance(name, ast.Name):
+                yield name, _LOGICAL[name.id]
+        elif isinstance(node, ast.BoolOp) and len(node.values) == 2:
+            word = "or" if isinstance(node.op, ast.And) else "and"
+            a, b = (_paren(v, _text(source, v)) for v in node.values)
+            yield node, f"{a} {word} {b}"
+
+
+_JOIN = {ast.BitOr: "&", ast.BitAnd: "|"}
+_LOGICAL = {"logical_and": "logical_or", "logical_or": "logical_and"}
+
+
 def _off_by_one(source: str, fn: ast.AST) -> Iterator[Site]:
     """An operand of a comparison, a ``range``/``fori_loop`` bound or a slice bound one off:
-    ``n`` -> ``n - 1``/``n + 1``, ``n - 1`` -> ``n``."""
+    ``n`` -> ``n - 1``/``n + 1``, ``n - 1`` -> ``n``; and a loop, a slice or a ``pl.ds`` that
+    starts at a literal 1 started at 0 (the first element skipped)."""
     for node in ast.walk(fn):
         operands: list[ast.expr] = []
         if isinstance(node, ast.Compare) and len(node.ops) == 1:
@@ -269,7 +310,11 @@ def _off_by_one(source: str, fn: ast.AST) -> Iterator[Site]:
             operands = node.args[:2]
         elif isinstance(node, ast.Slice):
             operands = [n for n in (node.lower, node.upper) if n is not None]
+        elif _called_with(node, ("ds", "dslice")) and _is_literal(node.args[0], 1):
+            yield node.args[0], "0"  # a block loaded from lane 1
         for operand in operands:
+            if _is_literal(operand, 1) and operand is _start(node):
+                yield operand, "0"  # a loop or a slice started at 1: the first element skipped
             if _is_literal(operand, 0) or isinstance(operand, ast.Constant | ast.Compare):
                 continue
             one_off = isinstance(operand, ast.BinOp) and _is_literal(operand.right, 1)
@@ -282,9 +327,20 @@ def _off_by_one(source: str, fn: ast.AST) -> Iterator[Site]:
             yield operand, f"{atom} + 1"
 
 
+def _start(node: ast.AST) -> ast.expr | None:
+    """Where a loop or a slice starts: ``range(a, b)``'s and ``fori_loop(a, ...)``'s ``a``, a
+    slice's lower bound, ``pl.ds(a, n)``'s ``a``."""
+    if isinstance(node, ast.Slice):
+        return node.lower
+    if isinstance(node, ast.Call) and (len(node.args) > 1 or _called(node) != "range"):
+        return node.args[0] if node.args else None
+    return None
+
+
 def _axes(source: str, fn: ast.AST) -> Iterator[Site]:
     """A reduction's or a concatenation's ``axis=`` the wrong one (0, 1, -1, -2), an iota's
-    (key positions counted along the rows: ``broadcasted_iota(int32, shape, 0)``), a size read
+    (key positions counted along the rows: ``broadcasted_iota(int32, shape, 0)``), a
+    ``program_id``'s (a block index read from the batch's grid axis), a size read
     from the wrong dimension (``row_len = x.shape[0]`` for ``x.shape[-1]``), and the same
     for each entry of a dimension tuple: a ``broadcast_in_dim``'s broadcast dimensions (a row
     statistic spread along the lanes instead of the rows), a ``transpose``'s permutation, a
@@ -313,7 +369,8 @@ def _axes(source: str, fn: ast.AST) -> Iterator[Site]:
 _DIMENSION_KEYWORDS = ("broadcast_dimensions", "axes", "permutation")
 _MAPPED_AXES = ("in_axes", "out_axes")
 _DIMENSION_ARGUMENT = {"broadcast_in_dim": 2, "transpose": 1}  # call -> its dimensions' position
-_AXIS_ARGUMENT = {"broadcasted_iota": 2}  # call -> its one axis's position (row vs column ids)
+# call -> its one axis's position: row vs column ids; the grid axis a block index is read from
+_AXIS_ARGUMENT = {"broadcasted_iota": 2, "program_id": 0}
 
 
 def _other_axes(value: ast.expr) -> Iterator[Site]:
@@ -477,11 +534,13 @@ OPERATORS: dict[str, Operator] = {
     "extremum": _extrema,
     "select": _selects,
     "unused_parameter": _unused_parameters,
+    "pinned_keyword": _pinned_keywords,
     "multiplied_mask": _multiplied_masks,
     "narrow_dtype": _narrow_dtypes,
     "kept_axis": _kept_axes,
     "broadcast": _broadcasts,
     "comparison": _comparisons,
+    "logic": _logic,
     "swap": _swaps,
     "axis": _axes,
     "off_by_one": _off_by_one,
@@ -642,6 +701,11 @@ def _called(call: ast.Call) -> str | None:
     if isinstance(func, ast.Attribute):
         return func.attr
     return func.id if isinstance(func, ast.Name) else None
+
+
+def _called_with(node: ast.AST, names: tuple[str, ...]) -> bool:
+    """A call of one of ``names`` given at least one positional argument."""
+    return isinstance(node, ast.Call) and _called(node) in names and bool(node.args)
 
 
 def _is_shape(node: ast.AST) -> bool:
