@@ -329,7 +329,7 @@ def _off_by_one(source: str, fn: ast.AST) -> Iterator[Site]:
 
 def _start(node: ast.AST) -> ast.expr | None:
     """Where a loop or a slice starts: ``range(a, b)``'s and ``fori_loop(a, ...)``'s ``a``, a
-    slice's lower bound, ``pl.ds(a, n)``'s ``a``."""
+    slice's lower bound (``pl.ds``'s start is read where its call is, in ``_off_by_one``)."""
     if isinstance(node, ast.Slice):
         return node.lower
     if isinstance(node, ast.Call) and (len(node.args) > 1 or _called(node) != "range"):
