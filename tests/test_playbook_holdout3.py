@@ -173,9 +173,11 @@ EXPECTED_CLASS = {
 # What the playbook certifies (zero tokens, within ROUNDS); every other case must end uncertified.
 EXPECTED_CERTIFIED = {"matmul_bf16_output", "softmax_mask_off_by_one", "splash_alpha_sign"}
 
-# Where the first diagnosis names the fault's place or value: the words it must keep.
+# Where the first diagnosis names the fault's place or value: the words it must keep. (Once a
+# nudge near the key axis's end, k[0, 447, 48]; since nudges find the reference's own edge
+# first, the first key past the valid length.)
 EXPECTED_LEAD = {
-    "decode_length_max": "the kernel carries k[0, 447, 48] to",
+    "decode_length_max": "position 299 is read, 300 is not. Nudging k[0, 300, 48]",
 }
 
 

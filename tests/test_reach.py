@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_playbook_holdout6 import HOLDOUT6
 from test_playbook_shipped import SPECS, planted
 
@@ -94,16 +95,22 @@ def test_only_a_wrong_values_case_without_a_lead_is_nudged_and_only_its_float_in
         "by": reach.NUDGE_BY,
     }
     assert reach.candidates([case("base", follows="The error follows ...")], [inputs]) == []
-    # The longest axis gets nudges near its end, then near its start (padding past a length,
-    # the blocks before the last), after the mid-axis ones; a short one none.
+    # The longest axis gets nudges on either side of the edge of what the reference reads
+    # (placed by the spec's child), then near its end, then near its start (padding past a
+    # length, the blocks before the last), after the mid-axis ones; a short one none.
     long = [("x", np.zeros((4, 64), np.float32)), ("w", np.zeros(96, np.float32))]
     planned = reach.candidates([case("base")], [long])
-    assert [(n.name, n.index) for n in planned] == [
-        ("base.nudge-x", (1, 42)),
-        ("base.nudge-w", (48,)),
-        ("base.nudge-w-end", (83,)),
-        ("base.nudge-w-start", (12,)),
+    assert [(n.name, n.index, n.edge) for n in planned] == [
+        ("base.nudge-x", (1, 42), None),
+        ("base.nudge-w", (48,), None),
+        ("base.nudge-w-edge-ignored", (48,), (0, "ignored")),
+        ("base.nudge-w-edge-used", (48,), (0, "used")),
+        ("base.nudge-w-end", (83,), None),
+        ("base.nudge-w-start", (12,), None),
     ]
+    assert planned[2].request(case("base"))["nudge"]["boundary"] == {"axis": 0, "side": "ignored"}
+    short = [("x", np.zeros((4, 6), np.float32))]
+    assert [n.name for n in reach.candidates([case("base")], [short])] == ["base.nudge-x"]
 
 
 def test_an_unreduced_sum_of_squares_is_named_by_a_nudge_in_a_real_check(tmp_path: Path):
@@ -196,14 +203,15 @@ def test_a_nudge_keeps_its_input_s_dtype_and_type_and_stays_finite():
     suite = [("compact", SimpleNamespace(name="base"))]
     for position, index in ((0, [1, 2]), (1, [1, 2]), (2, [1])):
         nudge = {"of": ["compact", "base"], "input": position, "index": index, "by": 8.0}
-        inputs = _draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite)
+        inputs, told = _draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite)
+        assert told == {}  # nothing to tell of a nudge placed by the engine
         x, was = inputs[position], drawn[position]
         assert type(x) is type(was) and x.dtype == was.dtype
         wide = np.asarray(x, np.float64)
         assert np.isfinite(wide).all() and (wide != np.asarray(was, np.float64)).sum() == 1
-    assert float(_draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite)[2][1]) == 9.0
+    assert float(_draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite)[0][2][1]) == 9.0
     swap = {"of": ["compact", "base"], "swap": [0, 2]}
-    swapped = _draw(jax, np, spec, {"seed": 0}, {"nudge": swap}, None, suite)
+    swapped, _ = _draw(jax, np, spec, {"seed": 0}, {"nudge": swap}, None, suite)
     assert swapped[0] is drawn[2] and swapped[2] is drawn[0] and swapped[1] is drawn[1]
 
 
@@ -231,3 +239,63 @@ def test_a_swap_is_named_only_when_the_swapped_reference_matches():
     assert "0.0% of the reference as called" in said
     # A swapped reference as wrong as the plain one: no finding.
     assert reach.swap_sentence(swap, case, (kernel, reference), ([a - b], [b + a])) is None
+
+
+def test_the_spec_s_child_finds_the_edge_of_what_the_reference_reads():
+    """``reference_child._edge``, from the reference's gradient: a length mask's bound, a
+    window's lower edge (the first change along the axis), none for a reference that reads
+    every position or one whose unread positions are scattered (an elementwise relu)."""
+    from types import SimpleNamespace
+
+    import jax
+    import jax.numpy as jnp
+
+    from nearmiss.runner.reference_child import _draw, _edge
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (3, 40), jnp.float32)
+    inputs = [x, jnp.ones(3, jnp.float32)]
+
+    def spec(reference):
+        return SimpleNamespace(reference=reference, make_inputs=lambda case, key: tuple(inputs))
+
+    def length_masked(x, w):  # keys 0..29 of 40
+        return jnp.sum(jnp.where(jnp.arange(40) < 30, x, 0.0), axis=1) * w
+
+    def window(x, w):  # keys 10..29
+        keep = (jnp.arange(40) >= 10) & (jnp.arange(40) < 30)
+        return jax.nn.softmax(jnp.where(keep, x, -jnp.inf), axis=1) * w[:, None]
+
+    assert _edge(jax, np, spec(length_masked), inputs, 0, 1) == (29, 30)
+    assert _edge(jax, np, spec(window), inputs, 0, 1) == (10, 9)
+    for reads_all_or_scattered in (lambda x, w: x.sum(1) * w, lambda x, w: jax.nn.relu(x[0])):
+        with pytest.raises(ValueError, match="no single edge"):
+            _edge(jax, np, spec(reads_all_or_scattered), inputs, 0, 1)
+    # A nudge asked at the edge lands there, and the child says where.
+    nudge = {"of": ["compact", "base"], "input": 0, "index": [1, 20], "by": 8.0}
+    nudge["boundary"] = {"axis": 1, "side": "ignored"}
+    suite = [("compact", SimpleNamespace(name="base"))]
+    drawn, told = _draw(jax, np, spec(length_masked), {"seed": 0}, {"nudge": nudge}, None, suite)
+    assert told == {"index": [1, 30], "used": 29, "ignored": 30}
+    moved = np.nonzero(np.asarray(drawn[0]) != np.asarray(x))
+    assert [int(i) for i in np.concatenate(moved)] == [1, 30]
+
+
+def test_a_window_mask_read_past_its_edge_is_named_in_a_real_check(tmp_path: Path):
+    """JAX's GPU decode attention with the window's two bounds joined by | (holdout10): every
+    key of the split holding key 300 is attended, the padding too. The error is everywhere, the
+    blind nudges (mid-axis) move the same outputs on both sides; the nudge the spec's child
+    places past the reference's own edge (key 300 of 512) shows the kernel reading it."""
+    from test_playbook_holdout10 import HOLDOUT10
+
+    case = HOLDOUT10["decode_window_mask_or"]
+    candidate = tmp_path / "kernel.py"
+    candidate.write_text(planted(case))
+    report = check(SPECS / f"{case.spec}_spec.py", candidate, "compact", seed=3)
+    said = report.cases[0].localisation.reach
+    assert said.startswith(
+        "The edge of what the reference reads of k along axis 1: position 299 is read, 300 is"
+        " not. Nudging k[0, 300, 48] (up by 8 times its rms) moves 0 elements of out in the"
+        " reference"
+    )
+    assert "the kernel carries k[0, 300, 48] to [0, " in said and said in report.diagnosis
+    assert [c.name for c in report.cases] == ["base"] and not report.certified

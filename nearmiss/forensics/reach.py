@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,10 @@ from nearmiss.runner.arrays import is_float
 MAX_NUDGES = 2  # inputs nudged mid-axis per check: one more run of the kernel each
 END_MIN_SIZE = 16  # an axis this long has ends worth nudges of their own
 MAX_SWAPS = 2  # pairs of like inputs swapped per check: one more run each
+# Where the reference stops reading the longest axis (a length mask's bound, a window's edge),
+# the element just past it, then the last one read: a kernel reading past a mask, or stopping
+# short of it, differs from the reference there and often nowhere a blind nudge lands.
+EDGE_SIDES = ("ignored", "used")
 SWAP_MATCH = 0.99  # the share of elements the swapped reference must match
 NUDGED_CLASSES = ("wrong_values",)  # a crash or a NaN says where it is by itself
 # An element moved up by this many times its input's rms: far enough that every dependence the
@@ -52,9 +56,14 @@ class Nudge:
     position: int
     index: tuple[int, ...]
     by: float = NUDGE_BY
+    # At the reference's edge along this axis (``EDGE_SIDES``): the spec's child places the
+    # nudge there (``reference_child._edge``) and says where; ``index`` is the rest of it.
+    edge: tuple[int, str] | None = None
 
     def request(self, case: CaseResult) -> dict:
         move = {"input": self.position, "index": list(self.index), "by": self.by}
+        if self.edge is not None:
+            move["boundary"] = {"axis": self.edge[0], "side": self.edge[1]}
         return _request(self.name, case, move)
 
 
@@ -170,8 +179,9 @@ def candidates(
     """The nudges worth asking, in order: one per float input of the case they are for (its
     first MAX_NUDGES), each at a different fraction of each axis (a third and two thirds of a
     matrix: off the diagonal, where a transposed block would land on itself); then the input
-    with the longest axis again, that axis's index moved near its end, then near its start
-    (``_at_end``).
+    with the longest axis again, that axis's index moved to either side of the edge of what the
+    reference reads of it (``EDGE_SIDES``; the spec's child finds it, or says there is none),
+    then near its end, then near its start (``_at_end``).
     ``inputs``: each case's (name, array) pairs, in the order the kernel takes them."""
     chosen = _nudged_case(cases, inputs)
     if chosen is None:
@@ -191,12 +201,18 @@ def candidates(
         return nudges
     shape = arrays[longest.position][1].shape
     name, position = longest.input, longest.position
+    axis = int(np.argmax(shape))
+    edges = [
+        Nudge(_label(case, f"nudge-{name}-edge-{side}"), key, name, position, longest.index)
+        for side in EDGE_SIDES
+    ]
+    edges = [replace(n, edge=(axis, side)) for n, side in zip(edges, EDGE_SIDES, strict=True)]
     ends = [
         Nudge(_label(case, f"nudge-{name}-{end}"), key, name, position, index)
         for end in ("end", "start")
         if (index := _at_end(longest.index, shape, end)) is not None
     ]
-    return nudges + ends
+    return nudges + (edges if shape[axis] >= END_MIN_SIZE else []) + ends
 
 
 def _at_end(index: tuple[int, ...], shape: tuple[int, ...], end: str) -> tuple[int, ...] | None:
@@ -337,8 +353,10 @@ class NudgePlan:
                 continue
             case = self.cases[item.case]
             before, after = self.base.get(item.case), _leaves(ran[item.name])
-            judge = swap_sentence if isinstance(item, Swap) else _compare
-            self.found[item.name] = judge(item, case, before, after)
+            if isinstance(item, Swap):
+                self.found[item.name] = swap_sentence(item, case, before, after)
+            else:
+                self.found[item.name] = _compare(item, case, before, after, ran[item.name])
 
     def conclude(self, cases: Sequence[CaseResult], ran: Mapping[str, Any]) -> None:
         """Add the findings to their case: ``localisation.reach`` and the diagnosis."""
@@ -354,10 +372,21 @@ class NudgePlan:
                 case.diagnosis = f"{case.diagnosis} {case.localisation.reach}"
 
 
-def _compare(nudge: Nudge, case: CaseResult, before, after) -> str | None:
-    """The sentence for one nudge, compared on the output leaf the case localised."""
+def _compare(nudge: Nudge, case: CaseResult, before, after, raw: Any) -> str | None:
+    """The sentence for one nudge, compared on the output leaf the case localised; a nudge at
+    the reference's edge only where the spec's child placed it (``raw.nudged``), said first."""
     if before is None or after is None or case.localisation is None:
         return None
+    edge = ""
+    if nudge.edge is not None:
+        told = getattr(raw, "nudged", None) or {}
+        if len(told.get("index", ())) != len(nudge.index):
+            return None
+        nudge = replace(nudge, index=tuple(told["index"]))
+        edge = (
+            f"The edge of what the reference reads of {nudge.input} along axis "
+            f"{nudge.edge[0]}: position {told['used']} is read, {told['ignored']} is not. "
+        )
     leaf = _leaf(case)
     if leaf >= min(len(before[0]), len(after[0]), len(after[1])):
         return None
@@ -365,4 +394,5 @@ def _compare(nudge: Nudge, case: CaseResult, before, after) -> str | None:
     reference = classes(before[1][leaf], after[1][leaf], case.atol, case.rtol)
     if kernel.shape != reference.shape:
         return None
-    return describe(nudge, kernel, reference, case.localisation.leaf)
+    said = describe(nudge, kernel, reference, case.localisation.leaf)
+    return edge + said if said else None

@@ -262,12 +262,15 @@ def control_round(channel: Channel, request: dict, spec, parameters: list[str], 
         control_cases(channel, request, spec, parameters, asked.get("cases", []), suite)
 
 
-def _draw(jax, np, spec, request: dict, item: dict, case, suite) -> tuple:
+def _draw(jax, np, spec, request: dict, item: dict, case, suite) -> tuple[tuple, dict]:
     """A control's inputs: drawn fresh for its own ``case``, or — a nudge — the suite case's
     own inputs redrawn from its key, with one element of one input moved up by ``by`` times
-    that input's rms, or two inputs swapped (``swap``)."""
+    that input's rms, or two inputs swapped (``swap``). With them, what the engine is told of
+    the draw: for a nudge at the reference's edge (``boundary``), where that edge is and the
+    element moved (``{"index", "used", "ignored"}``); else nothing."""
     if "nudge" not in item:
-        return spec.make_inputs(case, case_key(jax, request["seed"], CONTROL_SUITE, case.name))
+        key = case_key(jax, request["seed"], CONTROL_SUITE, case.name)
+        return spec.make_inputs(case, key), {}
     nudge = item["nudge"]
     label, name = nudge["of"]
     case = next(c for s, c in suite if (s, c.name) == (label, name))
@@ -275,17 +278,54 @@ def _draw(jax, np, spec, request: dict, item: dict, case, suite) -> tuple:
     if "swap" in nudge:
         i, j = nudge["swap"]
         inputs[i], inputs[j] = inputs[j], inputs[i]
-        return tuple(inputs)
+        return tuple(inputs), {}
+    index, told = tuple(nudge["index"]), {}
+    if "boundary" in nudge:
+        axis, side = int(nudge["boundary"]["axis"]), str(nudge["boundary"]["side"])
+        used, ignored = _edge(jax, np, spec, inputs, nudge["input"], axis)
+        index = index[:axis] + (used if side == "used" else ignored,) + index[axis + 1 :]
+        told = {"index": list(index), "used": used, "ignored": ignored}
     original = inputs[nudge["input"]]
     x = np.array(original)  # a copy in the input's own dtype (numpy or JAX, float64 or bf16)
     wide = x.astype(np.float64)
     size = float(np.sqrt(np.mean(np.square(wide))))  # in float64: huge float32 values square
     size = size if np.isfinite(size) and size > 0 else 1.0
-    index = tuple(nudge["index"])
     top = float(jax.numpy.finfo(x.dtype).max) / 4  # never past what the dtype holds
     x[index] = min(wide[index] + float(nudge["by"]) * size, top)
     inputs[nudge["input"]] = jax.numpy.asarray(x) if isinstance(original, jax.Array) else x
-    return tuple(inputs)
+    return tuple(inputs), told
+
+
+def _edge(jax, np, spec, inputs: list, position: int, axis: int) -> tuple[int, int]:
+    """Where the reference stops reading the ``position``-th input along ``axis``: (the last
+    position some output depends on, the first none does) — a length mask's bound, a window's
+    edge, the end of a cache's valid part. Read from the reference's gradient against a random
+    cotangent (zero, but for chance, only where nothing depends on the element). ValueError
+    unless the positions read form one run with positions unread beside it (one or two
+    changes along the axis): an elementwise op's scattered zeros are no edge."""
+    x = jax.numpy.asarray(inputs[position])
+
+    def reference_of(value):
+        args = list(inputs)
+        args[position] = value
+        return spec.reference(*args)
+
+    out, pullback = jax.vjp(reference_of, x)
+    leaves, tree = jax.tree_util.tree_flatten(out)
+    keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
+    cotangent = [
+        jax.random.normal(k, leaf.shape, jax.numpy.float32).astype(leaf.dtype)
+        for k, leaf in zip(keys, leaves, strict=True)
+    ]
+    (grad,) = pullback(jax.tree_util.tree_unflatten(tree, cotangent))
+    size = np.abs(np.asarray(grad, np.float64))
+    size = np.where(np.isfinite(size), size, 1.0)
+    read = size.sum(axis=tuple(a for a in range(size.ndim) if a != axis)) > 0
+    changes = np.nonzero(read[1:] != read[:-1])[0]
+    if not 1 <= changes.size <= 2:
+        raise ValueError(f"no single edge to what the reference reads along axis {axis}")
+    at = int(changes[0])  # read[at] != read[at + 1]
+    return (at, at + 1) if read[at] else (at + 1, at)
 
 
 def control_cases(
@@ -303,7 +343,7 @@ def control_cases(
         name = str(item.get("name"))
         try:
             case = Case(name, item["dims"], dtype=item["dtype"], profile=item["profile"])
-            inputs = _draw(jax, np, spec, request, item, case, suite)
+            inputs, told = _draw(jax, np, spec, request, item, case, suite)
             arrays = _arrays_or_none(jax, np, inputs) if isinstance(inputs, tuple | list) else None
             if arrays is None:
                 raise TypeError(f"make_inputs returned {type(inputs).__name__}, not arrays")
@@ -318,6 +358,7 @@ def control_cases(
             dir=str(case_dir),
             avals=shapes_of(arrays),
             tolerance=list(spec.tolerance_for(case.dtype)),
+            nudged=told,
         )
         drawn.append((name, inputs, case_dir))
     for name, inputs, case_dir in drawn:

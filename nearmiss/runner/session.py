@@ -99,6 +99,9 @@ class RawCase:
     reference_work: int | None = None
     inputs_changed: list[int] = field(default_factory=list)
     probes: list[Probe] = field(default_factory=list)
+    # A nudge at the reference's edge (``forensics.reach``): the element the spec's child moved
+    # and the edge it found, {"index": [...], "used": i, "ignored": j}; empty for other cases.
+    nudged: dict[str, Any] = field(default_factory=dict)
     # Per target (``runner.target_plan``): {"lowered": the child's lowering (ok, or its
     # refusal), "compiled": the target compiler's verdict, "grid": the grid semantics report}.
     targets: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -125,8 +128,8 @@ class RawRun:
 # [i, j]} (none: no more rounds).
 ControlPlanner = Callable[[list[RawCase], dict[str, RawCase]], list[dict[str, Any]]]
 # The controls, then a split of the ones that isolated several dims at once; the nudges
-# (forensics.reach) go one per round, each only while those before found nothing.
-CONTROL_ROUNDS = 4
+# (forensics.reach: up to six) go one per round, each only while those before found nothing.
+CONTROL_ROUNDS = 6
 
 
 class _ReferenceFeed:
@@ -647,6 +650,18 @@ def _control_info(item: dict[str, Any]) -> CaseInfo:
     return CaseInfo(suite="custom", atol=0.0, rtol=0.0, **fields)
 
 
+def _told_nudge(told: Any) -> dict[str, Any]:
+    """What the spec's child said of a nudge it placed (``_draw`` there); empty unless well
+    formed (a nudge with no place to compare at finds nothing)."""
+    if not isinstance(told, dict):
+        return {}
+    index, used, ignored = told.get("index"), told.get("used"), told.get("ignored")
+    numbers = [*index, used, ignored] if isinstance(index, list) else []
+    if not numbers or not all(type(n) is int and n >= 0 for n in numbers):
+        return {}
+    return {"index": index, "used": used, "ignored": ignored}
+
+
 def _unrunnable(wanted: list[dict[str, Any]], why: str) -> dict[str, RawCase]:
     done = {}
     for item in wanted:
@@ -695,6 +710,7 @@ def _control_round(
         if filed is None:
             continue
         raw.info.atol, raw.info.rtol = (float(t) for t in filed["tolerance"])
+        raw.nudged = _told_nudge(filed.get("nudged"))
         keep = workdir / "artifacts" / f"{raw.info.key}.bin"
         artifact, _ = runner.export(raw, filed["avals"], keep, [])
         if artifact is not None:
