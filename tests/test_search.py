@@ -345,8 +345,8 @@ def test_an_edit_parses_if_and_only_if_its_statement_does():
         "        y = x\n"
         "    return y\n"
     )
-    statements = _Statements(ast.parse(source), source)
     lines = source.split("\n")
+    statements = _Statements(ast.parse(source), lines)
 
     def at(line: int, old: str, new: str, last: int | None = None) -> _Edit:
         start = lines[line - 1].index(old.split("\n")[0])

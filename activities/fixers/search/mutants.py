@@ -580,7 +580,7 @@ def mutants(
     builders = [f for f in functions if f in builders and f not in bodies]
     tiers = [bodies, builders, [f for f in functions if f not in bodies + builders]]
     guarded = {id(n) for fn in functions for test in _guard_tests(fn) for n in ast.walk(test)}
-    lines = source.split("\n")  # as ast numbers them
+    lines = source.split("\n")  # as ast numbers them (splitlines also splits at \f)
     planned: list[tuple[int, str, ast.AST | _Span, str]] = []  # (rank, operator, site, text)
     for tier in tiers:
         for operator, sites in OPERATORS.items():
@@ -592,7 +592,7 @@ def mutants(
                     rank = 0 if first and first(lines[node.lineno - 1]) else 1
                 planned.append((rank, operator, node, text))
     planned.sort(key=lambda plan: plan[0])  # stable: the order above within each rank
-    seen, statements = {source}, _Statements(mod.tree, source)
+    seen, statements = {source}, _Statements(mod.tree, lines)
     for _, operator, node, text in planned:
         edit = _edit(node, text)
         edited = _apply(source, [edit])
@@ -654,8 +654,9 @@ class _Statements:
     tens of milliseconds to parse (a search makes thousands of edits), a statement well under
     one. Where no statement holds the edit, the whole module is parsed."""
 
-    def __init__(self, tree: ast.Module, source: str) -> None:
-        lines = source.split("\n")  # as ast numbers lines (splitlines also splits at \f)
+    def __init__(self, tree: ast.Module, lines: list[str]) -> None:
+        """``lines``: the module's, split at "\n" as ast numbers them (splitlines also splits
+        at \f)."""
         self.newlines = len(lines) - 1
         self.covering: dict[int, list[tuple[int, int]]] = {}  # line -> statements' line spans
         for node in ast.walk(tree):
