@@ -65,6 +65,7 @@ async def stored_outcome(store: EventStore, result: FixResult, model: str) -> Fi
         reason=result.reason,
         model=result.model or model,
         tokens=result.tokens,
+        resume_at=result.resume_at,
     )
     if result.prompt:
         outcome.prompt_hash = await store.put_blob(result.prompt.encode())

@@ -178,6 +178,29 @@ def test_a_deterministic_fixer_without_an_edit_stops_plainly_and_a_fatal_error_s
     assert step.action.reason == "fixer_error" and loop.state.stop_detail == "401 unauthorised"
 
 
+def test_a_search_that_spent_its_round_goes_on_in_the_next_until_nothing_is_left():
+    """A deterministic fixer asked again gives the same answer, except a search that ran out of
+    budget before edits: it says where it stopped and the next round goes on from there (the
+    workflow passes that on as the request's ``skip``); once it stops moving, the loop stops."""
+    loop = RepairLoop(LoopState(guards=Guards(), deterministic_fixer=True))
+    step = loop.begin("h0", 0)
+    step = loop.on_evidence(step.action, ev("h0", 0.2), 1)
+    spent = "search: screened 40 edits in 150 s (more were left); none got further"
+    step = loop.on_fix(fix(None, summary="", reason=spent, resume_at=40), 2)
+    assert step.action.kind == "fix" and loop.state.searched == {"h0": 40}
+    step = loop.on_fix(fix(None, summary="", reason=spent, resume_at=80), 3)
+    assert step.action.kind == "fix" and loop.state.searched == {"h0": 80}
+    # No further than before (or nothing left: 0): the answer would repeat, so the loop stops.
+    step = loop.on_fix(fix(None, summary="", reason="search: none was left", resume_at=80), 4)
+    assert step.action.reason == "no_fix" and len(loop.state.rounds) == 3
+    # The rounds guards still bound a search that always has more.
+    loop = RepairLoop(LoopState(guards=Guards(max_rounds=2, no_progress_rounds=5)))
+    step = loop.on_evidence(loop.begin("h0", 0).action, ev("h0", 0.2), 1)
+    for at in (10, 20):
+        step = loop.on_fix(fix(None, summary="", resume_at=at), 2)
+    assert step.action.reason == "max_rounds"
+
+
 def test_integrity_violations_are_their_own_event():
     loop, step = start()
     bad = ev("h0", 0.0, violations=[{"rule": "wrapper_compute", "detail": "80%"}])

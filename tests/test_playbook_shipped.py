@@ -198,13 +198,15 @@ def test_the_held_out_set_is_large_and_varied_enough():
 async def repair_planted(spec: Path, source: str, candidate: Path, fixer=None):
     """Check the planted kernel, then let the playbook (or ``fixer``, another zero-token one)
     repair it for up to ROUNDS rounds from the engine's evidence, as the repair loop does (a
-    regression is reverted, the next edit starts from the best candidate): (first report, last
+    regression is reverted, the next edit starts from the best candidate; a search that spent
+    its round without an edit goes on in the next from where it stopped): (first report, last
     report, steps)."""
     candidate.write_text(source)
     report = check(spec, candidate, SUITE, SEED)
     assert not report.certified and report.integrity.ok, report.diagnosis
     first, tried, steps = report, [], [f"diagnosed {report.failure_class}"]
     best = (score(report), source, report)
+    searched: dict[str, int] = {}  # source -> edits of it screened in rounds that found none
     fixer = fixer or PlaybookFixer()
     for round_ in range(1, ROUNDS + 1):
         result = await fixer.propose(
@@ -216,11 +218,15 @@ async def repair_planted(spec: Path, source: str, candidate: Path, fixer=None):
                 evidence=evidence_from_report(report, "sha256:x", ""),
                 round=round_,
                 tried=tried,
+                skip=searched.get(source, 0),
             )
         )
         assert result.tokens.total == 0 and result.model == fixer.name
         if result.source is None:
             steps.append("no recipe" if fixer.name == "playbook" else result.reason)
+            if result.resume_at > searched.get(source, 0):
+                searched[source] = result.resume_at
+                continue
             break
         assert result.summary in RECIPES or result.summary.startswith("mutant:")
         assert result.summary not in tried

@@ -14,6 +14,7 @@ from conftest import OPS, run_cli
 from nearmiss.replay import check_determinism, compare, rerun
 from nearmiss.service import build_worker, start_session
 from workflows.loop import Guards
+from workflows.models import FixRequest, FixResult
 
 SOFTMAX = OPS / "softmax_rows"
 
@@ -104,3 +105,48 @@ async def test_a_change_in_behaviour_is_named(client, seeded_store):
     assert not comparison.same_behaviour
     assert any(c.startswith("outcome: recorded certified") for c in comparison.changes)
     assert any("a different candidate was checked" in c for c in comparison.changes)
+
+
+class SpentSearch:
+    """The search's answers as a round budget too small for the fix gives them: two rounds
+    that spend it (five edits each, nothing found, more left), then the fix, found past the
+    ten screened before. Records where each round was asked to start (``request.skip``)."""
+
+    name = "search"
+
+    def __init__(self) -> None:
+        self.skips: list[int] = []
+
+    async def propose(self, request: FixRequest) -> FixResult:
+        self.skips.append(request.skip)
+        if request.skip < 10:
+            spent = f"search: screened 5 edits after {request.skip} (more were left)"
+            return FixResult(model="search", reason=spent, resume_at=request.skip + 5)
+        golden = (SOFTMAX / "golden.py").read_text()
+        return FixResult(model="search", source=golden, summary="mutant:found", reason="found")
+
+
+async def test_a_search_goes_on_across_rounds_through_the_workflow_and_replays(client, store):
+    """Zero-token fixers stop a session at the first round without an edit, except a search
+    that ran out of budget, not of edits: the workflow asks it again from where it stopped (the
+    activity's request carries ``skip``), the event log keeps where (``resume_at``), and a
+    replay of the session goes the same way."""
+    search = SpentSearch()
+    async with build_worker(client, store, lambda model: search, fail_workflows_on_error=True):
+        handle = await start_session(
+            client,
+            store,
+            SOFTMAX / "spec.py",
+            SOFTMAX / "variants" / "floor_grid.py",
+            "search",
+            Guards(),
+        )
+        result = await handle.result()
+        fixes = [e.payload for e in await store.read_stream(handle.id) if e.type == "FixProposed"]
+        assert search.skips == [0, 5, 10]
+        assert result.certified and result.rounds == 3 and result.tokens.total == 0
+        assert [f.get("resume_at") for f in fixes] == [5, 10, None]
+        determinism = await check_determinism(client, handle.id)
+        again = await (await rerun(client, store, handle.id)).result()
+    assert determinism.ok, determinism.detail
+    assert again.certified and again.rounds == 3  # the recorded spent rounds go on too

@@ -17,7 +17,7 @@ from activities.fixers.playbook import propose as playbook_propose
 from activities.fixers.playbook.source import _apply, _Edit
 from activities.fixers.search import SearchFixer, candidate_edits, suspected_lines
 from activities.fixers.search.mutants import _Statements, mutants, reachable
-from activities.fixers.search.screen import Budget, _Reached
+from activities.fixers.search.screen import Budget, Screen, _Reached
 from nearmiss.check import check
 from workflows.models import FixRequest
 
@@ -441,6 +441,32 @@ async def test_a_spent_budget_says_what_it_screened_and_proposes_nothing_worse()
     assert "search: screened 2 edits" in result.reason and "more were left" in result.reason
     # only an edit that got further than the kernel on the failing suite, if any
     assert result.source is None or "gets further than the kernel" in result.reason
+
+
+def test_a_search_that_spent_its_round_goes_on_where_it_stopped(monkeypatch):
+    """A round that finds nothing says how far it got (``resume_at``); asked again with that
+    as ``skip``, the next screens the edits after those, so rounds add up instead of screening
+    the same ones; with none left, there is nowhere to go on from. (The screening itself is
+    replaced: it takes three edits a round and finds nothing.)"""
+    import activities.fixers.search as search_module
+
+    screened: list[list[str]] = []
+
+    def three_and_nothing(request, sources, budget):
+        screened.append([source for _, source in zip(range(3), sources, strict=False)])
+        return Screen(len(screened[-1]), 1.0)
+
+    monkeypatch.setattr(search_module, "screen", three_and_nothing)
+    request = _request(SWAPPED.read_text())
+    order = [e.source for e in candidate_edits(request)]
+    first = search_module.search(request, Budget())
+    assert screened[-1] == order[:3] and first.resume_at == 3 and first.source is None
+    assert "screened 3 edits in 1 s (more were left)" in first.reason
+    second = search_module.search(request.model_copy(update={"skip": 3}), Budget())
+    assert screened[-1] == order[3:6] and second.resume_at == 6
+    assert "(after 3 in earlier rounds; more were left)" in second.reason
+    last = search_module.search(request.model_copy(update={"skip": len(order) - 2}), Budget())
+    assert screened[-1] == order[-2:] and last.resume_at == 0 and "none was left" in last.reason
 
 
 # A second body behind a dispatch the suite never takes (inputs of over a million rows), full of

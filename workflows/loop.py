@@ -99,6 +99,9 @@ class LoopState(BaseModel):
     rounds: list[Round] = Field(default_factory=list)
     tokens: TokenUsage = Field(default_factory=TokenUsage)
     tried: list[str] = Field(default_factory=list)
+    # Per candidate (hash): how many candidate edits of it a search has screened in rounds
+    # that found none (``FixResult.resume_at``); the next round's search goes on from there.
+    searched: dict[str, int] = Field(default_factory=dict)
     pending_rank: float = 0.0  # compact score of the candidate being certified
     stop_reason: str | None = None
     stop_detail: str = ""
@@ -195,7 +198,10 @@ class RepairLoop:
                     "response_hash": outcome.response_hash,
                     "tokens": outcome.tokens.model_dump(),
                     "tool_calls": outcome.tool_calls,
-                },
+                }
+                # A search to go on in the next round: where (kept off every other fix, whose
+                # events read as they always have).
+                | ({"resume_at": outcome.resume_at} if outcome.resume_at else {}),
             )
         ]
         base = s.current_evidence
@@ -213,6 +219,11 @@ class RepairLoop:
         if outcome.candidate_hash is None:
             round_.outcome = "no_edit"
             s.signatures.append(self._signature())
+            if outcome.resume_at > s.searched.get(s.current_hash, 0):
+                # A search that ran out of budget, not of edits: the next round goes on (and
+                # asks again even of a deterministic fixer, which now answers differently).
+                s.searched[s.current_hash] = outcome.resume_at
+                return self._next_fix(now, events)
             if s.deterministic_fixer:
                 # Right numbers, refused by the integrity gate: say so, not just "no fix".
                 blocked = base is not None and not base.integrity_ok and not base.failure_class

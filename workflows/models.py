@@ -131,6 +131,9 @@ class FixRequest(BaseModel):
     # so a fixer does not offer the same thing twice.
     tried: list[str] = Field(default_factory=list)
     knowledge: list[str] = Field(default_factory=list)
+    # How many of its candidate edits of this source a search screened in earlier rounds
+    # without finding one (``FixResult.resume_at``): this round goes on from there.
+    skip: int = 0
 
     @classmethod
     def of(cls, fix: FixInput, spec_source: str, source: str) -> FixRequest:
@@ -144,6 +147,7 @@ class FixRequest(BaseModel):
             round=fix.round,
             tried=fix.tried,
             knowledge=fix.knowledge,
+            skip=fix.skip,
         )
 
 
@@ -158,6 +162,10 @@ class FixResult(BaseModel):
     tokens: TokenUsage = Field(default_factory=TokenUsage)
     prompt: str = ""
     response: str = ""
+    # No edit yet, but more to try: a search that spent its round's budget before its candidate
+    # edits ran out says how many of them it has screened (with those of earlier rounds), so
+    # asking again with ``FixRequest.skip`` set to it goes on where it stopped; 0: nothing left.
+    resume_at: int = 0
 
 
 class FixOutcome(BaseModel):
@@ -172,6 +180,7 @@ class FixOutcome(BaseModel):
     response_hash: str = ""
     fatal: bool = False  # the fixer cannot go on (a non-retryable model error)
     tool_calls: int = 0  # experiments the agent ran in this round
+    resume_at: int = 0  # FixResult.resume_at
 
 
 class CheckInput(BaseModel):
@@ -197,6 +206,7 @@ class FixInput(BaseModel):
     knowledge: list[str] = Field(default_factory=list)  # prompt lines of retrieved entries
     # Learned diffs for this signature, tried first at zero tokens: {"entry_id", "diff"}.
     patches: list[dict] = Field(default_factory=list)
+    skip: int = 0  # FixRequest.skip
 
 
 class RetrieveInput(BaseModel):

@@ -205,6 +205,7 @@ class RepairWorkflow:
             round=len(state.rounds) + 1,
             model=request.model,
             tried=list(state.tried),
+            skip=state.searched.get(state.current_hash, 0),
         )
         # Sessions started before retrieval existed replay without it.
         if request.use_kb and workflow.patched("retrieve-knowledge"):

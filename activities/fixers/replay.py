@@ -34,4 +34,5 @@ async def recorded_fix(store: EventStore, request: FixInput) -> FixOutcome:
         # The recorded prompt and answer, by hash: the re-run shows what the model was told.
         prompt_hash=fix["prompt_hash"],
         response_hash=fix["response_hash"],
+        resume_at=fix.get("resume_at", 0),  # a search's round that went on in the next
     )

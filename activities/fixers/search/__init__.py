@@ -96,8 +96,12 @@ def mutant_name(mutant: Mutant) -> str:
 
 
 def search(request: FixRequest, budget: Budget) -> FixResult:
+    """One round of the search: the candidate edits screened in order from ``request.skip``
+    (those an earlier round screened without finding one) until one passes or the budget is
+    spent. With no edit to propose and more left, ``resume_at`` says where the next round
+    goes on."""
     edits: list[Edit] = []
-    pending = candidate_edits(request)
+    pending = itertools.islice(candidate_edits(request), request.skip, None)
 
     def sources() -> Iterator[str]:  # lazy: a large module's mutants are made as screened
         for edit in pending:
@@ -105,15 +109,21 @@ def search(request: FixRequest, budget: Budget) -> FixResult:
             yield edit.source
 
     found: Screen = screen(request, sources(), budget)
-    left = "more were left" if next(pending, None) is not None else "none was left"
+    more = next(pending, None) is not None
     unreached = f"{found.unreached} skipped as editing code the suite never ran; "
+    after = f"after {request.skip} in earlier rounds; " if request.skip else ""
     done = (
         f"screened {found.screened} edits in {found.seconds:.0f} s "
-        f"({unreached if found.unreached else ''}{left})"
+        f"({after}{unreached if found.unreached else ''}"
+        f"{'more were left' if more else 'none was left'})"
     )
     if found.best is None:
         why = found.why or "none got further than the kernel on the failing suite"
-        return FixResult(model=MODEL, reason=f"search: {done}; {why}", tokens=TokenUsage())
+        # Only a round that got through some edits can be resumed: one that screened none (the
+        # gate refused the kernel, its baseline failed) would stop at the same place again.
+        resume_at = request.skip + len(edits) if more and edits else 0
+        reason = f"search: {done}; {why}"
+        return FixResult(model=MODEL, reason=reason, tokens=TokenUsage(), resume_at=resume_at)
     edit = edits[found.best]
     verdict = "passes the screening suite" if found.passed else "gets further than the kernel"
     return FixResult(
