@@ -1,43 +1,58 @@
 """What every planted set (``test_playbook_shipped.py`` and the held-out sets after it) stands
 on, checked once for all of them: each installed module certifies unplanted on its spec with its
 entry point (so a case's failure is its planted text, nothing else), each planted text occurs
-exactly once in the installed source (a jax upgrade that moves one fails here, loudly), and no
-two sets plant the same site or name two cases alike."""
+exactly once in the installed source (a jax upgrade that moves one fails here, loudly), each
+set has its size and spread and pins expectations only of its own cases, and no two sets plant
+the same site or name two cases alike."""
 
 from __future__ import annotations
 
 import pytest
-from test_playbook_families import FAMILIES
-from test_playbook_fresh import FRESH
-from test_playbook_holdout3 import HOLDOUT3
-from test_playbook_holdout4 import HOLDOUT4
-from test_playbook_holdout5 import HOLDOUT5
-from test_playbook_holdout6 import HOLDOUT6
-from test_playbook_holdout7 import HOLDOUT7
-from test_playbook_holdout8 import HOLDOUT8
-from test_playbook_holdout9 import HOLDOUT9
-from test_playbook_holdout10 import HOLDOUT10
-from test_playbook_shipped import HELD_OUT, SEED, SUITE
-from test_playbook_unseen import UNSEEN
+import test_playbook_families
+import test_playbook_fresh
+import test_playbook_holdout3
+import test_playbook_holdout4
+import test_playbook_holdout5
+import test_playbook_holdout6
+import test_playbook_holdout7
+import test_playbook_holdout8
+import test_playbook_holdout9
+import test_playbook_holdout10
+import test_playbook_unseen
+from test_playbook_shipped import HELD_OUT, SEED, SUITE, PlantedSet
 from test_shipped_kernels import SPECS, installed_source
 
 from nearmiss.check import check
 
-SETS = {
-    "shipped": HELD_OUT,
-    "unseen": UNSEEN,
-    "fresh": FRESH,
-    "holdout3": HOLDOUT3,
-    "holdout4": HOLDOUT4,
-    "holdout5": HOLDOUT5,
-    "holdout6": HOLDOUT6,
-    "holdout7": HOLDOUT7,
-    "holdout8": HOLDOUT8,
-    "holdout9": HOLDOUT9,
-    "holdout10": HOLDOUT10,
-    "families": FAMILIES,
+# The held-out sets after the first, each as its file pins it (the first, ``shipped``, pins
+# the playbook's repairs its own way).
+PLANTED: dict[str, PlantedSet] = {
+    "unseen": test_playbook_unseen.SET,
+    "fresh": test_playbook_fresh.SET,
+    "holdout3": test_playbook_holdout3.SET,
+    "holdout4": test_playbook_holdout4.SET,
+    "holdout5": test_playbook_holdout5.SET,
+    "holdout6": test_playbook_holdout6.SET,
+    "holdout7": test_playbook_holdout7.SET,
+    "holdout8": test_playbook_holdout8.SET,
+    "holdout9": test_playbook_holdout9.SET,
+    "holdout10": test_playbook_holdout10.SET,
+    "families": test_playbook_families.SET,
 }
+SETS = {"shipped": HELD_OUT} | {group: planted.cases for group, planted in PLANTED.items()}
 CASES = {f"{group}/{name}": case for group, cases in SETS.items() for name, case in cases.items()}
+
+
+@pytest.mark.parametrize("group", sorted(PLANTED))
+def test_each_set_is_varied_and_its_expectations_are_about_its_own_cases(group):
+    """A set's own shape: its size, spread over modules, a class pinned for every case, and
+    certified cases and leads only of its own."""
+    planted = PLANTED[group]
+    assert len(planted.cases) == planted.size
+    assert len({c.module for c in planted.cases.values()}) >= planted.min_modules
+    assert set(planted.expected_class) == set(planted.cases)
+    assert set(planted.cases) >= planted.expected_certified
+    assert set(planted.expected_lead) <= set(planted.cases)
 
 
 def test_no_two_sets_plant_the_same_site_or_share_a_name():

@@ -113,6 +113,7 @@ from test_playbook_shipped import (
     LAYER_NORM_ENTRY,
     OPS,
     HeldOut,
+    PlantedSet,
     assert_playbook_outcome,
 )
 from test_playbook_unseen import DECODE_ENTRY, GPU_ATTENTION_ENTRY, SOFTMAX_ENTRY
@@ -217,23 +218,10 @@ EXPECTED_LEAD = {
 }
 
 
-def test_the_tenth_held_out_set_is_new_and_varied():
-    """The set's own shape; that its names and sites are new to every other set is
-    checked across all of them in test_planted_sets.py."""
-    assert len(HOLDOUT10) == 8
-    assert len({c.module for c in HOLDOUT10.values()}) >= 6
-    assert set(EXPECTED_CLASS) == set(HOLDOUT10) and set(HOLDOUT10) >= EXPECTED_CERTIFIED
-    assert set(EXPECTED_LEAD) <= set(HOLDOUT10)
+# The set as test_planted_sets.py checks its shape (size, spread, expectations naming its cases).
+SET = PlantedSet(HOLDOUT10, EXPECTED_CLASS, EXPECTED_CERTIFIED, EXPECTED_LEAD, min_modules=6)
 
 
 @pytest.mark.parametrize("name", sorted(HOLDOUT10))
 async def test_playbook_on_a_tenth_held_out_kernel(name, tmp_path: Path, record_property):
-    await assert_playbook_outcome(
-        HOLDOUT10[name],
-        name,
-        EXPECTED_CLASS,
-        EXPECTED_CERTIFIED,
-        tmp_path,
-        record_property,
-        EXPECTED_LEAD,
-    )
+    await assert_playbook_outcome(SET, name, tmp_path, record_property)

@@ -36,7 +36,7 @@ a masked sum divided by the ``arange``'s padded width, and bodies reached throug
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -64,6 +64,21 @@ class HeldOut:
     entry: str
     old: str  # must occur exactly once in the installed source
     new: str
+
+
+@dataclass(frozen=True)
+class PlantedSet:
+    """A planted set as its test file pins it: the cases, the class each first diagnosis
+    gives, the cases the playbook certifies (zero tokens, within ROUNDS; every other must end
+    uncertified), and the words a first diagnosis must keep where it names the fault's place or
+    value. ``size`` and ``min_modules``: the set's own shape (test_planted_sets.py)."""
+
+    cases: dict[str, HeldOut]
+    expected_class: dict[str, str]
+    expected_certified: set[str]
+    expected_lead: dict[str, str] = field(default_factory=dict)
+    size: int = 8
+    min_modules: int = 5
 
 
 HELD_OUT = {
@@ -247,25 +262,21 @@ async def repair_planted(spec: Path, source: str, candidate: Path, fixer=None):
 
 
 async def assert_playbook_outcome(
-    case: HeldOut,
-    name: str,
-    expected_class,
-    expected_certified,
-    tmp_path: Path,
-    record_property,
-    expected_lead: dict[str, str] | None = None,
-):
+    planted_set: PlantedSet, name: str, tmp_path: Path, record_property
+) -> None:
     """The planted set tests' one assertion: the class the engine diagnoses first (and, where
     the set pins one, the lead its diagnosis gives), then whether the playbook's rounds
     certify (zero tokens), as the set pins them."""
+    case = planted_set.cases[name]
     spec = SPECS / f"{case.spec}_spec.py"
     first, report, steps = await repair_planted(spec, planted(case), tmp_path / "kernel.py")
     record_property("playbook_steps", " | ".join(steps))
     print(f"{name}: {' | '.join(steps)}")
-    assert first.failure_class == expected_class[name], f"{name}: {first.failure_class}"
-    lead = (expected_lead or {}).get(name)
+    expected = planted_set.expected_class[name]
+    assert first.failure_class == expected, f"{name}: {first.failure_class}"
+    lead = planted_set.expected_lead.get(name)
     assert lead is None or lead in first.diagnosis, f"{name}: {first.diagnosis}"
-    if name in expected_certified:
+    if name in planted_set.expected_certified:
         assert report.certified and report.integrity.ok, f"{name}: {steps}: {report.diagnosis}"
     else:
         assert not report.certified, f"{name} certified: add it to the expected set deliberately"
