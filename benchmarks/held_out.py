@@ -36,6 +36,7 @@ SETS = {  # set name -> (test module, the dict of planted cases in it)
     "holdout8": ("test_playbook_holdout8", "HOLDOUT8"),
     "holdout9": ("test_playbook_holdout9", "HOLDOUT9"),
     "holdout10": ("test_playbook_holdout10", "HOLDOUT10"),
+    "holdout11": ("test_playbook_holdout11", "HOLDOUT11"),
     "families": ("test_playbook_families", "FAMILIES"),
 }
 
