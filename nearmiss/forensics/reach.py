@@ -203,10 +203,16 @@ def candidates(
     name, position = longest.input, longest.position
     axis = int(np.argmax(shape))
     edges = [
-        Nudge(_label(case, f"nudge-{name}-edge-{side}"), key, name, position, longest.index)
+        Nudge(
+            _label(case, f"nudge-{name}-edge-{side}"),
+            key,
+            name,
+            position,
+            longest.index,
+            edge=(axis, side),
+        )
         for side in EDGE_SIDES
     ]
-    edges = [replace(n, edge=(axis, side)) for n, side in zip(edges, EDGE_SIDES, strict=True)]
     ends = [
         Nudge(_label(case, f"nudge-{name}-{end}"), key, name, position, index)
         for end in ("end", "start")
