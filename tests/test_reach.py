@@ -165,6 +165,21 @@ def test_a_second_nudge_is_asked_only_when_the_first_found_nothing():
     assert "the kernel ignores w[2], which the reference uses" in case.localisation.reach
     assert case.localisation.reach in case.diagnosis
 
+    # An edge the spec's child could not place (no output of it, no edge told) drops its twin:
+    # after the two mid-axis nudges and the unplaced edge, the next asked is the end nudge.
+    long = np.zeros(64)
+    wide = Raw(info=info, outputs=[out], reference=[out], input_arrays=[("x", x), ("w", long)])
+    plan = reach.NudgePlan([case], [wide])
+    asked = [plan.next({})[0]]
+    same = {}
+    for _ in range(2):
+        same[asked[-1]["name"]] = run(out, out)
+        asked.append(plan.next(same)[0])
+    assert asked[-1]["nudge"]["boundary"]["side"] == "ignored"
+    same[asked[-1]["name"]] = Raw(outputs=None, reference=[], nudged={})  # unrunnable
+    (after,) = plan.next(same)
+    assert after["name"].endswith("nudge-w-end") and "boundary" not in after["nudge"]
+
     # A first nudge that finds something ends the nudging.
     case.localisation.reach, case.diagnosis = None, ""
     plan = reach.NudgePlan([case], [base])

@@ -345,6 +345,15 @@ class NudgePlan:
     def next(self, ran: Mapping[str, Any]) -> list[dict]:
         """The control case(s) to ask in this round, given the control runs so far."""
         self._judge(ran)
+        # An edge nudge the spec's child could not place (the reference reads every position,
+        # or no single run of them): its twin would ask the same of the same axis in vain.
+        unplaced = {
+            item.input
+            for item in self.asked
+            if isinstance(item, Nudge) and item.edge and item.name in ran
+            if not getattr(ran[item.name], "nudged", None)
+        }
+        self.waiting = [n for n in self.waiting if not (n.edge and n.input in unplaced)]
         if any(self.found.values()) or not self.waiting:
             return []
         asked: list[Nudge | Swap] = [self.waiting.pop(0)]
