@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from activities.evidence import score, score_cases
-from nearmiss.check import case_result, check
+from nearmiss.check import case_verdict, check
 from nearmiss.errors import UsageError
 from nearmiss.integrity.gate import blocks_execution, static_violations
 from nearmiss.runner.edit_screen import EditScreen
@@ -93,7 +93,7 @@ def screen(request: FixRequest, sources: Iterable[str], budget: Budget) -> Scree
             )
         except UsageError as exc:
             return Screen(0, time.perf_counter() - started, why=f"the baseline run failed: {exc}")
-        cases = [case_result(raw, request.candidate_name) for raw in baseline.cases]
+        cases = [case_verdict(raw, request.candidate_name) for raw in baseline.cases]
         if cases and not all(c.passed for c in cases):
             warm = _Warm(request, baseline, inputs, limits)
             try:
@@ -157,7 +157,7 @@ class _Warm:
             return -1.0
         finally:
             self.idle.put(child)
-        cases = [case_result(raw, name) for raw in ran]
+        cases = [case_verdict(raw, name) for raw in ran]
         return 1.0 if cases and all(c.passed for c in cases) else score_cases(cases)
 
     def lines_run(self) -> frozenset[int] | None:
