@@ -17,7 +17,13 @@ import numpy as np
 import pytest
 
 from conftest import OPS, run_cli
-from nearmiss.authoring.calibration import CaseNoise, advise, judge_case, tolerance_used
+from nearmiss.authoring.calibration import (
+    CaseNoise,
+    SpecNoise,
+    advise,
+    judge_case,
+    tolerance_used,
+)
 from nearmiss.authoring.spec_new import ragged, with_tolerance
 from nearmiss.runner.retype import retyped_evaluation, small_constants
 
@@ -107,6 +113,27 @@ def test_advice_spans_the_noise_and_the_bfloat16_error():
     assert advice.at_most == pytest.approx(2e-3)  # 4e-3 / 2, rounded down
 
 
+def test_fixed_dims_are_those_every_case_sets_to_one_value():
+    def case(name, **dims):
+        return CaseNoise(
+            suite="compact",
+            name=name,
+            dims=dims,
+            dtype="float32",
+            profile="normal",
+            atol=1e-5,
+            rtol=1e-5,
+            verdict="ok",
+        )
+
+    one = SpecNoise(spec="s", seed=0, suite="all", cases=[case("a", B=2, S=512)], advice=[])
+    assert one.fixed_dims == {"B": 2, "S": 512}
+    two = one.model_copy(update={"cases": [case("a", B=2, S=512), case("b", B=2, S=300)]})
+    assert two.fixed_dims == {"B": 2}
+    three = one.model_copy(update={"cases": [case("a", B=2, S=512), case("b", B=1, S=300)]})
+    assert three.fixed_dims == {}
+
+
 def test_ragged_dims_are_multiples_of_neither_8_nor_128():
     for value in (8, 64, 128, 256, 1024, 200, 3):
         assert ragged(value) % 8 != 0 and ragged(value) <= value
@@ -171,6 +198,7 @@ def test_spec_check_of_a_bundled_spec_passes_and_a_broken_spec_is_exit_2(tmp_pat
     result = run_cli("spec", "check", OPS / "layer_norm" / "spec.py", "--seed", "2")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "bf16" in result.stdout and "verdict: ok" in result.stdout
+    assert "no case varies" not in result.stdout  # its ragged case varies both R and C
     broken = tmp_path / "broken.py"
     broken.write_text(SUM_SPEC.format(tolerance=(1e-4, 1e-4)).replace("jnp.cumsum", "jnp.nope"))
     result = run_cli("spec", "check", broken)
@@ -206,6 +234,9 @@ def test_spec_check_warns_of_an_eps_no_case_can_tell_from_zero():
     plain = run_cli("spec", "check", SHIPPED / "gpu_rms_norm_spec.py", "--seed", "3")
     assert plain.returncode == 0, plain.stderr
     assert "warning: the reference's constant 1e-05 can be left out" in plain.stdout
+    # One case: nothing tells a kernel right only at its sizes from a right one (a warning,
+    # not a problem: the exit stays 0).
+    assert "warning: no case varies B, S, C (every case has B=2, S=8, C=256)" in plain.stdout
     padded = run_cli("spec", "check", SHIPPED / "gpu_norm_zero_rows_spec.py", "--seed", "3")
     assert padded.returncode == 0 and "can be left out" not in padded.stdout
     as_json = run_cli("spec", "check", SHIPPED / "gpu_norm_zero_rows_spec.py", "--json")

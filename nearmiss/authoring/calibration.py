@@ -45,6 +45,7 @@ PROBLEMS = frozenset({"too_tight", "loose"})
 class CaseNoise(BaseModel):
     suite: str
     name: str
+    dims: dict[str, int] = {}
     dtype: str
     profile: str
     atol: float
@@ -100,6 +101,16 @@ class SpecNoise(BaseModel):
             for value, used in case.constants:
                 worst[value] = max(worst.get(value, 0.0), used)
         return [(value, used) for value, used in sorted(worst.items()) if used <= 1.0]
+
+    @property
+    def fixed_dims(self) -> dict[str, int]:
+        """The dims every case sets to one same value: no case can tell a kernel right only at
+        that size (a hard-coded length, two same-shaped arguments swapped) from a right one."""
+        values: dict[str, set[int]] = {}
+        for case in self.cases:
+            for dim, value in case.dims.items():
+                values.setdefault(dim, set()).add(value)
+        return {dim: next(iter(v)) for dim, v in values.items() if len(v) == 1}
 
 
 def _finite_errors(value: np.ndarray, reference: np.ndarray):
@@ -274,6 +285,7 @@ def _case(message: dict) -> CaseNoise:
     return CaseNoise(
         suite=message["suite"],
         name=message["name"],
+        dims=message.get("dims") or {},
         dtype=message["dtype"],
         profile=message["profile"],
         atol=atol,

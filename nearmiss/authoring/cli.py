@@ -198,6 +198,14 @@ def render_noise(result: SpecNoise, heading: bool = True) -> str:
             "that drops it certifies; add a case where it matters (for an eps: a row of zeros "
             "or a constant row)"
         )
+    if fixed := result.fixed_dims:
+        sizes = ", ".join(f"{dim}={value}" for dim, value in fixed.items())
+        lines.append(
+            f"warning: no case varies {', '.join(fixed)} (every case has {sizes}): a kernel "
+            "right only at these sizes certifies (a hard-coded length or count, two arguments "
+            "of the same shape swapped); add a case with other sizes for the dims the kernel "
+            "tiles, masks or loops over"
+        )
     if heading:
         lines.append(f"verdict: {result.verdict}")
     return "\n".join(lines)

@@ -80,6 +80,7 @@ def calibrate(channel: Channel, request: dict) -> None:
             "event": "case_noise",
             "suite": suite,
             "name": case.name,
+            "dims": dict(case.dims),
             "dtype": case.dtype,
             "profile": case.profile,
             "tolerance": list(spec.tolerance_for(case.dtype)),
