@@ -93,20 +93,23 @@ def test_no_float64_evaluation_means_uncalibrated_never_ok():
     assert judge_case([ref], None, None, 1e-5, 1e-5)["verdict"] == "uncalibrated"
 
 
+def noise_case(name: str, **figures) -> CaseNoise:
+    """A float32 case at atol = rtol = 1e-5 judged ok, with the given figures (dims, noise)."""
+    return CaseNoise(
+        suite="compact",
+        name=name,
+        dtype="float32",
+        profile="normal",
+        atol=1e-5,
+        rtol=1e-5,
+        verdict="ok",
+        **figures,
+    )
+
+
 def test_advice_spans_the_noise_and_the_bfloat16_error():
     def case(name, noise, narrow):
-        return CaseNoise(
-            suite="compact",
-            name=name,
-            dtype="float32",
-            profile="normal",
-            atol=1e-5,
-            rtol=1e-5,
-            verdict="ok",
-            noise_used=0.1,
-            noise_scaled=noise,
-            narrow_scaled=narrow,
-        )
+        return noise_case(name, noise_used=0.1, noise_scaled=noise, narrow_scaled=narrow)
 
     (advice,) = advise([case("a", 2e-7, 4e-3), case("b", 3.1e-7, 1e-2)])
     assert advice.at_least == pytest.approx(3e-6)  # 8 x 3.1e-7 = 2.48e-6, rounded up
@@ -115,16 +118,7 @@ def test_advice_spans_the_noise_and_the_bfloat16_error():
 
 def test_fixed_dims_are_those_every_case_sets_to_one_value():
     def case(name, **dims):
-        return CaseNoise(
-            suite="compact",
-            name=name,
-            dims=dims,
-            dtype="float32",
-            profile="normal",
-            atol=1e-5,
-            rtol=1e-5,
-            verdict="ok",
-        )
+        return noise_case(name, dims=dims)
 
     one = SpecNoise(spec="s", seed=0, suite="all", cases=[case("a", B=2, S=512)], advice=[])
     assert one.fixed_dims == {"B": 2, "S": 512}
