@@ -323,9 +323,6 @@ class AgentActivities:
         text = "\n".join(clip(e.line(), 400) for e in hits)
         return True, text, {"entry_ids": [e.id for e in hits]}
 
-    def all(self) -> list:
-        return [self.agent_step, self.run_tool]
-
 
 def _edit_outcome(source: str, answer: str, summary: str | None) -> tuple[FixOutcome, str | None]:
     """The round's outcome from an edit answer and the edited source; without a usable edit,

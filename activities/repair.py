@@ -16,6 +16,7 @@ from activities.agent import AgentActivities
 from activities.evidence import evidence_from_report
 from activities.fixers.base import Fixer, FixerError, to_activity_error
 from activities.fixers.replay import recorded_fix
+from activities.placement import Placement
 from kb.events import EventStore, NewEvent
 from kb.knowledge import failed_attempts, retrieve
 from kb.learning import learn_from_session
@@ -92,8 +93,11 @@ class RepairActivities:
         store: EventStore,
         fixer_factory: Callable[[str], Fixer] = make_fixer,
         parallel_checks: int = 2,
+        placement: Placement | None = None,
     ) -> None:
         self.store = store
+        # The targets this worker serves (None: any, and checks say nothing of where they ran).
+        self.placement = placement
         self.fixer_factory = fixer_factory
         # Each check runs two JAX processes; more at once than cores only slows all of them.
         self.checks = asyncio.Semaphore(parallel_checks)
@@ -104,6 +108,8 @@ class RepairActivities:
 
     @activity.defn(name="check_candidate")
     async def check_candidate(self, request: CheckInput) -> Evidence:
+        if self.placement is not None:
+            self.placement.admit(request.targets)
         files = self.store.checkout(
             request.spec_hash, request.candidate_hash, request.candidate_name, "check"
         )
@@ -132,7 +138,10 @@ class RepairActivities:
             # they are recorded and learning still refuses a candidate that has any.
             advisory = report.integrity.model_copy(update={"ok": True})
             report = report.model_copy(update={"integrity": advisory})
-        return evidence_from_report(report, request.candidate_hash, report_hash)
+        evidence = evidence_from_report(report, request.candidate_hash, report_hash)
+        if self.placement is not None:
+            evidence.worker = self.placement.record()
+        return evidence
 
     @activity.defn(name="propose_fix")
     async def propose_fix(self, request: FixInput) -> FixOutcome:
@@ -185,12 +194,16 @@ class RepairActivities:
         events = [NewEvent(e["type"], e["payload"]) for e in request.events]
         return await self.store.append(request.stream_id, request.expected_version, events)
 
-    def all(self) -> list:
+    def check_like(self) -> list:
+        """The activities that run candidate code for a target: on the target's queue."""
+        return [self.check_candidate, self.agent.run_tool]
+
+    def general(self) -> list:
+        """The rest (model calls, recording, retrieval, learning): on the general queue."""
         return [
-            self.check_candidate,
             self.retrieve_knowledge,
             self.propose_fix,
             self.record_events,
             self.learn_from_session,
-            *self.agent.all(),
+            self.agent.agent_step,
         ]

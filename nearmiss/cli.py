@@ -10,7 +10,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from nearmiss import fleet_cli, kb_cli, replay_cli
+from nearmiss import fleet_cli, kb_cli, replay_cli, workers
 from nearmiss.authoring import cli as spec_cli
 from nearmiss.check import SUITES, check
 from nearmiss.cli_options import (
@@ -93,8 +93,22 @@ def build_parser() -> argparse.ArgumentParser:
     repair_cmd.add_argument("--json", action="store_true", help="print one JSON object")
     fleet_cli.add_parsers(commands)
     worker_cmd = commands.add_parser(
-        "worker", help="run a repair worker against the configured services"
+        "worker",
+        help="run a repair worker against the configured services",
+        description="Polls the general task queue (workflows, model calls, recording) and one "
+        "check queue per target it serves; a session's checks go to its target's queue.",
     )
+    worker_cmd.add_argument(
+        "--targets",
+        help="targets whose checks this worker runs, e.g. interpret,tpu-v5e (default: every "
+        "target this machine can serve, verified at start)",
+    )
+    worker_cmd.add_argument(
+        "--checks-only",
+        action="store_true",
+        help="poll only the targets' check queues, not the general queue",
+    )
+    workers.add_parser(commands)
     kb_cli.add_parser(commands)
     report_cli.add_parser(commands)
     experiment_cli.add_parser(commands)
@@ -226,13 +240,18 @@ def run_repair(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
-def run_worker_command() -> int:
+def run_worker_command(args: argparse.Namespace) -> int:
     import asyncio
 
-    from nearmiss.service import run_worker
+    from nearmiss.service import run_worker, served_targets
     from nearmiss.settings import Settings
 
-    return asyncio.run(run_worker(Settings.from_env()))
+    try:
+        targets = served_targets(args.targets)
+    except UsageError as exc:
+        print(f"nearmiss: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return asyncio.run(run_worker(Settings.from_env(), targets, general=not args.checks_only))
 
 
 def _run_async(command, args: argparse.Namespace) -> int:
@@ -284,7 +303,9 @@ def _dispatch(args) -> int:
     if args.command == "spec":
         return spec_cli.run(args)
     if args.command == "worker":
-        return run_worker_command()
+        return run_worker_command(args)
+    if args.command == "workers":
+        return _run_async(workers.run, args)
     if args.command == "kb":
         import asyncio
 

@@ -90,6 +90,13 @@ def add_guard_options(parser: argparse.ArgumentParser) -> None:
         help="seconds per session (default %(default)s)",
     )
     parser.add_argument(
+        "--worker-wait",
+        type=positive(float),
+        default=Guards().worker_wait_s,
+        help="seconds a check waits for a worker that serves its target before the session "
+        "stops with no_worker (default %(default)s)",
+    )
+    parser.add_argument(
         "--tool-calls-per-round",
         type=non_negative,
         default=Guards().max_tool_calls_per_round,
@@ -110,5 +117,6 @@ def guards_from(args: argparse.Namespace) -> Guards:
         max_rounds=args.max_rounds,
         token_budget=args.token_budget,
         deadline_s=args.deadline,
+        worker_wait_s=args.worker_wait,
         max_tool_calls_per_round=args.tool_calls_per_round,
     )

@@ -154,22 +154,25 @@ async def start_fleet(
     targets: list[str] | None = None,
 ) -> WorkflowHandle:
     """Store every spec and candidate by hash and start the FleetWorkflow."""
-    kernels: dict[Path, str] = {}
+    described: dict[Path, dict] = {}
     members = []
     for f in files:
-        if f.spec not in kernels:
-            kernels[f.spec] = (await asyncio.to_thread(describe_spec, f.spec))["name"]
+        if f.spec not in described:
+            described[f.spec] = await asyncio.to_thread(describe_spec, f.spec)
+        spec = described[f.spec]
         members.append(
             FleetMember(
                 name=f.name,
-                kernel=kernels[f.spec],
+                kernel=spec["name"],
                 # What is stored is the text read_source admits, never raw bytes of a path.
                 spec_hash=await store.put_blob(read_source("spec", f.spec, tree=f.tree).encode()),
                 candidate_hash=await store.put_blob(
                     read_source("candidate", f.candidate, tree=f.tree).encode()
                 ),
                 candidate_name=f.candidate.name,
-                targets=list(f.targets),
+                # The member's, else the fleet's, else its spec's: named here so that the
+                # workflow sends its checks to their queue (workflows.routing).
+                targets=list(f.targets or ([] if targets else spec.get("targets") or [])),
             )
         )
     request = FleetRequest(

@@ -12,6 +12,7 @@ import contextlib
 import difflib
 import functools
 import gc
+import importlib.metadata
 import json
 import logging
 import signal
@@ -34,6 +35,7 @@ from temporalio.worker import (
     Worker,
 )
 
+from activities.placement import Placement
 from activities.regenerate import RegenerateActivities
 from activities.repair import RepairActivities, make_fixer
 from infra.devstack import SEARCH_ATTRIBUTES, DevStack
@@ -41,13 +43,22 @@ from kb.events import EventStore
 from kb.faults import INFRASTRUCTURE, as_activity_error, describe, is_infrastructure_error
 from kb.knowledge import load_seed
 from nearmiss.check import require_file
+from nearmiss.errors import UsageError
 from nearmiss.inputs import read_source
 from nearmiss.runner.scratch import sweep_orphans
 from nearmiss.settings import Settings
+from nearmiss.targets.registry import (
+    GPU,
+    TARGETS,
+    available_targets,
+    parse_targets,
+    target_status,
+)
 from workflows.fleet import FleetWorkflow
 from workflows.loop import Guards
 from workflows.regenerate import RegenerateWorkflow
 from workflows.repair import TASK_QUEUE, Progress, RepairRequest, RepairResult, RepairWorkflow
+from workflows.routing import GENERAL_QUEUE, queue_of
 
 PROGRESS_POLL_S = 0.5
 _log = logging.getLogger("nearmiss.worker")
@@ -115,23 +126,101 @@ class ClassifiedFailures(Interceptor):
         return _ClassifiedFailures(next)
 
 
+class WorkerGroup:
+    """The Temporal workers of one ``nearmiss worker``: one on the general queue (the workflows,
+    model calls, recording, retrieval, learning) unless it serves checks only, and one per
+    served target on that target's check queue (``workflows.routing``). They share the
+    activities, so the checks of all targets share one limit on parallel checks. Used like one
+    ``Worker``: ``run()``, ``shutdown()``, or ``async with``."""
+
+    def __init__(self, workers: list[Worker], placement: Placement) -> None:
+        self.workers = workers
+        self.placement = placement
+
+    async def run(self) -> None:
+        """Run all until shut down; when one fails, the others are shut down and it is raised."""
+        tasks = [asyncio.ensure_future(w.run()) for w in self.workers]
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+        if failed:
+            await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
+            await asyncio.gather(*pending, return_exceptions=True)
+            raise failed[0].exception()
+        await asyncio.gather(*pending)
+
+    async def shutdown(self) -> None:
+        """Shut every worker down, also one still starting (its run would go on otherwise);
+        safe to call more than once."""
+        await asyncio.gather(*(w.shutdown() for w in self.workers))
+
+    async def __aenter__(self) -> WorkerGroup:
+        for worker in self.workers:
+            await worker.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for worker in reversed(self.workers):
+            await worker.__aexit__(*exc)
+
+
+def served_targets(requested: str | None = None) -> tuple[str, ...]:
+    """The targets a worker serves: ``requested`` ("interpret,tpu-v5e"), each verified here,
+    else every target this machine can serve (``nearmiss.targets.available_targets``).
+    ``gpu`` without a GPU is served only when asked for: its checks then judge grid semantics
+    only, as their reports say. UsageError (one line) for a target this machine cannot serve."""
+    if requested is None:
+        return available_targets()
+    names = parse_targets(requested)
+    status = target_status()
+    for name in names:
+        if status[name] is not None and name != GPU:
+            raise UsageError(f"this machine cannot serve target {name}: {status[name]}")
+    return names
+
+
+def describe_device(targets: tuple[str, ...]) -> str:
+    """What runs this worker's checks, in words, for the events."""
+    parts = ["cpu (interpret mode)"]
+    tpus = [t for t in targets if TARGETS[t].is_tpu]
+    if tpus:
+        parts.append(f"libtpu {importlib.metadata.version('libtpu')} compile-only")
+    if GPU in targets:
+        parts.append("gpu" if target_status()[GPU] is None else "gpu grid semantics only (no GPU)")
+    return "; ".join(parts)
+
+
 def build_worker(
     client: Client,
     store: EventStore,
     fixer_factory: Callable = make_fixer,
     *,
     fail_workflows_on_error: bool = False,
-) -> Worker:
-    activities = RepairActivities(store, fixer_factory)
-    return Worker(
-        client,
-        task_queue=TASK_QUEUE,
-        workflows=[RepairWorkflow, FleetWorkflow, RegenerateWorkflow],
-        activities=activities.all() + RegenerateActivities(store).all(),
-        interceptors=[ClassifiedFailures()],
-        # In tests a workflow bug should fail the run, not retry its task forever.
-        workflow_failure_exception_types=[Exception] if fail_workflows_on_error else [],
-    )
+    targets: tuple[str, ...] | None = None,
+    general: bool = True,
+) -> WorkerGroup:
+    """A worker group serving ``targets`` (default: what this machine can serve), and the
+    general queue when ``general``."""
+    targets = available_targets() if targets is None else targets
+    placement = Placement(client.identity, targets, describe_device(targets))
+    repair = RepairActivities(store, fixer_factory, placement=placement)
+    interceptors = [ClassifiedFailures()]
+    checks = repair.check_like()
+    workers = [
+        Worker(client, task_queue=queue_of(t), activities=checks, interceptors=interceptors)
+        for t in targets
+    ]
+    if general:
+        general_worker = Worker(
+            client,
+            task_queue=GENERAL_QUEUE,
+            workflows=[RepairWorkflow, FleetWorkflow, RegenerateWorkflow],
+            activities=repair.general() + RegenerateActivities(store).all(),
+            interceptors=interceptors,
+            # In tests a workflow bug should fail the run, not retry its task forever.
+            workflow_failure_exception_types=[Exception] if fail_workflows_on_error else [],
+        )
+        workers.insert(0, general_worker)
+    return WorkerGroup(workers, placement)
 
 
 def sweep_scratch() -> None:
@@ -209,7 +298,8 @@ async def start_session(
     """Store the spec and candidate by hash and start a RepairWorkflow on them."""
     from nearmiss.runner.session import describe_spec
 
-    op = (await asyncio.to_thread(describe_spec, spec))["name"]
+    described = await asyncio.to_thread(describe_spec, spec)
+    op = described["name"]
     request = RepairRequest(
         # What is stored is the text read_source admits, never raw bytes of a path.
         spec_hash=await store.put_blob(read_source("spec", spec).encode()),
@@ -220,7 +310,8 @@ async def start_session(
         guards=guards,
         seed=seed,
         use_kb=use_kb,
-        targets=targets or [],
+        # Named here, not left to the check, so the workflow sends checks to their queue.
+        targets=list(targets or described.get("targets") or []),
     )
     sid = session_id(op, request.candidate_hash)
     return await client.start_workflow(RepairWorkflow.run, request, id=sid, task_queue=TASK_QUEUE)
@@ -327,10 +418,18 @@ async def _open_store(settings: Settings) -> EventStore:
     )
 
 
-async def _serve(client: Client, store: EventStore, settings: Settings, stopping, current: list):
+async def _serve(
+    client: Client,
+    store: EventStore,
+    settings: Settings,
+    stopping,
+    current: list,
+    targets: tuple[str, ...] | None = None,
+    general: bool = True,
+):
     """Run a worker until ``stopping`` is set; one that loses Temporal is started again."""
     while not stopping.is_set():
-        current.append(build_worker(client, store))
+        current.append(build_worker(client, store, targets=targets, general=general))
         try:
             await current[-1].run()
         except Exception as exc:
@@ -369,9 +468,13 @@ async def serving(client: Client, store: EventStore, settings: Settings):
             await task
 
 
-async def run_worker(settings: Settings) -> int:
-    """Serve repairs until interrupted (SIGINT/SIGTERM end it cleanly). Waits for its services at
-    start; rides out a Temporal restart."""
+async def run_worker(
+    settings: Settings, targets: tuple[str, ...] | None = None, general: bool = True
+) -> int:
+    """Serve repairs until interrupted (SIGINT/SIGTERM end it cleanly): the checks of
+    ``targets`` (default: what this machine can serve), and the general queue unless not
+    ``general``. Waits for its services at start; rides out a Temporal restart."""
+    targets = available_targets() if targets is None else targets
     sweep_scratch()
     store = await _open_store(settings)
     stopping, current = asyncio.Event(), []
@@ -389,8 +492,13 @@ async def run_worker(settings: Settings) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop)
-        _say(f"worker on {settings.temporal_address}, task queue {TASK_QUEUE}")
-        await _serve(client, store, settings, stopping, current)
+        queues = [GENERAL_QUEUE] if general else []
+        queues += [queue_of(t) for t in targets]
+        _say(
+            f"worker {client.identity} on {settings.temporal_address}: targets "
+            f"{', '.join(targets)} ({describe_device(targets)}); task queues {', '.join(queues)}"
+        )
+        await _serve(client, store, settings, stopping, current, targets, general)
     finally:
         await store.close()
     return 0

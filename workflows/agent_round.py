@@ -61,13 +61,15 @@ def _called(round_: int, answer: ToolAnswer, ran: bool) -> PlannedEvent:
 async def run_agent_round(
     fix: FixInput,
     fix_options: dict,
+    tool_routing: dict,
     *,
     per_round: int,
     tools_left: int,
     tokens_left: int | None,
     record: Callable[[list[PlannedEvent]], Awaitable[None]],
 ) -> FixOutcome:
-    """The round's outcome, with the tokens of all its turns and the tool calls it ran."""
+    """The round's outcome, with the tokens of all its turns and the tool calls it ran.
+    ``tool_routing``: the task queue options of the experiments (workflows.routing)."""
     budget = max(0, min(per_round, tools_left))
     step_input = AgentStepInput(fix=fix, tool_budget=budget, tools_allowed=budget > 0)
     tokens, ran = TokenUsage(), 0
@@ -90,7 +92,7 @@ async def run_agent_round(
                 answer = ToolAnswer.to(call, "not run: the tool budget of this round is spent")
                 events.append(_called(fix.round, answer, ran=False))
             else:
-                answer = await _run_tool(fix, call)
+                answer = await _run_tool(fix, call, tool_routing)
                 ran += 1
                 events.append(_called(fix.round, answer, ran=True))
             answers.append(answer)
@@ -116,7 +118,7 @@ async def run_agent_round(
     return FixOutcome(reason=reason, model=fix.model, tokens=tokens, tool_calls=ran)
 
 
-async def _run_tool(fix: FixInput, call: ToolCall) -> ToolAnswer:
+async def _run_tool(fix: FixInput, call: ToolCall, routing: dict) -> ToolAnswer:
     tool_input = ToolInput(
         spec_hash=fix.spec_hash,
         candidate_hash=fix.candidate_hash,
@@ -126,7 +128,7 @@ async def _run_tool(fix: FixInput, call: ToolCall) -> ToolAnswer:
     )
     try:
         return await workflow.execute_activity(
-            "run_tool", tool_input, result_type=ToolAnswer, **TOOL_OPTIONS
+            "run_tool", tool_input, result_type=ToolAnswer, **{**TOOL_OPTIONS, **routing}
         )
     except ActivityError as err:  # the experiment itself broke: the model hears why
         return ToolAnswer.to(call, f"error: the tool failed: {err.cause or err}")

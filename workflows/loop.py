@@ -34,9 +34,12 @@ StopReason = Literal[
     "no_fix",
     "integrity",
     "fixer_error",
+    "no_worker",
 ]
 
 # Stops that are guards tripping (recorded as GuardTripped); the others end the loop naturally.
+# How long a check waits for a worker of its target by default (workflows.routing).
+WORKER_WAIT_S = 600.0
 GUARDS = ("max_rounds", "token_budget", "uncached_token_budget", "no_progress", "cycle", "deadline")
 
 
@@ -49,6 +52,9 @@ class Guards(BaseModel):
     # The tool-using agent's experiments (run_case, probe, ...): per round, and per repair.
     max_tool_calls_per_round: int = Field(default=8, ge=0)
     max_tool_calls: int = Field(default=40, ge=0)
+    # How long a check waits for a worker that serves the session's target (workflows.routing)
+    # before the session stops with no_worker.
+    worker_wait_s: float = Field(default=WORKER_WAIT_S, gt=0)
 
 
 class Action(BaseModel):
@@ -125,6 +131,8 @@ def evidence_payload(evidence: Evidence, phase: str) -> dict:
         "category": evidence.category,
         "platform": evidence.platform,
     }
+    if evidence.worker:
+        payload["worker"] = dict(evidence.worker)
     if evidence.controls:
         payload["controls"] = [c.model_dump() for c in evidence.controls]
         payload["triggers"] = dict(evidence.triggers)
@@ -177,6 +185,10 @@ class RepairLoop:
                 events=events,
             )
         return self._next_fix(now, events)
+
+    def on_no_worker(self, reason: str) -> Step:
+        """A check no worker of the session's target took in time: stop, saying which target."""
+        return self._stop("no_worker", reason, [])
 
     def on_fix(self, outcome: FixOutcome, now: float) -> Step:
         s = self.state

@@ -112,6 +112,9 @@ class Evidence(BaseModel):
     structure_problem: str | None = None
     # The targets the check judged (nearmiss.targets), each with whether it accepted the kernel.
     targets: dict[str, bool] = Field(default_factory=dict)
+    # Where the check ran: the worker's identity, its task queue, the targets it serves, its
+    # device (workflows.routing). Empty for checks from before target queues.
+    worker: dict[str, str] = Field(default_factory=dict)
     # The failing cases' control experiments, and per case what they isolate ("extended/ragged":
     # "fails iff C is not a multiple of 128 (aligned C=256 passes); ...").
     controls: list[ControlFinding] = Field(default_factory=list)

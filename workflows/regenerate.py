@@ -16,7 +16,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.loop import PlannedEvent, evidence_payload
+    from workflows.loop import WORKER_WAIT_S, PlannedEvent, evidence_payload
     from workflows.models import CheckInput, Evidence, TokenUsage, is_chat_model
     from workflows.recording import record
     from workflows.repair import (
@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         KERNEL_ATTRIBUTE,
         TOKENS_ATTRIBUTE,
     )
+    from workflows.routing import check_options, no_worker_reason
 
 
 class RegenerateRequest(BaseModel):
@@ -157,10 +158,14 @@ class RegenerateWorkflow:
         )
         try:
             evidence = await workflow.execute_activity(
-                "check_candidate", check, result_type=Evidence, **CHECK_OPTIONS
+                "check_candidate",
+                check,
+                result_type=Evidence,
+                **check_options(CHECK_OPTIONS, request.targets, WORKER_WAIT_S),
             )
         except ActivityError as err:  # e.g. a file that binds no `kernel`: unusable, not certified
-            result.reason = f"the check refused the kernel: {err.cause or err}"
+            no_worker = no_worker_reason(err, request.targets, WORKER_WAIT_S)
+            result.reason = no_worker or f"the check refused the kernel: {err.cause or err}"
             return
         payload = {"trial": result.trial, **evidence_payload(evidence, "regenerate")}
         await self._record([PlannedEvent(type="EvidenceCollected", payload=payload)])

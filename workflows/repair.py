@@ -33,8 +33,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.recording import record
     from workflows.retries import infra_retry
+    from workflows.routing import GENERAL_QUEUE, check_options, no_worker_reason
 
-TASK_QUEUE = "nearmiss-repair"
+TASK_QUEUE = GENERAL_QUEUE  # the workflows' queue; checks go to their target's (routing)
 KERNEL_ATTRIBUTE = SearchAttributeKey.for_keyword("NearmissKernel")
 VERDICT_ATTRIBUTE = SearchAttributeKey.for_keyword("NearmissVerdict")
 TOKENS_ATTRIBUTE = SearchAttributeKey.for_int("NearmissTokens")
@@ -165,9 +166,20 @@ class RepairWorkflow:
                     integrity=request.integrity,
                     targets=request.targets,
                 )
-                evidence = await workflow.execute_activity(
-                    "check_candidate", check, result_type=Evidence, **CHECK_OPTIONS
-                )
+                wait = request.guards.worker_wait_s
+                try:
+                    evidence = await workflow.execute_activity(
+                        "check_candidate",
+                        check,
+                        result_type=Evidence,
+                        **check_options(CHECK_OPTIONS, request.targets, wait),
+                    )
+                except ActivityError as err:
+                    reason = no_worker_reason(err, request.targets, wait)
+                    if reason is None:
+                        raise
+                    step = loop.on_no_worker(reason)
+                    continue
                 step = loop.on_evidence(action, evidence, self._now())
             workflow.upsert_search_attributes([TOKENS_ATTRIBUTE.value_set(state.tokens.total)])
         evidence = state.current_evidence
@@ -232,6 +244,7 @@ class RepairWorkflow:
             outcome = await run_agent_round(
                 fix,
                 FIX_OPTIONS,
+                check_options({}, request.targets, guards.worker_wait_s),
                 per_round=guards.max_tool_calls_per_round,
                 tools_left=guards.max_tool_calls - self.tool_calls,
                 tokens_left=None if budget is None else budget - state.tokens.total,

@@ -1,0 +1,99 @@
+"""`nearmiss workers`: which workers poll each task queue (``workflows.routing``), so a user sees
+which targets a fleet can be checked on before starting it, and why a session waits.
+
+Temporal remembers a poller for a few minutes after its last poll; the "last poll" column tells
+a live worker (seconds) from one that has just gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from datetime import UTC, datetime
+
+# Temporal's modules are imported where used: `nearmiss --help` and the other commands stay light.
+
+
+async def _pollers(client, queue: str, kind: str) -> list:
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    kinds = {
+        "workflows": TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        "activities": TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+    }
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace, task_queue=TaskQueue(name=queue), task_queue_type=kinds[kind]
+    )
+    return list((await client.workflow_service.describe_task_queue(request)).pollers)
+
+
+async def list_workers(client) -> list[dict]:
+    """One row per queue and worker polling it (``worker`` None for a queue nobody polls):
+    ``queue``, ``target`` (None for the general queue), ``worker``, ``last_poll_s``."""
+    from nearmiss.targets.registry import TARGETS
+    from workflows.routing import GENERAL_QUEUE, queue_of
+
+    queues = {GENERAL_QUEUE: None} | {queue_of(t): t for t in TARGETS}
+    # Workflows poll only the general queue; activities poll all of them.
+    asks = [(q, "activities") for q in queues] + [(GENERAL_QUEUE, "workflows")]
+    answers = await asyncio.gather(*(_pollers(client, q, kind) for q, kind in asks))
+    now = datetime.now(UTC)
+    seen: dict[tuple[str, str], float] = {}
+    for (queue, _), pollers in zip(asks, answers, strict=True):
+        for poller in pollers:
+            age = (now - poller.last_access_time.ToDatetime(UTC)).total_seconds()
+            key = (queue, poller.identity)
+            seen[key] = min(age, seen.get(key, age))
+    rows = []
+    for queue, target in queues.items():
+        workers = sorted((w, age) for (q, w), age in seen.items() if q == queue)
+        for worker, age in workers or [(None, None)]:
+            last = None if age is None else round(max(age, 0.0), 1)
+            rows.append({"queue": queue, "target": target, "worker": worker, "last_poll_s": last})
+    return rows
+
+
+def add_parser(commands) -> None:
+    workers = commands.add_parser(
+        "workers",
+        help="list the workers polling each task queue (the general one, one per target)",
+        description="Exit 0; 1 when Temporal cannot be reached.",
+    )
+    workers.add_argument("--json", action="store_true", help="print one JSON list")
+
+
+async def run(args) -> int:
+    import json
+
+    from nearmiss.render import table
+    from nearmiss.service import connect, quiet_runtime
+    from nearmiss.settings import Settings
+
+    settings = Settings.from_env()
+    try:
+        client = await asyncio.wait_for(connect(settings, quiet_runtime()), timeout=30)
+    except Exception as exc:  # unreachable: nothing to list, and the user should know why
+        hint = "`nearmiss dev up`" if settings.embedded else "TEMPORAL_ADDRESS"
+        print(
+            f"nearmiss: error: Temporal is not reachable at {settings.temporal_address} ({exc}); "
+            f"check {hint}",
+            file=sys.stderr,
+        )
+        return 1
+    rows = await list_workers(client)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    shown = [
+        [
+            r["queue"],
+            r["target"] or "(general)",
+            r["worker"] or "none",
+            "-" if r["last_poll_s"] is None else f"{r['last_poll_s']:g} s ago",
+        ]
+        for r in rows
+    ]
+    print(table(["task queue", "target", "worker", "last poll"], shown))
+    return 0
