@@ -4,7 +4,9 @@ A stream is one repair session; each event has its stream's next ``version`` and
 ``position``. Appends are idempotent so an activity Temporal retries can record again safely:
 re-appending the same event at the same version is a no-op, a *different* event at a taken
 version is a conflict. Writers are serialised with a transaction-scoped advisory lock so global
-positions commit in order and a reader tailing ``position`` never skips an event.
+positions commit in order and a reader tailing ``position`` never skips an event. An append is
+one statement (the ``append_events`` function), one round trip however many events it holds:
+benchmarks/event_appends.py measures it against one INSERT per event.
 
 Sources, prompts and other large artifacts go to ``blobs`` by SHA-256 and events carry the
 hash: history stays small and identical artifacts are stored once.
@@ -92,6 +94,39 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (kernel_hash, patch)
     );
     """,
+    # An append in one statement, so one round trip however many events (EventStore.append):
+    # it takes the writers' lock, inserts in version order (positions grow with versions),
+    # passes over a version that already holds this very event (a retried append) and raises
+    # NMCON for one that holds another; the statement's own transaction then writes nothing.
+    """
+    CREATE FUNCTION append_events(stream TEXT, after_version INTEGER, types TEXT[],
+                                  payloads TEXT[]) RETURNS SETOF BIGINT
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        i INTEGER;
+        pos BIGINT;
+        old RECORD;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(1852664179);  -- _APPEND_LOCK
+        FOR i IN 1 .. coalesce(array_length(types, 1), 0) LOOP
+            pos := NULL;
+            INSERT INTO events (stream_id, version, type, payload)
+            VALUES (stream, after_version + i, types[i], payloads[i]::jsonb)
+            ON CONFLICT (stream_id, version) DO NOTHING
+            RETURNING position INTO pos;
+            IF pos IS NULL THEN
+                SELECT e.position, e.type, e.payload INTO old FROM events e
+                WHERE e.stream_id = stream AND e.version = after_version + i;
+                IF old.type <> types[i] OR old.payload <> payloads[i]::jsonb THEN
+                    RAISE EXCEPTION '% v% holds %, not %', stream, after_version + i, old.type,
+                        types[i] USING ERRCODE = 'NMCON';
+                END IF;
+                pos := old.position;
+            END IF;
+            RETURN NEXT pos;
+        END LOOP;
+    END $$;
+    """,
 ]
 EVENT_TYPES = (
     "RepairStarted",
@@ -120,7 +155,8 @@ EVENT_TYPES = (
     # A tool the fix agent called during a round (run_case, probe, error_map, ...).
     "ToolCalled",
 )
-# Any constant would do; it only has to be the same for every writer of this database.
+# Any constant would do; it only has to be the same for every writer of this database (the
+# append_events function of MIGRATIONS holds it too).
 _APPEND_LOCK = 0x6E6D6973
 
 
@@ -201,34 +237,22 @@ class EventStore:
         Idempotent: an event identical to the one already at its version is not written again
         (its existing position is returned). Raises EventConflict on a different event.
         """
-        positions = []
-        async with self.pool.acquire() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", _APPEND_LOCK)
-            for offset, event in enumerate(events, start=1):
-                version = expected_version + offset
-                position = await conn.fetchval(
-                    "INSERT INTO events (stream_id, version, type, payload) "
-                    "VALUES ($1, $2, $3, $4) ON CONFLICT (stream_id, version) DO NOTHING "
-                    "RETURNING position",
+        if not events:
+            return []
+        async with self.pool.acquire() as conn:
+            try:
+                rows = await conn.fetch(
+                    "SELECT append_events($1, $2, $3, $4) AS position",
                     stream_id,
-                    version,
-                    event.type,
-                    event.payload,
+                    expected_version,
+                    [e.type for e in events],
+                    [json.dumps(e.payload) for e in events],
                 )
-                if position is None:
-                    existing = await conn.fetchrow(
-                        "SELECT position, type, payload FROM events "
-                        "WHERE stream_id = $1 AND version = $2",
-                        stream_id,
-                        version,
-                    )
-                    if (existing["type"], existing["payload"]) != (event.type, event.payload):
-                        raise EventConflict(
-                            f"{stream_id} v{version} holds {existing['type']}, not {event.type}"
-                        )
-                    position = existing["position"]
-                positions.append(position)
-        return positions
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate == "NMCON":
+                    raise EventConflict(exc.args[0] if exc.args else str(exc)) from None
+                raise
+        return [row["position"] for row in rows]
 
     async def read_stream(self, stream_id: str, after_version: int = 0) -> list[StoredEvent]:
         async with self.pool.acquire() as conn:

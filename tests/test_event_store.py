@@ -61,6 +61,31 @@ async def test_concurrent_writers_commit_positions_in_order(store):
         assert [e.payload["v"] for e in mine if e.stream_id == sid] == list(range(5))
 
 
+async def test_a_batch_is_written_in_version_order_and_a_retried_one_only_adds_what_is_new(store):
+    sid = stream()
+    batch = [NewEvent("ToolCalled", {"n": n, "text": "é" * n}) for n in range(50)]
+    positions = await store.append(sid, 0, batch)
+    assert positions == sorted(positions) and len(set(positions)) == 50
+    # A retry of the last 10 with one more event: the 10 keep their positions, one is added.
+    more = batch[40:] + [NewEvent("ToolCalled", {"n": 50})]
+    again = await store.append(sid, 40, more)
+    assert again[:10] == positions[40:] and again[10] > positions[-1]
+    events = await store.read_stream(sid)
+    assert [e.payload["n"] for e in events] == list(range(51))
+    assert [e.position for e in events] == sorted(e.position for e in events)
+
+
+async def test_a_batch_with_one_conflicting_event_writes_none_of_it(store):
+    sid = stream()
+    await store.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "a"})])
+    batch = [NewEvent("RepairStarted", {"kernel": "a"}), NewEvent("EvidenceCollected", {})]
+    batch.append(NewEvent("FixProposed", {}))
+    with pytest.raises(EventConflict, match="v1 holds RepairStarted"):
+        await store.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "b"}), *batch[1:]])
+    assert len(await store.read_stream(sid)) == 1
+    assert len(await store.append(sid, 0, batch)) == 3  # the same batch, right, goes in whole
+
+
 async def test_blobs_are_stored_once_by_content_hash(store):
     source = b"def kernel(x):\n    return x\n"
     digest = await store.put_blob(source)
