@@ -206,3 +206,15 @@ def test_integrity_violations_are_their_own_event():
     bad = ev("h0", 0.0, violations=[{"rule": "wrapper_compute", "detail": "80%"}])
     step = loop.on_evidence(step.action, bad, 1)
     assert [e.type for e in step.events] == ["EvidenceCollected", "IntegrityViolated"]
+
+
+def test_a_check_no_worker_took_stops_the_loop_with_no_worker_and_keeps_the_best():
+    loop, step = start()
+    step = loop.on_evidence(step.action, ev("h0", 0.2, "a"), 1)
+    step = loop.on_fix(fix("h1"), 2)
+    assert step.action.kind == "validate"
+    step = loop.on_no_worker("no worker serves target tpu-v5e")
+    assert step.action.kind == "stop" and step.action.reason == "no_worker"
+    assert step.events == []  # not a guard: nothing tripped
+    assert loop.state.stop_detail == "no worker serves target tpu-v5e"
+    assert loop.state.best_hash == "h0" and not loop.state.certified

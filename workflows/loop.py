@@ -37,9 +37,9 @@ StopReason = Literal[
     "no_worker",
 ]
 
-# Stops that are guards tripping (recorded as GuardTripped); the others end the loop naturally.
 # How long a check waits for a worker of its target by default (workflows.routing).
 WORKER_WAIT_S = 600.0
+# Stops that are guards tripping (recorded as GuardTripped); the others end the loop naturally.
 GUARDS = ("max_rounds", "token_budget", "uncached_token_budget", "no_progress", "cycle", "deadline")
 
 

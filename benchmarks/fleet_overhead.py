@@ -1,0 +1,86 @@
+"""What does running repairs as a fleet cost over running their checks bare?
+
+Runs the first MEMBERS members of the demo's fleet (the corpus's interpret near-misses) as one
+playbook fleet, LANES at a time, on a fresh embedded stack (its own Temporal and PostgreSQL, an
+empty knowledge base, an in-process worker), then runs exactly the checks that fleet ran (the
+same spec, candidate, suite and seed, read back from its event log) with ``check`` in LANES
+parallel lanes and no Temporal, no database, no fixer. The ratio of the two wall times is what
+the durable machinery costs: scheduling, recording, the playbook's fixes, workflow turns.
+
+    .venv/bin/python benchmarks/fleet_overhead.py [--members 10] [--lanes 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+
+
+async def fleet_then_bare(members, lanes: int) -> tuple[float, float, int, int]:
+    """(fleet seconds, bare seconds, checks, certified members)."""
+    from nearmiss.check import check
+    from nearmiss.fleet import start_fleet
+    from nearmiss.service import services
+    from nearmiss.settings import Settings
+    from workflows.loop import Guards
+
+    async with services(Settings.from_env(), quiet=True) as (client, store):
+        began = time.perf_counter()
+        handle = await start_fleet(
+            client, store, members, model="playbook", guards=Guards(), concurrency=lanes
+        )
+        result = await handle.result()
+        fleet_s = time.perf_counter() - began
+        checks = []
+        for member in result.results:
+            events = await store.read_stream(member.session_id)
+            started = next(e.payload for e in events if e.type == "RepairStarted")
+            for event in events:
+                if event.type == "EvidenceCollected":
+                    report = json.loads(await store.get_blob(event.payload["report_hash"]))
+                    checks.append(
+                        (
+                            started["spec_hash"],
+                            event.payload["candidate_hash"],
+                            started["candidate_name"],
+                            report["suite"],
+                            report["seed"],
+                        )
+                    )
+        lane = asyncio.Semaphore(lanes)
+
+        async def run(spec_hash, candidate_hash, name, suite, seed) -> None:
+            async with lane, store.checkout(spec_hash, candidate_hash, name, "bench") as paths:
+                await asyncio.to_thread(check, paths[0], paths[1], suite, seed)
+
+        began = time.perf_counter()
+        await asyncio.gather(*(run(*c) for c in checks))
+        bare_s = time.perf_counter() - began
+    return fleet_s, bare_s, len(checks), result.certified
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--members", type=int, default=10)
+    parser.add_argument("--lanes", type=int, default=2)
+    args = parser.parse_args()
+    for name in ("TEMPORAL_ADDRESS", "NEARMISS_DATABASE_URL"):
+        os.environ.pop(name, None)  # a stack of its own, so nothing learned before helps
+
+    from nearmiss.demo import fleet_members
+
+    members = fleet_members()[: args.members]
+    with tempfile.TemporaryDirectory(prefix="nearmiss-fleet-overhead-") as home:
+        os.environ["NEARMISS_HOME"] = home
+        fleet_s, bare_s, checks, certified = asyncio.run(fleet_then_bare(members, args.lanes))
+    print(f"{len(members)} members ({certified} certified), {checks} checks, {args.lanes} lanes")
+    print(f"fleet: {fleet_s:.1f} s   the same checks bare: {bare_s:.1f} s")
+    print(f"ratio fleet / bare: {fleet_s / bare_s:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
