@@ -1,12 +1,11 @@
 """How fast does the event log take appends: one statement per batch vs one per event?
 
-Starts a throw-away PostgreSQL of its own (the dev stack's binaries, a temp directory, a free
-loopback port; stopped and removed at the end) and has WRITERS concurrent writers append
-EVENTS events each to their own streams, through ``EventStore.append`` (the whole batch in one
-statement) and through the row-by-row append it replaced (one INSERT round trip per event, kept
-here as the baseline), interleaved so that load drifts hit both alike. Both hold the same
-advisory lock, so positions commit in order either way. Prints events per second for each and
-their ratio, for single-event appends and for batches.
+Starts a throw-away PostgreSQL of its own (``private_postgres``) and has WRITERS concurrent
+writers append EVENTS events each to their own streams, through ``EventStore.append`` (the whole
+batch in one statement) and through the row-by-row append it replaced (one INSERT round trip
+per event, kept here as the baseline), interleaved so that load drifts hit both alike. Both
+hold the same advisory lock, so positions commit in order either way. Prints events per second
+for each and their ratio, for single-event appends and for batches.
 
     .venv/bin/python benchmarks/event_appends.py [--writers 8] [--events 1000] [--repeat 3]
 """
@@ -15,15 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
-import socket
 import statistics
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
-from infra.devstack import PostgresService, StackConfig
+from private_postgres import private_postgres
+
 from kb.events import _APPEND_LOCK, EventStore, NewEvent
 from nearmiss.render import table
 
@@ -72,12 +68,6 @@ async def rate(store: EventStore, append, writers: int, events: int, batch: int)
     return writers * events / (time.perf_counter() - began)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 async def measure(dsn: str, args) -> None:
     store = await EventStore.connect(dsn, max_size=args.writers)
     try:
@@ -103,15 +93,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1000, help="per writer and run")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="nearmiss-bench-appends-"))
-    service = PostgresService(StackConfig(home=home, postgres_port=free_port()))
-    try:
-        service.start()
-        asyncio.run(measure(service.config.connect_dsn, args))
-    finally:
-        service.stop()
-        service.remove_data()
-        shutil.rmtree(home, ignore_errors=True)
+    with private_postgres() as dsn:
+        asyncio.run(measure(dsn, args))
 
 
 if __name__ == "__main__":
