@@ -277,7 +277,13 @@ async def services(settings: Settings, quiet: bool = False):
                 settings,
                 lambda: connect(settings, quiet_runtime()),
             )
-            async with serving(client, store, settings):
+            # The command's own worker. On its own embedded stack nobody else can serve a GPU
+            # target, so it serves that too where no GPU is (grid semantics, as reports say);
+            # on shared services it leaves GPU checks to workers that have one.
+            targets = available_targets()
+            if settings.embedded and GPU not in targets:
+                targets += (GPU,)
+            async with serving(client, store, settings, targets):
                 yield client, store
         finally:
             await store.close()
@@ -441,15 +447,21 @@ async def _serve(
 
 
 @contextlib.asynccontextmanager
-async def serving(client: Client, store: EventStore, settings: Settings):
-    """A worker in the background for the duration of the block (``_serve``); a worker that
-    fails for a reason other than the infrastructure cancels the block and is raised."""
+async def serving(
+    client: Client,
+    store: EventStore,
+    settings: Settings,
+    targets: tuple[str, ...] | None = None,
+):
+    """A worker in the background for the duration of the block (``_serve``), serving
+    ``targets`` (default: what this machine can serve); a worker that fails for a reason other
+    than the infrastructure cancels the block and is raised."""
     stopping, current = asyncio.Event(), []
     body = asyncio.current_task()
 
     async def supervise() -> None:
         try:
-            await _serve(client, store, settings, stopping, current)
+            await _serve(client, store, settings, stopping, current, targets)
         except BaseException:
             if not stopping.is_set():
                 body.cancel()

@@ -99,12 +99,15 @@ def test_without_configured_services_the_embedded_stack_runs_for_the_command(tmp
     )
     candidate = SOFTMAX / "golden.py"  # already right: certified without a round
     try:
-        result = run_cli("repair", SOFTMAX / "spec.py", candidate, env=env)
+        # For the GPU without a GPU: on its own stack the command's worker serves that target
+        # too (grid semantics), as nobody else can.
+        result = run_cli("repair", SOFTMAX / "spec.py", candidate, "--target", "gpu", env=env)
     finally:
         PostgresService(config).remove_data()
     assert result.returncode == 0, result.stderr
     assert "starting the embedded dev stack" in result.stderr
     assert "CERTIFIED after 0 round(s)" in result.stdout
+    assert "targets: gpu ok" in result.stdout
     # It stopped what it started: no pidfile left pointing at a live process.
     pidfile = config.home / "run" / "temporal.pid"
     assert not pidfile.exists() or not pid_alive(int(pidfile.read_text()))
