@@ -133,9 +133,8 @@ class WorkerGroup:
     activities, so the checks of all targets share one limit on parallel checks. Used like one
     ``Worker``: ``run()``, ``shutdown()``, or ``async with``."""
 
-    def __init__(self, workers: list[Worker], placement: Placement) -> None:
+    def __init__(self, workers: list[Worker]) -> None:
         self.workers = workers
-        self.placement = placement
 
     async def run(self) -> None:
         """Run all until shut down; when one fails, the others are shut down and it is raised."""
@@ -220,7 +219,7 @@ def build_worker(
             workflow_failure_exception_types=[Exception] if fail_workflows_on_error else [],
         )
         workers.insert(0, general_worker)
-    return WorkerGroup(workers, placement)
+    return WorkerGroup(workers)
 
 
 def sweep_scratch() -> None:

@@ -8,6 +8,7 @@ a live worker (seconds) from one that has just gone.
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 from datetime import UTC, datetime
 
@@ -82,7 +83,11 @@ async def run(args) -> int:
             file=sys.stderr,
         )
         return 1
-    rows = await list_workers(client)
+    try:
+        rows = await list_workers(client)
+    finally:
+        del client
+        gc.collect()  # the SDK's client crashes at interpreter exit now and then otherwise
     if args.json:
         print(json.dumps(rows))
         return 0

@@ -26,6 +26,7 @@ from conftest import OPS, ROOT, run_cli
 from nearmiss.errors import UsageError
 from nearmiss.fleet import MemberFile, start_fleet
 from nearmiss.service import build_worker, served_targets, start_session
+from nearmiss.workers import list_workers
 from workflows.loop import Guards
 from workflows.routing import check_queue, routing_target
 
@@ -62,13 +63,14 @@ async def test_a_session_whose_target_no_worker_serves_stops_with_no_worker(
     env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
     async with build_worker(client, store, targets=("interpret",), fail_workflows_on_error=True):
         # `nearmiss workers` shows who serves what: nobody the TPU queue.
-        for _ in range(20):  # (the workers' first polls reach the server)
-            listed = run_cli("workers", "--json", env=env)
-            assert listed.returncode == 0, listed.stderr
-            rows = {(r["queue"], r["worker"]) for r in json.loads(listed.stdout)}
-            if ("nearmiss-repair", client.identity) in rows:
+        for _ in range(100):  # until the workers' first polls have reached the server
+            polling = {(r["queue"], r["worker"]) for r in await list_workers(client)}
+            if {("nearmiss-repair", client.identity)} <= polling:
                 break
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.1)
+        listed = run_cli("workers", "--json", env=env)
+        assert listed.returncode == 0, listed.stderr
+        rows = {(r["queue"], r["worker"]) for r in json.loads(listed.stdout)}
         assert ("nearmiss-repair", client.identity) in rows
         assert ("nearmiss-check-interpret", client.identity) in rows
         assert ("nearmiss-check-tpu-v5e", None) in rows
