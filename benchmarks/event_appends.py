@@ -18,7 +18,7 @@ import statistics
 import time
 import uuid
 
-from private_postgres import private_postgres
+from throwaway import private_postgres
 
 from kb.events import _APPEND_LOCK, EventStore, NewEvent
 from nearmiss.render import table

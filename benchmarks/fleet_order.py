@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import tempfile
 import time
+
+from throwaway import embedded_stack_home
 
 
 async def certified_set(members, concurrency: int) -> set[str]:
@@ -47,8 +48,7 @@ def main() -> None:
     found = {}
     for order, listed in (("forwards", members), ("backwards", members[::-1])):
         started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="nearmiss-fleet-order-") as home:
-            os.environ["NEARMISS_HOME"] = home
+        with embedded_stack_home("nearmiss-fleet-order-"):
             found[order] = asyncio.run(certified_set(listed, args.concurrency))
         seconds = time.perf_counter() - started
         print(f"{order:>9}: {len(found[order])} of {len(members)} certified ({seconds:.0f} s)")

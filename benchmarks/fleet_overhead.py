@@ -16,8 +16,9 @@ import argparse
 import asyncio
 import json
 import os
-import tempfile
 import time
+
+from throwaway import embedded_stack_home
 
 
 async def fleet_then_bare(members, lanes: int) -> tuple[float, float, int, int]:
@@ -74,8 +75,7 @@ def main() -> None:
     from nearmiss.demo import fleet_members
 
     members = fleet_members()[: args.members]
-    with tempfile.TemporaryDirectory(prefix="nearmiss-fleet-overhead-") as home:
-        os.environ["NEARMISS_HOME"] = home
+    with embedded_stack_home("nearmiss-fleet-overhead-"):
         fleet_s, bare_s, checks, certified = asyncio.run(fleet_then_bare(members, args.lanes))
     print(f"{len(members)} members ({certified} certified), {checks} checks, {args.lanes} lanes")
     print(f"fleet: {fleet_s:.1f} s   the same checks bare: {bare_s:.1f} s")

@@ -18,7 +18,7 @@ import asyncio
 import statistics
 import time
 
-from private_postgres import private_postgres
+from throwaway import private_postgres
 
 from kb.events import EventStore, NewEvent
 from kb.knowledge import KnowledgeProjection, failed_attempts, load_seed, retrieve
