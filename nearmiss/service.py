@@ -479,13 +479,10 @@ async def serving(
             await task
 
 
-async def run_worker(
-    settings: Settings, targets: tuple[str, ...] | None = None, general: bool = True
-) -> int:
+async def run_worker(settings: Settings, targets: tuple[str, ...], general: bool = True) -> int:
     """Serve repairs until interrupted (SIGINT/SIGTERM end it cleanly): the checks of
-    ``targets`` (default: what this machine can serve), and the general queue unless not
-    ``general``. Waits for its services at start; rides out a Temporal restart."""
-    targets = available_targets() if targets is None else targets
+    ``targets`` (``served_targets``), and the general queue unless not ``general``. Waits for
+    its services at start; rides out a Temporal restart."""
     sweep_scratch()
     store = await _open_store(settings)
     stopping, current = asyncio.Event(), []

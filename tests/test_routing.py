@@ -13,16 +13,14 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 from temporalio.exceptions import ApplicationError
-from test_worker_crash import stop_workers
+from test_worker_crash import start_worker, stop_workers
 
 from activities.placement import Placement
-from conftest import OPS, ROOT, run_cli
+from conftest import OPS, run_cli
 from nearmiss.errors import UsageError
 from nearmiss.fleet import MemberFile, start_fleet
 from nearmiss.service import build_worker, served_targets, start_session
@@ -97,15 +95,7 @@ async def test_a_session_whose_target_no_worker_serves_stops_with_no_worker(
     assert "EvidenceCollected" not in events and events[-1] == "RepairFinished"
 
 
-def _target_worker(env: dict, log) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "nearmiss.cli", "worker", "--targets", "tpu-v5e", "--checks-only"],
-        env=env,
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+TPU_WORKER = ("--targets", "tpu-v5e", "--checks-only")
 
 
 async def test_a_fleet_of_two_targets_runs_each_check_on_a_worker_of_its_target(
@@ -126,7 +116,7 @@ async def test_a_fleet_of_two_targets_runs_each_check_on_a_worker_of_its_target(
     first = second = None
     with open(tmp_path / "workers.log", "wb") as log:
         try:
-            first = _target_worker(env, log)
+            first = start_worker(env, log, *TPU_WORKER)
             async with build_worker(client, store, targets=here, fail_workflows_on_error=True):
                 handle = await start_fleet(
                     client, store, members, model="playbook", guards=Guards(), concurrency=2
@@ -137,7 +127,7 @@ async def test_a_fleet_of_two_targets_runs_each_check_on_a_worker_of_its_target(
                 os.killpg(first.pid, signal.SIGKILL)
                 first.wait()
                 await asyncio.sleep(2.0)
-                second = _target_worker(env, log)
+                second = start_worker(env, log, *TPU_WORKER)
                 result = await asyncio.wait_for(handle.result(), timeout=300)
         finally:
             stop_workers(first, second)

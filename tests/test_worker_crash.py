@@ -23,9 +23,10 @@ from workflows.loop import Guards
 SOFTMAX = OPS / "softmax_rows"
 
 
-def start_worker(env: dict, log) -> subprocess.Popen:
+def start_worker(env: dict, log, *options: str) -> subprocess.Popen:
+    """`nearmiss worker OPTIONS` in its own process group, its output in ``log``."""
     return subprocess.Popen(
-        [sys.executable, "-m", "nearmiss.cli", "worker"],
+        [sys.executable, "-m", "nearmiss.cli", "worker", *options],
         env=env,
         cwd=ROOT,
         stdout=log,
