@@ -196,16 +196,24 @@ def build_worker(
     fail_workflows_on_error: bool = False,
     targets: tuple[str, ...] | None = None,
     general: bool = True,
+    identity: str | None = None,
 ) -> WorkerGroup:
     """A worker group serving ``targets`` (default: what this machine can serve), and the
-    general queue when ``general``."""
+    general queue when ``general``; it polls as ``identity`` (default: the client's)."""
     targets = available_targets() if targets is None else targets
-    placement = Placement(client.identity, targets, describe_device(targets))
+    identity = identity or client.identity
+    placement = Placement(identity, targets, describe_device(targets))
     repair = RepairActivities(store, fixer_factory, placement=placement)
     interceptors = [ClassifiedFailures()]
     checks = repair.check_like()
     workers = [
-        Worker(client, task_queue=queue_of(t), activities=checks, interceptors=interceptors)
+        Worker(
+            client,
+            task_queue=queue_of(t),
+            activities=checks,
+            interceptors=interceptors,
+            identity=identity,
+        )
         for t in targets
     ]
     if general:
@@ -215,6 +223,7 @@ def build_worker(
             workflows=[RepairWorkflow, FleetWorkflow, RegenerateWorkflow],
             activities=repair.general() + RegenerateActivities(store).all(),
             interceptors=interceptors,
+            identity=identity,
             # In tests a workflow bug should fail the run, not retry its task forever.
             workflow_failure_exception_types=[Exception] if fail_workflows_on_error else [],
         )

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import time
+import uuid
 
 import pytest
 from temporalio.exceptions import ApplicationError
@@ -59,21 +60,24 @@ async def test_a_session_whose_target_no_worker_serves_stops_with_no_worker(
 ):
     store = seeded_store
     env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
-    async with build_worker(client, store, targets=("interpret",), fail_workflows_on_error=True):
-        # `nearmiss workers` shows who serves what: nobody the TPU queue.
+    # Its own identity: the per-process client's is shared with earlier tests' workers, which
+    # served tpu-v5e and which Temporal lists for minutes after they stop.
+    me = f"no-tpu-{uuid.uuid4().hex[:8]}"
+    async with build_worker(
+        client, store, targets=("interpret",), fail_workflows_on_error=True, identity=me
+    ):
+        # `nearmiss workers` shows who serves what: this worker not the TPU queue.
         for _ in range(100):  # until the workers' first polls have reached the server
             polling = {(r["queue"], r["worker"]) for r in await list_workers(client)}
-            if {("nearmiss-repair", client.identity)} <= polling:
+            if {("nearmiss-repair", me), ("nearmiss-check-interpret", me)} <= polling:
                 break
             await asyncio.sleep(0.1)
         listed = run_cli("workers", "--json", env=env)
         assert listed.returncode == 0, listed.stderr
         rows = {(r["queue"], r["worker"]) for r in json.loads(listed.stdout)}
-        assert ("nearmiss-repair", client.identity) in rows
-        assert ("nearmiss-check-interpret", client.identity) in rows
-        # (The server is shared with earlier tests, whose workers Temporal remembers for a few
-        # minutes after they stop: only this one's absence is certain, and nobody on gpu.)
-        assert not any(q == "nearmiss-check-tpu-v5e" and w == client.identity for q, w in rows)
+        assert ("nearmiss-repair", me) in rows
+        assert ("nearmiss-check-interpret", me) in rows
+        assert not any(w == me for q, w in rows if q == "nearmiss-check-tpu-v5e")
         assert ("nearmiss-check-gpu", None) in rows
         shown = run_cli("workers", env=env)
         gpu_row = next(line for line in shown.stdout.splitlines() if "nearmiss-check-gpu" in line)
