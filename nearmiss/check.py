@@ -339,6 +339,7 @@ def check(
         compact_passed=all(compact) if compact else None,
         extended_passed=all(extended) if extended else None,
         wall_s=time.perf_counter() - started,
+        times="emulated" if raw.platform == "cpu" else "device",
         targets=on_targets,
     )
 

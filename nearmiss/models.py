@@ -250,4 +250,8 @@ class CheckReport(BaseModel):
     compact_passed: bool | None = None
     extended_passed: bool | None = None
     wall_s: float = 0.0
+    # What the cases' ``compile_s``/``run_s`` measure: "emulated" where the kernels ran in CPU
+    # interpret mode (the Python interpreter's speed, nothing of the kernel's on a chip: never
+    # compared with a reference's time), "device" where they ran on an accelerator.
+    times: Literal["emulated", "device"] = "emulated"
     targets: dict[str, TargetResult] = Field(default_factory=dict)

@@ -47,6 +47,10 @@ def _target_lines(report: CheckReport) -> list[str]:
         if memory.get("argument_bytes") is not None:
             total = sum(memory.get(k, 0) for k in ("argument_bytes", "output_bytes", "temp_bytes"))
             extra += f", {total / 1024:.0f} KiB of buffers"
+        if memory.get("vmem_blocks_bytes") is not None and memory.get("vmem_limit_bytes"):
+            mib = {k: memory[k] / (1 << 20) for k in ("vmem_blocks_bytes", "vmem_limit_bytes")}
+            blocks, limit = mib["vmem_blocks_bytes"], mib["vmem_limit_bytes"]
+            extra += f", blocks {blocks:.1f} of {limit:.1f} MiB VMEM"
         lines.append(f"target {name}: {state} ({target.verified_by}{extra})")
         if not target.ok:
             lines.append(f"  {target.error or '; '.join(target.undetermined)}")
@@ -127,6 +131,7 @@ def render_report(report: CheckReport) -> str:
         f"{report.op} ({report.category}) — candidate {report.candidate}\n"
         f"seed {report.seed} · suite {report.suite} · {report.platform} · jax {report.jax_version}"
         f" · {report.wall_s:.1f} s"
+        + (" · case times emulated (CPU interpret mode)" if report.times == "emulated" else "")
     )
     rows = [
         [

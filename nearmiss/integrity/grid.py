@@ -258,6 +258,28 @@ def _parse_mosaic(body: bytes, context: Any) -> Any:
     return module
 
 
+def _kernel_function(call: Any, context: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """The call's Mosaic module, its kernel function (the one with a grid or windows, or the
+    only one) and every function of the module by symbol (index maps are functions too). The
+    caller keeps the module while it reads the functions: they die with it."""
+    ir = _ir()
+    module = _parse_mosaic(_mosaic_body(call), context)
+    functions = {}
+    kernels = []
+    for op in module.body.operations:
+        if _name(op) != "func.func":
+            continue
+        symbol = ir.StringAttr(op.attributes["sym_name"]).value
+        functions[symbol] = op
+        if "window_params" in op.attributes or "iteration_bounds" in op.attributes:
+            kernels.append(op)
+    if not kernels and len(functions) == 1:
+        kernels = list(functions.values())  # a grid-free kernel: one program
+    if len(kernels) != 1:
+        raise Undetermined(f"Mosaic module has {len(kernels)} kernel functions")
+    return module, kernels[0], functions
+
+
 def _result_count(call: Any) -> int:
     ir = _ir()
     results = list(call.results)
@@ -799,21 +821,7 @@ class _Analysis:
         ir = _ir()
         label = call.attributes.get("kernel_name")
         name = ir.StringAttr(label).value if isinstance(label, ir.StringAttr) else ""
-        module = _parse_mosaic(_mosaic_body(call), context)
-        functions = {}
-        kernels = []
-        for op in module.body.operations:
-            if _name(op) != "func.func":
-                continue
-            symbol = ir.StringAttr(op.attributes["sym_name"]).value
-            functions[symbol] = op
-            if "window_params" in op.attributes or "iteration_bounds" in op.attributes:
-                kernels.append(op)
-        if not kernels and len(functions) == 1:
-            kernels = list(functions.values())  # a grid-free kernel: one program
-        if len(kernels) != 1:
-            raise Undetermined(f"Mosaic module has {len(kernels)} kernel functions")
-        kernel = kernels[0]
+        _module, kernel, functions = _kernel_function(call, context)  # _module: keeps them alive
         name = name or ir.StringAttr(kernel.attributes["sym_name"]).value
         grid = (
             _i64_array(kernel.attributes["iteration_bounds"])
@@ -1155,3 +1163,85 @@ def grid_findings(
     if calls == 0:
         analysis.undetermined(None, None, "no Mosaic TPU kernel (tpu_custom_call) in the artifact")
     return analysis.report
+
+
+# ------------------------------------------------------------------------------------------------
+# What each kernel keeps in memory (read by ``nearmiss.targets.vmem``)
+
+
+@dataclass
+class KernelBuffers:
+    """One Mosaic kernel's buffers as its kernel function declares them: MLIR memref types
+    (``memref<128x256xbf16, #tpu.memory_space<vmem>>``)."""
+
+    name: str
+    grid: list[int]
+    windows: list[tuple[str, bool]]  # (memref type, blocked: has an index map, so pipelined)
+    scratch: list[str]
+    scoped_limit: int | None  # the kernel's ``vmem_limit_bytes``, where it set one
+
+
+def kernel_buffers(artifact: Any) -> list[KernelBuffers]:
+    """Every Mosaic kernel's buffers in an exported artifact (or its StableHLO text). Raises
+    ``Undetermined`` on what it cannot read: an estimate is never made of a guess."""
+    ir = _ir()
+    context = _context()
+    with context:
+        module = ir.Module.parse(_stablehlo_text(artifact))
+    kernels = []
+    for call in _walk(module.operation):
+        if _name(call) != "stablehlo.custom_call":
+            continue
+        target = call.attributes["call_target_name"]
+        if not isinstance(target, ir.StringAttr) or target.value != MOSAIC_TARGET:
+            continue
+        if len(kernels) >= MAX_KERNELS:
+            raise Undetermined(f"more than {MAX_KERNELS} kernels")
+        _module, kernel, _ = _kernel_function(call, context)  # _module: keeps kernel alive
+        grid = (
+            _i64_array(kernel.attributes["iteration_bounds"])
+            if "iteration_bounds" in kernel.attributes
+            else []
+        )
+        prefetch = _int_attr(kernel.attributes, "scalar_prefetch") or 0
+        scratch = _int_attr(kernel.attributes, "scratch_operands") or 0
+        windows = _windows(kernel)
+        blocks = [block for region in kernel.regions for block in region.blocks]
+        types = [str(argument.type) for argument in blocks[0].arguments] if blocks else []
+        start = len(grid) + prefetch
+        if len(types) != start + len(windows) + scratch:
+            raise Undetermined(
+                f"{len(types)} kernel arguments for a grid of {len(grid)} axes, {prefetch} "
+                f"scalar-prefetch, {len(windows)} windows and {scratch} scratch operands"
+            )
+        kernels.append(
+            KernelBuffers(
+                name=ir.StringAttr(kernel.attributes["sym_name"]).value,
+                grid=grid,
+                windows=[
+                    (types[start + i], window.transform is not None)
+                    for i, window in enumerate(windows)
+                ],
+                scratch=types[start + len(windows) :],
+                scoped_limit=_scoped_vmem_limit(call),
+            )
+        )
+    return kernels
+
+
+def _scoped_vmem_limit(call: Any) -> int | None:
+    """``vmem_limit_bytes`` as Pallas passes it to Mosaic: the backend config's scoped memory
+    configuration for memory space 1 (VMEM)."""
+    ir = _ir()
+    config_attr = call.attributes.get("backend_config")
+    if not isinstance(config_attr, ir.StringAttr):
+        return None
+    try:
+        config = json.loads(config_attr.value_bytes)
+    except ValueError:
+        return None
+    for entry in config.get("scoped_memory_configs") or []:
+        if isinstance(entry, dict) and entry.get("memory_space") == 1:
+            size = entry.get("size")
+            return size if isinstance(size, int) and size > 0 else None
+    return None

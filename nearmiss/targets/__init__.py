@@ -8,6 +8,8 @@
 - ``tpu``: ``export_for_tpu`` (candidate child: the real Pallas TPU lowering for the target's
   chip, serialized) and ``compile_tpu_artifact`` (executor child: libtpu's compiler on a
   compile-only topology device, with the compiled program's memory).
+- ``vmem``: how much of the chip's scoped VMEM a kernel's blocks take (estimated from the
+  artifact, held to the compiler by tests/test_vmem.py), and the warning when it is close.
 - ``errors``: ``trim_error``, one or two sentences and the candidate's line.
 
 Importing this package imports neither JAX nor libtpu.

@@ -33,6 +33,7 @@ from typing import Any
 
 from nearmiss.targets.errors import exception_text, kernel_sites, trim_error
 from nearmiss.targets.registry import TPU, Target, get_target
+from nearmiss.targets.vmem import vmem_use
 
 COMPILE_ERROR = "compile_error"
 ENGINE = str(Path(__file__).resolve().parent.parent)  # the nearmiss package, wherever mounted
@@ -181,9 +182,14 @@ MEMORY_FIELDS = {
     "host_temp_bytes": "host_temp_size_in_bytes",
 }
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
-_SCOPED_VMEM = re.compile(
-    r"Scoped allocation with size (?P<size>[\d.]+)(?P<su>[KMG]?)B? and limit "
-    r"(?P<limit>[\d.]+)(?P<lu>[KMG]?)B?"
+_SCOPED_VMEM = (
+    re.compile(
+        r"Scoped allocation with size (?P<size>[\d.]+)(?P<su>[KMG]?)B? and limit "
+        r"(?P<limit>[\d.]+)(?P<lu>[KMG]?)B?"
+    ),
+    # v4, whose whole VMEM is the limit: "Ran out of memory in memory space vmem. Used 32.00M
+    # of 16.00M vmem."
+    re.compile(r"Used (?P<size>[\d.]+)(?P<su>[KMG]?)B? of (?P<limit>[\d.]+)(?P<lu>[KMG]?)B? vmem"),
 )
 
 
@@ -198,9 +204,9 @@ def memory_figures(stats: Any) -> dict[str, int]:
 
 
 def vmem_figures(message: str) -> dict[str, int]:
-    """The scoped-VMEM size and limit an ``E1001 CompileTimeScopedVmemOom`` names (bytes):
-    the compiler reports VMEM only when a kernel overflows it."""
-    match = _SCOPED_VMEM.search(message)
+    """The scoped-VMEM size and limit an ``E1001 CompileTimeScopedVmemOom`` (v4: "Used S of L
+    vmem") names (bytes): the compiler reports VMEM only when a kernel overflows it."""
+    match = next(filter(None, (pattern.search(message) for pattern in _SCOPED_VMEM)), None)
     if not match:
         return {}
     return {
@@ -220,8 +226,10 @@ def compile_tpu_artifact(data: bytes, target: str, candidate: str | None = None)
     Returns ``{target, ok, failure_class (None or "compile_error"), error (None or trimmed, with
     the candidate's line where known), compile_s, kernels (Mosaic kernels in the artifact),
     memory {argument_bytes, output_bytes, temp_bytes, alias_bytes, code_bytes, peak_bytes,
-    host_temp_bytes; vmem_bytes and vmem_limit_bytes when VMEM overflowed}}``. ``candidate``
-    (its path or file name) picks its lines out of the compiler's locations.
+    host_temp_bytes; vmem_blocks_bytes, vmem_scratch_bytes and vmem_limit_bytes estimated
+    (``targets.vmem``); vmem_bytes and the compiler's vmem_limit_bytes when VMEM
+    overflowed}}``. ``candidate`` (its path or file name) picks its lines out of the
+    compiler's locations.
 
     An artifact that is not a one-device TPU module, or holds no Mosaic kernel (a pallas_call
     built in interpret mode lowers to plain HLO, which would compile without Mosaic ever
@@ -230,8 +238,9 @@ def compile_tpu_artifact(data: bytes, target: str, candidate: str | None = None)
     import jax
     from jax import export
 
+    chip = tpu_target(target)
     result: dict[str, Any] = {
-        "target": tpu_target(target).name,
+        "target": chip.name,
         "ok": False,
         "failure_class": None,
         "error": None,
@@ -260,9 +269,10 @@ def compile_tpu_artifact(data: bytes, target: str, candidate: str | None = None)
     except Exception as exc:  # the compiler's verdict on the candidate's kernel
         result["compile_s"] = round(time.perf_counter() - start, 3)
         message = exception_text(exc)
-        result["memory"] = vmem_figures(message)
+        # The compiler's own VMEM figures, where it gave them, over the estimate's.
+        result["memory"] = vmem_use(module, chip.chip) | vmem_figures(message)
         return _refused(result, trim_error(message, candidate, sites=sites))
     result["compile_s"] = round(time.perf_counter() - start, 3)
-    result["memory"] = memory_figures(compiled.memory_analysis())
+    result["memory"] = memory_figures(compiled.memory_analysis()) | vmem_use(module, chip.chip)
     result["ok"] = True
     return result

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from nearmiss.models import TargetResult
+from nearmiss.targets.vmem import close_to_limit
 
 MAX_FINDINGS = 5
 
@@ -63,6 +64,9 @@ def judge_target(
             memory = compiled.get("memory") or {}
             if _footprint(memory) >= _footprint(result.memory):
                 result.memory = {k: int(v) for k, v in memory.items() if isinstance(v, int)}
+            warning = close_to_limit(memory, target) if compiled.get("ok") else None
+            if warning and not any(n.startswith("VMEM close") for n in result.notes):
+                result.notes.append(warning)
             if not compiled.get("ok"):
                 why = compiled.get("error") or "the compiler failed without saying why"
                 _refused(result, f"{target} refuses the kernel ({key}): {why}")
