@@ -280,6 +280,15 @@ def vmem_error(size: str, limit: str) -> str:
     )
 
 
+def v4_vmem_error(size: str, limit: str) -> str:
+    """TPU v4's own words for the same overflow (libtpu 0.0.42)."""
+    return (
+        "tpu-v4 refuses the kernel (compact-base): XLA:TPU compile permanent error. Ran out of "
+        f"memory in memory space vmem. Used {size} of {limit} vmem. Exceeded vmem capacity by "
+        f"16.00M. Program vmem requirement {size}: scoped {size} (pallas_call of _body)"
+    )
+
+
 ANY_ERROR = (
     "tpu-v5e: refuses the kernel (compact-base): Loads and stores are only allowed on VMEM and "
     "SMEM references. ANY memory space can only be accessed using async_copy."
@@ -894,6 +903,15 @@ APPLIES = [
             "8, 128, 64, 64, 128", "1024, 4096, 64, 64, 128"
         ),
         evidence("compile_error", diagnosis=vmem_error("32.00M", "16.00M")),
+        ["BR, BC, BM, BN, BK = 1024, 4096, 64, 64, 128"],
+        ["BR, BC, BM, BN, BK = 1024, 1024, 64, 64, 128"],
+    ),
+    (
+        "tpu_vmem_budget",  # the same on TPU v4, which words the overflow its own way
+        rows("    o_ref[...] = x_ref[...]\n", block="(BR, BC)").replace(
+            "8, 128, 64, 64, 128", "1024, 4096, 64, 64, 128"
+        ),
+        evidence("compile_error", diagnosis=v4_vmem_error("32.00M", "16.00M")),
         ["BR, BC, BM, BN, BK = 1024, 4096, 64, 64, 128"],
         ["BR, BC, BM, BN, BK = 1024, 1024, 64, 64, 128"],
     ),

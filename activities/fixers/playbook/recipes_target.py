@@ -31,6 +31,7 @@ from activities.fixers.playbook.source import (
     _resolve,
     _text,
 )
+from nearmiss.targets.tpu import vmem_figures
 from workflows.models import Evidence
 
 TPU_MODULE = "jax.experimental.pallas.tpu"
@@ -49,13 +50,7 @@ _ANY_ACCESS = re.compile(
     r"Loads and stores are only allowed on VMEM and SMEM references"
     r"|ANY memory space can only be accessed using async_copy"
 )
-# libtpu's "E1001: CompileTimeScopedVmemOom: ... Scoped allocation with size 32.00M and limit
-# 16.00M exceeded scoped vmem limit by 16.00M. (pallas_call of _body)".
-_SCOPED_VMEM = re.compile(
-    r"Scoped allocation with size ([\d.]+)([KMG]?)B? and limit ([\d.]+)([KMG]?)B?"
-)
 _KERNEL_OF = re.compile(r"pallas_call of (\w+)")
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # The TPU grid findings: a revisit along a parallel axis, the race detector, a random order.
 _PARALLEL = re.compile(r"declared parallel|'parallel'")
 _PARALLEL_AXES = re.compile(r"grid axis ([\d, ]+) declared parallel")
@@ -230,16 +225,18 @@ def _dim_constant(mod: _Module, call: _PallasCall, expr: ast.expr) -> ast.Consta
 )
 def tpu_vmem_budget(mod: _Module, evidence: Evidence) -> list[_Edit]:
     """Pattern: the TPU compiler ran out of scoped VMEM (``Scoped allocation with size S and
-    limit L``) in a pallas_call whose blocks are set by module constants. Fix: halve the largest
-    of those constants — never below the tiling its dim needs (128 lanes last, 8 sublanes
-    before) — until the blocks shrink by S / L rounded up to a power of two, and once more for
-    what the compiler allocates besides the blocks. More, smaller grid steps: the grid is
-    written over the same constants (``pl.cdiv(n, B)``)."""
-    match = _SCOPED_VMEM.search(evidence.diagnosis)
-    if not match:
+    limit L``, or v4's ``Used S of L vmem``) in a pallas_call whose blocks are set by module
+    constants. Fix: halve the largest of those constants — never below the tiling its dim needs
+    (128 lanes last, 8 sublanes before) — until the blocks shrink by S / L rounded up to a
+    power of two, and once more for room: blocks at exactly the limit compile (S is the blocks'
+    bytes, tests/test_vmem.py), but the check warns and the next larger block overflows. More,
+    smaller grid steps: the grid is written over the same constants (``pl.cdiv(n, B)``)."""
+    # libtpu's "E1001: CompileTimeScopedVmemOom: ... Scoped allocation with size 32.00M and
+    # limit 16.00M ... (pallas_call of _body)"; v4's "Used 32.00M of 16.00M vmem".
+    figures = vmem_figures(evidence.diagnosis)
+    if not figures:
         return []
-    size = float(match[1]) * _UNITS[match[2]]
-    limit = float(match[3]) * _UNITS[match[4]]
+    size, limit = figures["vmem_bytes"], figures["vmem_limit_bytes"]
     if size <= limit or limit <= 0:
         return []
     halvings = math.ceil(math.log2(size / limit)) + 1
