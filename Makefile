@@ -28,6 +28,7 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/pytest -n 2 --durations=15
 
 # The engine's own tests: no Temporal, no PostgreSQL, no corpus sweep.
