@@ -7,8 +7,11 @@ case in one warm in-process loop (JAX imported, caches cleared so compilation is
 Prints the ratio; no target is set yet. With ``--target tpu-v5e`` (any TPU target) it also
 prints what that target adds to the same check, per kernel: the chip's lowering, libtpu's
 compile-only compile and the run under TPU interpret mode, side by side with the plain check.
+With ``--spares`` it times checks on a worker that keeps spare executors (``runner.spares``)
+against checks without, each after ``--gap`` seconds idle (the worker's fix step between two
+checks of a repair).
 
-    .venv/bin/python benchmarks/check_overhead.py [--repeat N] [--target tpu-v5e]
+    .venv/bin/python benchmarks/check_overhead.py [--repeat N] [--target tpu-v5e] [--spares]
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ import jax
 
 from nearmiss.check import check
 from nearmiss.render import table
+from nearmiss.runner import spares
 from nearmiss.runner.interpret import force_interpret_on_cpu
 from nearmiss.runner.reference_child import case_key
+from nearmiss.runner.sandbox import Limits
 from nearmiss.spec import load_spec
 
 OPS = Path(__file__).resolve().parent.parent / "pallas_ops"
@@ -66,10 +71,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--target", help="also time checks with this target added")
+    parser.add_argument(
+        "--spares",
+        action="store_true",
+        help="time checks with spare executors started between them vs without",
+    )
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=1.0,
+        help="seconds between checks with --spares: a worker's fix step and workflow turn",
+    )
     args = parser.parse_args()
     force_interpret_on_cpu()
     if args.target:
         target_cost(args.target, args.repeat)
+        return
+    if args.spares:
+        spare_gain(args.repeat, args.gap)
         return
     rows, ratios = [], []
     for op, candidate in KERNELS:
@@ -106,6 +125,48 @@ def target_cost(target: str, repeat: int) -> None:
         rows.append([f"{op}/{candidate.name}", f"{p:.2f}", f"{t:.2f}", f"{t / p:.2f}x", verdict])
     print(table(["kernel", "check s", f"+{target} s", "ratio", target], rows))
     print(f"\nmedian ratio with {target}: {statistics.median(ratios):.2f}x (median of {repeat})")
+
+
+def spare_gain(repeat: int, gap_s: float) -> None:
+    """Checks on a worker that keeps spare executors (``runner.spares``) vs one that does not,
+    alternated so both see the same load, each after ``gap_s`` of idle time (a worker between
+    two checks of a repair: the fix step and the workflow's turn), against the intrinsic cost."""
+    rows, ratios, overheads = [], [], []
+    for op, candidate in KERNELS:
+        spec = OPS / op / "spec.py"
+        check(spec, candidate, "all", 0)  # warm-up: the spec's compilation cache
+        intrinsic = statistics.median(intrinsic_seconds(spec, candidate, s) for s in range(repeat))
+        cold, warm = [], []
+        for seed in range(repeat):
+            spares.disable()
+            time.sleep(gap_s)
+            cold.append(check(spec, candidate, "all", seed).wall_s)
+            spares.enable()
+            spares.refill(Limits(), "cpu")  # as the worker's previous check would have
+            time.sleep(gap_s)
+            warm.append(check(spec, candidate, "all", seed).wall_s)
+        spares.disable()
+        c, w = statistics.median(cold), statistics.median(warm)
+        ratios.append(w / c)
+        overheads.append(w / intrinsic)
+        rows.append(
+            [
+                f"{op}/{candidate.name}",
+                f"{c:.2f}",
+                f"{w:.2f}",
+                f"{w / c:.2f}x",
+                f"{intrinsic:.2f}",
+                f"{c / intrinsic:.1f}x",
+                f"{w / intrinsic:.1f}x",
+            ]
+        )
+    headers = ["kernel", "check s", "with spares s", "ratio", "intrinsic s", "over", "over+spares"]
+    print(table(headers, rows))
+    print(
+        f"\nmedian ratio with/without spares: {statistics.median(ratios):.2f}x; "
+        f"check/intrinsic with spares: {statistics.median(overheads):.1f}x "
+        f"(gap {gap_s:.1f} s, median of {repeat})"
+    )
 
 
 if __name__ == "__main__":

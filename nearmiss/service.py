@@ -45,6 +45,7 @@ from kb.knowledge import load_seed
 from nearmiss.check import require_file
 from nearmiss.errors import UsageError
 from nearmiss.inputs import read_source
+from nearmiss.runner import spares
 from nearmiss.runner.scratch import sweep_orphans
 from nearmiss.settings import Settings
 from nearmiss.targets.registry import (
@@ -491,8 +492,11 @@ async def serving(
 async def run_worker(settings: Settings, targets: tuple[str, ...], general: bool = True) -> int:
     """Serve repairs until interrupted (SIGINT/SIGTERM end it cleanly): the checks of
     ``targets`` (``served_targets``), and the general queue unless not ``general``. Waits for
-    its services at start; rides out a Temporal restart."""
+    its services at start; rides out a Temporal restart. Keeps spare executors for its checks
+    (``runner.spares``): started between checks, each used by one."""
     sweep_scratch()
+    if targets:
+        spares.enable()
     store = await _open_store(settings)
     stopping, current = asyncio.Event(), []
 

@@ -23,17 +23,18 @@ from pydantic import ValidationError
 from nearmiss.errors import UsageError
 from nearmiss.integrity.audit import CALLBACK_PRIMITIVES
 from nearmiss.integrity.dynamic import ArtifactAudit, Probe
+from nearmiss.runner import spares
 from nearmiss.runner.arrays import load_arrays
 from nearmiss.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES, target_artifact_file
 from nearmiss.runner.candidate_child import CANDIDATE_ENV
 from nearmiss.runner.compile_cache import reference_cache_dir
 from nearmiss.runner.sandbox import ChildFailure, ChildTimeout, Limits, SandboxChild
 from nearmiss.runner.scratch import scratch_dir
+from nearmiss.runner.spares import EXECUTOR_MODULE, EXECUTOR_PREFIX
 from nearmiss.runner.target_plan import TargetPlan, choose_targets, lowerings, plan_targets
 
 REFERENCE_MODULE = "nearmiss.runner.reference_child"
 CANDIDATE_MODULE = "nearmiss.runner.candidate_child"
-EXECUTOR_MODULE = "nearmiss.runner.executor_child"
 
 
 @dataclass(frozen=True)
@@ -304,7 +305,7 @@ class _Executor(_Child):
     """
 
     def __init__(self, limits: Limits, platform: str) -> None:
-        super().__init__(EXECUTOR_MODULE, "nearmiss-executor-", limits, platform)
+        super().__init__(EXECUTOR_MODULE, EXECUTOR_PREFIX, limits, platform)
         self.ready = False
         self.work: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.thread: threading.Thread | None = None
@@ -324,6 +325,12 @@ class _Executor(_Child):
             self.thread = None
         if self.error is not None:
             raise self.error
+
+    def start(self) -> None:
+        """A spare executor where the worker keeps them (``runner.spares``), else a new one."""
+        self.child = spares.take(self.limits, self.platform)
+        if self.child is None:
+            super().start()
 
     def _serve(self) -> None:
         while (job := self.work.get()) is not None:
@@ -924,6 +931,7 @@ def run_sandboxed(
             feed.thread.join(timeout=30)
         reference.close()
         shutil.rmtree(workdir, ignore_errors=True)
+        spares.refill(limits, platform)  # for the next check, while this one's result is used
 
 
 __all__ = [

@@ -1,0 +1,129 @@
+"""Spare executors (``nearmiss.runner.spares``): started between checks, each used by one check.
+
+The effects, not the bookkeeping: the processes a check used were started before it began, are
+gone when it ends, and no two checks share one; a spare that died while waiting is never handed
+out; nothing is left running or on disk once spares are switched off.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import OPS
+from nearmiss.check import check
+from nearmiss.runner import spares
+
+MATMUL = OPS / "matmul"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def my_executor_homes() -> set[str]:
+    tag = f"nearmiss-executor-p{os.getpid()}s"
+    return {p.name for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(tag)}
+
+
+@pytest.fixture
+def handed_out(monkeypatch):
+    """Spares on for one test; the pid of every spare handed to a check."""
+    taken: list[int] = []
+    original = spares.take
+
+    def take(limits, platform):
+        child = original(limits, platform)
+        if child is not None:
+            taken.append(child.process.pid)
+        return child
+
+    monkeypatch.setattr(spares, "take", take)
+    spares.enable()
+    try:
+        yield taken
+    finally:
+        spares.disable()
+
+
+def test_each_check_gets_executors_started_before_it_and_never_shared(handed_out):
+    homes_before = my_executor_homes()
+    first = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 1, targets=("tpu-v5e",))
+    assert first.certified
+    assert handed_out == []  # nothing was waiting for the first check
+    waiting = spares.waiting_pids()
+    assert len(waiting) == spares.DEPTH and all(alive(pid) for pid in waiting)
+
+    second = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2, targets=("tpu-v5e",))
+    assert second.certified and second.targets["tpu-v5e"].ok
+    # The second check ran on the two spares started after the first (runs and target judge)...
+    assert sorted(handed_out) == sorted(waiting)
+    # ...which ended with it, and two new ones wait for the next check.
+    assert not any(alive(pid) for pid in waiting)
+    again = spares.waiting_pids()
+    assert len(again) == spares.DEPTH and not set(again) & set(waiting)
+
+    spares.disable()
+    assert not any(alive(pid) for pid in again)
+    assert my_executor_homes() == homes_before  # every spare's home removed
+
+
+def test_a_spare_that_died_while_waiting_is_never_handed_out(handed_out):
+    check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 1)
+    waiting = spares.waiting_pids()
+    for pid in waiting:
+        os.kill(pid, 9)
+    report = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2)
+    assert report.certified  # its executors were started for it
+    assert handed_out == []
+
+
+KEEPER = r"""
+import sys, time
+from nearmiss.runner import spares
+from nearmiss.runner.sandbox import Limits
+spares.enable()
+spares.refill(Limits(), "cpu")
+print(" ".join(map(str, spares.waiting_pids())), flush=True)
+time.sleep(600)
+"""
+
+
+def test_spares_die_with_a_worker_killed_outright(tmp_path):
+    """A worker killed with SIGKILL runs no exit handler: its spares must go all the same."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+    from nearmiss.runner.sandbox import _process_tree
+
+    keeper = subprocess.Popen(
+        [sys.executable, "-c", KEEPER],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path)),
+    )
+    try:
+        spare_pids = [int(p) for p in keeper.stdout.readline().split()]
+        assert len(spare_pids) == spares.DEPTH and all(alive(pid) for pid in spare_pids)
+        time.sleep(1)  # the sandboxed interpreters under each bwrap are up by now
+        pids = [pid for spare in spare_pids for pid in _process_tree(spare)]
+        assert len(pids) > len(spare_pids)
+    finally:
+        keeper.send_signal(signal.SIGKILL)
+        keeper.wait()
+        keeper.stdout.close()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)
