@@ -1,8 +1,9 @@
-"""Spare executors (``nearmiss.runner.spares``): started between checks, each used by one check.
+"""Spare children (``nearmiss.runner.spares``): started between checks, each used by one check.
 
 The effects, not the bookkeeping: the processes a check used were started before it began, are
 gone when it ends, and no two checks share one; a spare that died while waiting is never handed
-out; nothing is left running or on disk once spares are switched off.
+out, and one that dies once handed out costs a restart, never a finding against the candidate;
+nothing is left running or on disk once spares are switched off or their worker is killed.
 """
 
 from __future__ import annotations
@@ -29,9 +30,13 @@ def alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def my_executor_homes() -> set[str]:
-    tag = f"nearmiss-executor-p{os.getpid()}s"
-    return {p.name for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(tag)}
+def my_spare_homes() -> set[str]:
+    tags = [f"nearmiss-{kind}-p{os.getpid()}s" for kind in ("executor", "candidate")]
+    return {
+        p.name
+        for p in Path(tempfile.gettempdir()).iterdir()
+        if any(p.name.startswith(tag) for tag in tags)
+    }
 
 
 @pytest.fixture
@@ -40,8 +45,8 @@ def handed_out(monkeypatch):
     taken: list[int] = []
     original = spares.take
 
-    def take(limits, platform):
-        child = original(limits, platform)
+    def take(module, limits, platform):
+        child = original(module, limits, platform)
         if child is not None:
             taken.append(child.process.pid)
         return child
@@ -55,25 +60,26 @@ def handed_out(monkeypatch):
 
 
 def test_each_check_gets_executors_started_before_it_and_never_shared(handed_out):
-    homes_before = my_executor_homes()
+    homes_before = my_spare_homes()
     first = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 1, targets=("tpu-v5e",))
     assert first.certified
     assert handed_out == []  # nothing was waiting for the first check
     waiting = spares.waiting_pids()
-    assert len(waiting) == spares.DEPTH and all(alive(pid) for pid in waiting)
+    assert len(waiting) == sum(spares.DEPTH.values()) and all(alive(pid) for pid in waiting)
 
     second = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2, targets=("tpu-v5e",))
     assert second.certified and second.targets["tpu-v5e"].ok
-    # The second check ran on the two spares started after the first (runs and target judge)...
+    # The second check ran on the spares started after the first (the candidate's child, the
+    # runs' and the target judge's executors)...
     assert sorted(handed_out) == sorted(waiting)
-    # ...which ended with it, and two new ones wait for the next check.
+    # ...which ended with it, and new ones wait for the next check.
     assert not any(alive(pid) for pid in waiting)
     again = spares.waiting_pids()
-    assert len(again) == spares.DEPTH and not set(again) & set(waiting)
+    assert len(again) == len(waiting) and not set(again) & set(waiting)
 
     spares.disable()
     assert not any(alive(pid) for pid in again)
-    assert my_executor_homes() == homes_before  # every spare's home removed
+    assert my_spare_homes() == homes_before  # every spare's home removed
 
 
 def test_a_spare_that_died_while_waiting_is_never_handed_out(handed_out):
@@ -84,6 +90,30 @@ def test_a_spare_that_died_while_waiting_is_never_handed_out(handed_out):
     report = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2)
     assert report.certified  # its executors were started for it
     assert handed_out == []
+
+
+def test_a_spare_that_dies_once_handed_out_costs_a_restart_not_a_finding(monkeypatch):
+    """Killed between being handed out and importing the candidate: the check starts a child
+    for the candidate and certifies it, as it would have without spares."""
+    original = spares.take
+    killed = []
+
+    def take_and_kill(module, limits, platform):
+        child = original(module, limits, platform)
+        if child is not None and module == spares.CANDIDATE_MODULE:
+            child.kill()
+            killed.append(child.process.pid)
+        return child
+
+    monkeypatch.setattr(spares, "take", take_and_kill)
+    spares.enable()
+    try:
+        check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 1)
+        report = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2)
+    finally:
+        spares.disable()
+    assert len(killed) == 1
+    assert report.certified, report.diagnosis
 
 
 KEEPER = r"""
@@ -115,7 +145,8 @@ def test_spares_die_with_a_worker_killed_outright(tmp_path):
     )
     try:
         spare_pids = [int(p) for p in keeper.stdout.readline().split()]
-        assert len(spare_pids) == spares.DEPTH and all(alive(pid) for pid in spare_pids)
+        assert len(spare_pids) == sum(spares.DEPTH.values())
+        assert all(alive(pid) for pid in spare_pids)
         time.sleep(1)  # the sandboxed interpreters under each bwrap are up by now
         pids = [pid for spare in spare_pids for pid in _process_tree(spare)]
         assert len(pids) > len(spare_pids)

@@ -229,7 +229,9 @@ def export_for_target(program: TracedProgram, request: dict, target: str) -> dic
 
 def serve(entry: str, run, *, interpret: bool = True, label_kernels: bool = False) -> None:
     """The life of a child that runs untrusted code: import the file, find its ``entry``
-    function, then answer each ``run`` request with ``run(function, request)``.
+    function, then answer each ``run`` request with ``run(function, request)``. The file is
+    ``CANDIDATE_ENV``'s, or, in a child started as a spare without it, the first message's
+    (``{"cmd": "load", "candidate": path}``).
 
     With ``interpret`` (every child that executes kernels) pallas_calls run in interpret mode on
     CPU; a child that only lowers must see the real lowering instead. With ``label_kernels``
@@ -246,6 +248,13 @@ def serve(entry: str, run, *, interpret: bool = True, label_kernels: bool = Fals
         from nearmiss.runner.artifact import label_pallas_calls
 
         label_pallas_calls()
+    if not os.environ.get(CANDIDATE_ENV):
+        # A spare (``runner.spares``), started before its candidate was known: the engine puts
+        # the file in this child's home and names it in the first message.
+        request = channel.receive()
+        if request.get("cmd") != "load" or not isinstance(request.get("candidate"), str):
+            os._exit(0)
+        os.environ[CANDIDATE_ENV] = request["candidate"]
     try:
         module = import_candidate(os.environ[CANDIDATE_ENV])
     except (Exception, SystemExit) as exc:

@@ -8,6 +8,7 @@ that times out or dies loses that case only; a fresh child takes the remaining c
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import shutil
 import threading
@@ -28,13 +29,17 @@ from nearmiss.runner.arrays import load_arrays
 from nearmiss.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES, target_artifact_file
 from nearmiss.runner.candidate_child import CANDIDATE_ENV
 from nearmiss.runner.compile_cache import reference_cache_dir
-from nearmiss.runner.sandbox import ChildFailure, ChildTimeout, Limits, SandboxChild
+from nearmiss.runner.sandbox import ChildDied, ChildFailure, ChildTimeout, Limits, SandboxChild
 from nearmiss.runner.scratch import scratch_dir
-from nearmiss.runner.spares import EXECUTOR_MODULE, EXECUTOR_PREFIX
+from nearmiss.runner.spares import (
+    CANDIDATE_MODULE,
+    CANDIDATE_PREFIX,
+    EXECUTOR_MODULE,
+    EXECUTOR_PREFIX,
+)
 from nearmiss.runner.target_plan import TargetPlan, choose_targets, lowerings, plan_targets
 
 REFERENCE_MODULE = "nearmiss.runner.reference_child"
-CANDIDATE_MODULE = "nearmiss.runner.candidate_child"
 
 
 @dataclass(frozen=True)
@@ -328,7 +333,7 @@ class _Executor(_Child):
 
     def start(self) -> None:
         """A spare executor where the worker keeps them (``runner.spares``), else a new one."""
-        self.child = spares.take(self.limits, self.platform)
+        self.child = spares.take(EXECUTOR_MODULE, self.limits, self.platform)
         if self.child is None:
             super().start()
 
@@ -458,12 +463,13 @@ class _CandidateRunner(_Child):
     def __init__(
         self, candidate: Path, limits: Limits, platform: str, entry: Entry, shown: Path
     ) -> None:
-        super().__init__(entry.module, "nearmiss-candidate-", limits, platform)
+        super().__init__(entry.module, CANDIDATE_PREFIX, limits, platform)
         self.candidate = candidate
         self.shown = shown  # the user's path, for messages
         self.entry = entry
         # Set when the candidate cannot even be imported: every case gets the same finding.
         self.import_problem: dict[str, Any] | None = None
+        self.from_spare = False  # the child was a spare (``runner.spares``)
 
     def files(self) -> tuple[Path, ...]:
         return (self.candidate,)
@@ -471,11 +477,34 @@ class _CandidateRunner(_Child):
     def environment(self, home: Path) -> dict[str, str]:
         return {CANDIDATE_ENV: str(home / self.candidate.name)}
 
+    def start(self) -> None:
+        """A spare candidate child where the worker keeps them (``runner.spares``), given this
+        candidate in its home and told to import it; else a new child that imports it as it
+        starts."""
+        spare = spares.take(self.entry.module, self.limits, self.platform)
+        self.from_spare = spare is not None
+        if spare is None:
+            super().start()
+            return
+        self.child = spare
+        shutil.copy(self.candidate, spare.home / self.candidate.name)
+        # Gone since it was taken? Then wait_ready sees it dead and starts a new child.
+        with contextlib.suppress(ChildFailure):
+            spare.send(cmd="load", candidate=str(spare.home / self.candidate.name))
+
     def wait_ready(self) -> None:
         assert self.child is not None
         try:
             message = self.child.receive(self.limits.import_timeout_s)
         except ChildFailure as exc:
+            if isinstance(exc, ChildDied) and self.from_spare:
+                # A spare that died is the worker's loss, never the candidate's finding: the
+                # import is tried again in a child started for it.
+                self.stop()
+                self.from_spare = False
+                super().start()
+                self.wait_ready()
+                return
             self.import_problem = {
                 "failure": "timeout" if isinstance(exc, ChildTimeout) else "died",
                 "failure_detail": f"while importing the candidate: {exc}",

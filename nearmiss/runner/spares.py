@@ -1,12 +1,20 @@
-"""Executor children started ahead of the checks that will use them, on a busy worker.
+"""Children started ahead of the checks that will use them, on a busy worker.
 
 Every check starts fresh children, and each imports JAX before it can work (about 0.7 s here,
-seconds of backend start-up on accelerator hosts). The executors (``executor_child``: the
-artifact runner and the target judge) hold nothing of a candidate when they start — their homes
-are empty and the candidate is never imported there — so a worker can start them between checks,
-while the fix step or the workflow runs, and hand each to exactly one check. Isolation is what
-it was: one pair of executors per check, the same sandbox, limits and namespaces, each closed
-(and its home removed) when its check ends; a spare is only started earlier.
+seconds of backend start-up on accelerator hosts). Two kinds hold nothing of a candidate when
+they start, so a worker can start them between checks, while the fix step or the workflow runs,
+and hand each to exactly one check:
+
+- the executors (``executor_child``: the artifact runner and the target judge): empty homes, the
+  candidate never imported there;
+- the candidate child (``candidate_child``), started without a candidate: JAX imported, interpret
+  mode forced, ``pallas_call`` labelling installed, and nothing else; the check copies its
+  candidate into the child's home and names it in the first message, and the child imports it
+  then, exactly as a fresh one does at start.
+
+Isolation is what it was: one child of each kind per check, the same sandbox, limits and
+namespaces, each closed (and its home removed) when its check ends; a spare is only started
+earlier. The spec's child is not kept: it is started with the spec's directory bound in.
 
 Off unless ``enable()`` is called (long-lived workers, the benchmark): a one-shot
 ``nearmiss check`` would only start children nobody uses.
@@ -24,11 +32,14 @@ from nearmiss.runner.scratch import scratch_dir
 
 EXECUTOR_MODULE = "nearmiss.runner.executor_child"
 EXECUTOR_PREFIX = "nearmiss-executor-"
-# A check uses two executors (the runs and the target judge).
-DEPTH = 2
+CANDIDATE_MODULE = "nearmiss.runner.candidate_child"
+CANDIDATE_PREFIX = "nearmiss-candidate-"
+# What one check uses: two executors (the runs and the target judge) and one candidate child.
+DEPTH = {EXECUTOR_MODULE: 2, CANDIDATE_MODULE: 1}
+PREFIX = {EXECUTOR_MODULE: EXECUTOR_PREFIX, CANDIDATE_MODULE: CANDIDATE_PREFIX}
 
 _lock = threading.Lock()
-_spares: dict[tuple[int, str], list[SandboxChild]] = {}
+_spares: dict[tuple[str, int, str], list[SandboxChild]] = {}
 _enabled = False
 
 
@@ -49,16 +60,17 @@ def disable() -> None:
     close_all()
 
 
-def _key(limits: Limits, platform: str) -> tuple[int, str]:
-    # What a child is started with (sandbox.SandboxChild): its memory limit and platform; the
-    # time limits are the engine's side and apply to whoever takes it.
-    return (limits.memory_mb, platform)
+def _key(module: str, limits: Limits, platform: str) -> tuple[str, int, str]:
+    # What a child is started with (sandbox.SandboxChild): its module, memory limit and
+    # platform; the time limits are the engine's side and apply to whoever takes it.
+    return (module, limits.memory_mb, platform)
 
 
-def take(limits: Limits, platform: str) -> SandboxChild | None:
-    """A started executor for these limits, handed out once; None when there is none."""
+def take(module: str, limits: Limits, platform: str) -> SandboxChild | None:
+    """A started child of ``module`` for these limits, handed out once; None when there is
+    none."""
     with _lock:
-        waiting = _spares.get(_key(limits, platform), [])
+        waiting = _spares.get(_key(module, limits, platform), [])
         while waiting:
             child = waiting.pop(0)
             if child.process is not None and child.process.poll() is None:
@@ -68,24 +80,31 @@ def take(limits: Limits, platform: str) -> SandboxChild | None:
 
 
 def refill(limits: Limits, platform: str) -> None:
-    """Start executors until ``DEPTH`` wait for these limits (a check has just ended). A spare
-    that cannot start is no failure of the check that ended: the next check starts its own."""
+    """Start children until what one check uses waits for these limits (a check has just
+    ended). A spare that cannot start is no failure of the check that ended: the next check
+    starts its own."""
     if not _enabled:
         return
     with _lock:
-        waiting = _spares.setdefault(_key(limits, platform), [])
-        while len(waiting) < DEPTH:
-            try:
-                home = scratch_dir(EXECUTOR_PREFIX)
-                waiting.append(SandboxChild(EXECUTOR_MODULE, home, limits, platform))
-            except (UsageError, OSError):
-                return
+        for module, depth in DEPTH.items():
+            waiting = _spares.setdefault(_key(module, limits, platform), [])
+            while len(waiting) < depth:
+                try:
+                    home = scratch_dir(PREFIX[module])
+                    waiting.append(SandboxChild(module, home, limits, platform))
+                except (UsageError, OSError):
+                    return
 
 
-def waiting_pids() -> list[int]:
-    """The process ids of the spares now waiting (for tests and the benchmark)."""
+def waiting_pids(module: str | None = None) -> list[int]:
+    """The process ids of the spares (of ``module``) now waiting, for tests."""
     with _lock:
-        return [c.process.pid for cs in _spares.values() for c in cs if c.process is not None]
+        return [
+            child.process.pid
+            for key, waiting in _spares.items()
+            for child in waiting
+            if child.process is not None and module in (None, key[0])
+        ]
 
 
 def close_all() -> None:
