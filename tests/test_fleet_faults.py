@@ -35,7 +35,10 @@ MEMBERS = {
     "softmax_rows/floor_grid": ("softmax_rows", "floor_grid", "certified"),
 }
 POSTGRES_OUTAGE_S = 18.0
-TEMPORAL_OUTAGE_S = 8.0
+# Longer than the Temporal client's own RPC retries (temporalio's RetryConfig: up to 10 retries
+# over about 10 s), which ride out a shorter outage without the command ever seeing it: 8 s plus
+# the server's restart was on that edge, and a loaded CI machine fell on the silent side.
+TEMPORAL_OUTAGE_S = 16.0
 
 
 def _manifest(path: Path, names: list[str]) -> Path:
