@@ -21,7 +21,7 @@ from conftest import OPS, PLANTED, ROOT
 from nearmiss.check import check
 from nearmiss.render import render_report
 from nearmiss.targets.registry import TPU_TARGETS
-from nearmiss.targets.vmem import MIB, close_to_limit, memref_bytes
+from nearmiss.targets.vmem import MIB, close_to_limit, memref_bytes, vmem_use
 
 MEASURE = r"""
 import json, sys
@@ -145,6 +145,14 @@ def test_a_kernel_that_compiles_close_to_the_limit_is_warned_about(measured):
         "tpu-v5e",
     )
     assert warning.startswith("VMEM close to the limit on tpu-v5e: the blocks take 14.0 MiB of")
+
+
+def test_an_unreadable_artifact_has_no_estimate_and_raises_nothing():
+    # The artifact is written by the candidate's child: whatever it holds, the compiler's
+    # verdict stands alone when the estimate cannot be made.
+    assert vmem_use("not a module", "v5e") == {}
+    forged = 'func.func @main() { "stablehlo.custom_call"() : () -> () return }'
+    assert vmem_use(forged, "v5e") == {}
 
 
 def test_memref_sizes():

@@ -1192,7 +1192,7 @@ def kernel_buffers(artifact: Any) -> list[KernelBuffers]:
     for call in _walk(module.operation):
         if _name(call) != "stablehlo.custom_call":
             continue
-        target = call.attributes["call_target_name"]
+        target = call.attributes.get("call_target_name")
         if not isinstance(target, ir.StringAttr) or target.value != MOSAIC_TARGET:
             continue
         if len(kernels) >= MAX_KERNELS:

@@ -44,7 +44,7 @@ _enabled = False
 
 
 def enable() -> None:
-    """Keep spare executors from now on in this process (closed at exit)."""
+    """Keep spare children from now on in this process (closed at exit)."""
     global _enabled
     with _lock:
         if not _enabled:
@@ -69,14 +69,19 @@ def _key(module: str, limits: Limits, platform: str) -> tuple[str, int, str]:
 def take(module: str, limits: Limits, platform: str) -> SandboxChild | None:
     """A started child of ``module`` for these limits, handed out once; None when there is
     none."""
+    found, dead = None, []
     with _lock:
         waiting = _spares.get(_key(module, limits, platform), [])
-        while waiting:
+        while waiting and found is None:
             child = waiting.pop(0)
-            if child.process is not None and child.process.poll() is None:
-                return child
-            _discard(child)  # died while waiting: never handed to a check
-    return None
+            alive = child.process is not None and child.process.poll() is None
+            if alive:
+                found = child
+            else:
+                dead.append(child)
+    for child in dead:  # died while waiting: never handed to a check
+        _discard(child)
+    return found
 
 
 def refill(limits: Limits, platform: str) -> None:
@@ -96,15 +101,10 @@ def refill(limits: Limits, platform: str) -> None:
                     return
 
 
-def waiting_pids(module: str | None = None) -> list[int]:
-    """The process ids of the spares (of ``module``) now waiting, for tests."""
+def waiting_pids() -> list[int]:
+    """The process ids of the spares now waiting, for tests."""
     with _lock:
-        return [
-            child.process.pid
-            for key, waiting in _spares.items()
-            for child in waiting
-            if child.process is not None and module in (None, key[0])
-        ]
+        return [c.process.pid for cs in _spares.values() for c in cs if c.process is not None]
 
 
 def close_all() -> None:

@@ -61,11 +61,11 @@ def vmem_use(artifact: Any, chip: str) -> dict[str, int]:
     """The largest VMEM use of any kernel in the artifact (kernels run one after another):
     ``{vmem_blocks_bytes, vmem_scratch_bytes, vmem_limit_bytes}``; {} when the artifact
     cannot be read (the compiler's verdict stands alone)."""
-    from nearmiss.integrity.grid import Undetermined, kernel_buffers
+    from nearmiss.integrity.grid import kernel_buffers
 
     try:
         kernels = kernel_buffers(artifact)
-    except Undetermined:
+    except Exception:  # Undetermined, or a malformed module (the candidate's child wrote it)
         return {}
     default = SCOPED_VMEM_DEFAULT.get(chip)
     worst: dict[str, int] = {}
