@@ -168,17 +168,19 @@ class OpSpec:
         raise SpecError(f"unknown suite {which!r}; expected compact, extended or all")
 
 
-def load_spec(path: str | Path) -> OpSpec:
+def load_spec(path: str | Path, shown: str | None = None) -> OpSpec:
     """Execute a spec file and return its validated ``SPEC``.
 
-    Raises SpecError with a one-line reason for anything that makes the file unusable.
+    Raises SpecError with a one-line reason for anything that makes the file unusable, naming
+    the file ``shown`` (default ``path``: the engine loads a copy and names the user's file).
     Runs arbitrary spec code: the engine calls it only inside a sandbox child process.
     """
-    path = Path(path)
-    if not path.is_file():
+    source = Path(path)
+    path = Path(shown) if shown else source
+    if not source.is_file():
         raise SpecError(f"spec file not found: {path}")
-    module_name = f"nearmiss_spec_{abs(hash(str(path.resolve())))}"
-    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    module_name = f"nearmiss_spec_{abs(hash(str(source.resolve())))}"
+    loader_spec = importlib.util.spec_from_file_location(module_name, source)
     if loader_spec is None or loader_spec.loader is None:
         raise SpecError(f"cannot load spec file {path}")
     module = importlib.util.module_from_spec(loader_spec)

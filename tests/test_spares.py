@@ -33,7 +33,8 @@ def alive(pid: int) -> bool:
 
 
 def my_spare_homes() -> set[str]:
-    tags = [f"nearmiss-{kind}-p{os.getpid()}s" for kind in ("executor", "candidate")]
+    kinds = ("executor", "candidate", "reference")
+    tags = [f"nearmiss-{kind}-p{os.getpid()}s" for kind in kinds]
     return {
         p.name
         for p in Path(tempfile.gettempdir()).iterdir()
@@ -71,8 +72,8 @@ def test_each_check_gets_executors_started_before_it_and_never_shared(handed_out
 
     second = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2, targets=("tpu-v5e",))
     assert second.certified and second.targets["tpu-v5e"].ok
-    # The second check ran on the spares started after the first (the candidate's child, the
-    # runs' and the target judge's executors)...
+    # The second check ran on the spares started after the first (the spec's child, the
+    # candidate's child, the runs' and the target judge's executors)...
     assert sorted(handed_out) == sorted(waiting)
     # ...which ended with it, and new ones wait for the next check.
     assert not any(alive(pid) for pid in waiting)
@@ -98,15 +99,17 @@ def test_a_spare_that_died_while_waiting_is_never_handed_out(handed_out):
     assert not any(alive(pid) for tree in trees for pid in tree)  # nothing of them is left
 
 
-def test_a_spare_that_dies_once_handed_out_costs_a_restart_not_a_finding(monkeypatch):
-    """Killed between being handed out and importing the candidate: the check starts a child
-    for the candidate and certifies it, as it would have without spares."""
+@pytest.mark.parametrize("module", [spares.CANDIDATE_MODULE, spares.REFERENCE_MODULE])
+def test_a_spare_that_dies_once_handed_out_costs_a_restart_not_a_finding(monkeypatch, module):
+    """Killed between being handed out and its first answer (the candidate's import, the
+    spec's description): the check starts a child for it and certifies, as it would have
+    without spares — neither the candidate nor the spec is blamed for the worker's loss."""
     original = spares.take
     killed = []
 
-    def take_and_kill(module, limits, platform):
-        child = original(module, limits, platform)
-        if child is not None and module == spares.CANDIDATE_MODULE:
+    def take_and_kill(wanted, limits, platform):
+        child = original(wanted, limits, platform)
+        if child is not None and wanted == module:
             child.kill()
             killed.append(child.process.pid)
         return child

@@ -25,9 +25,9 @@ from pydantic import BaseModel
 from nearmiss.errors import UsageError
 from nearmiss.forensics.compare import tolerance_used as leaf_tolerance_used
 from nearmiss.runner.arrays import float_eps, is_float, load_arrays
-from nearmiss.runner.sandbox import ChildFailure, Limits, SandboxChild
+from nearmiss.runner.sandbox import ChildFailure, Limits
 from nearmiss.runner.scratch import scratch_dir
-from nearmiss.runner.session import REFERENCE_MODULE
+from nearmiss.runner.spec_sandbox import spec_request, start_spec_child
 
 # A tolerance should leave a correct kernel this much room over the reference's own noise.
 NOISE_MARGIN = 8.0
@@ -234,15 +234,10 @@ def measure(spec: Path, suite: str, seed: int, limits: Limits | None = None) -> 
     each case's tolerance. UsageError (one line) for a spec that does not load or run."""
     limits = limits or Limits()
     workdir = scratch_dir("nearmiss-calibrate-")
-    child = SandboxChild(REFERENCE_MODULE, workdir / "home", limits, "cpu")
+    child = None
     try:
-        child.send(
-            cmd="calibrate",
-            spec=str(spec.resolve()),
-            seed=seed,
-            suite=suite,
-            workdir=str(workdir / "cases"),
-        )
+        child = start_spec_child(workdir, limits, "cpu")
+        child.send(cmd="calibrate", seed=seed, suite=suite, **spec_request(workdir, spec.resolve()))
         name, cases = "", []
         while True:
             try:
@@ -262,8 +257,9 @@ def measure(spec: Path, suite: str, seed: int, limits: Limits | None = None) -> 
                 raise UsageError(f"unexpected message from the spec's child: {event}")
         return SpecNoise(spec=name, seed=seed, suite=suite, cases=cases, advice=advise(cases))
     finally:
-        child.kill()
-        child.close()
+        if child is not None:
+            child.kill()
+            child.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

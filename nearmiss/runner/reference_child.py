@@ -125,7 +125,7 @@ def prepare(channel: Channel, request: dict) -> None:
 
         enable_persistent_cache(jax, request["cache"])
     try:
-        spec = load_spec(request["spec"])
+        spec = load_spec(request["spec"], request.get("shown"))
         cases = select_cases(spec, request["suite"], request.get("select"))
     except SelectionError as exc:
         channel.send(event="spec_error", message=f"invalid case request: {exc}")
@@ -379,6 +379,11 @@ def control_cases(
 
 def main() -> None:
     channel = start_child()
+    # JAX before the request: a child started ahead of its check (``runner.spares``) has it
+    # imported while it waits; a child started for its request loses nothing.
+    import jax  # noqa: F401
+    import numpy  # noqa: F401
+
     request = channel.receive()
     if request.get("cmd") == "calibrate":
         from nearmiss.runner.spec_noise import calibrate

@@ -39,11 +39,6 @@ POLL_S = 0.05
 # Children that run only engine and spec code; every other module runs candidate code and is
 # refused where no sandbox can start (unless the user opted out).
 TRUSTED_MODULES = frozenset({"nearmiss.runner.reference_child"})
-# A child that learns from its first request which host paths it needs: it starts with that
-# request, seeing those fields' paths read-only (False) or writable (True).
-REQUEST_BINDS = {
-    "nearmiss.runner.reference_child": {"spec": False, "workdir": True, "cache": True},
-}
 
 
 @dataclass(frozen=True)
@@ -153,7 +148,12 @@ class SandboxChild:
         limits: Limits,
         platform_hint: str = "cpu",
         extra_env: dict[str, str] | None = None,
+        read_only: tuple[Path, ...] = (),
+        writable: tuple[Path, ...] = (),
     ) -> None:
+        """Start the child now. Besides its own ``home`` (writable) it sees the host paths
+        ``read_only`` and ``writable`` at the same place, and nothing else of the host's files
+        but the system, the interpreter and the engine package."""
         self.limits = limits
         self.home = home
         self.module = module
@@ -173,10 +173,9 @@ class SandboxChild:
         self._reader = LineReader(self._from_child_r)
         self.peak_rss_mb = 0.0
         self.process: subprocess.Popen | None = None
-        if self.sandbox is None or module not in REQUEST_BINDS:
-            self._start()
+        self._start(read_only, writable)
 
-    def _start(self, read_only: tuple[Path, ...] = (), writable: tuple[Path, ...] = ()) -> None:
+    def _start(self, read_only: tuple[Path, ...], writable: tuple[Path, ...]) -> None:
         engine = PROJECT_ROOT if self.sandbox is None else ENGINE_MOUNT
         env = child_environment(self.home, extra=self.extra_env, engine_path=engine)
         env[CHANNEL_ENV] = ",".join(map(str, self._child_ends))
@@ -225,23 +224,7 @@ class SandboxChild:
         while self._child_ends:
             os.close(self._child_ends.pop())
 
-    def _start_with(self, request: dict[str, Any]) -> None:
-        """Start a REQUEST_BINDS child with the host paths its first request names."""
-        read_only, writable = [], []
-        for name, write in REQUEST_BINDS[self.module].items():
-            value = request.get(name)
-            if isinstance(value, str) and value:
-                path = Path(value)
-                if write:
-                    path.mkdir(parents=True, exist_ok=True)
-                    writable.append(path)
-                elif path.exists():
-                    read_only.append(path)
-        self._start(tuple(read_only), tuple(writable))
-
     def send(self, **message: Any) -> None:
-        if self.process is None:
-            self._start_with(message)
         try:
             write_message(self._to_child_w, message)
         except (BrokenPipeError, OSError) as exc:
@@ -249,8 +232,7 @@ class SandboxChild:
 
     def receive(self, timeout_s: float) -> dict[str, Any]:
         """The next message, or ChildTimeout / ChildDied."""
-        if self.process is None:
-            raise ChildDied("the child was never started (it starts with its first request)")
+        assert self.process is not None  # started in __init__, or __init__ raised
         deadline = time.monotonic() + timeout_s
         while True:
             try:

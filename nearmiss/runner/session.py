@@ -28,7 +28,6 @@ from nearmiss.runner import spares
 from nearmiss.runner.arrays import load_arrays
 from nearmiss.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES, target_artifact_file
 from nearmiss.runner.candidate_child import CANDIDATE_ENV
-from nearmiss.runner.compile_cache import reference_cache_dir
 from nearmiss.runner.sandbox import ChildDied, ChildFailure, ChildTimeout, Limits, SandboxChild
 from nearmiss.runner.scratch import scratch_dir
 from nearmiss.runner.spares import (
@@ -37,9 +36,13 @@ from nearmiss.runner.spares import (
     EXECUTOR_MODULE,
     EXECUTOR_PREFIX,
 )
+from nearmiss.runner.spec_sandbox import (
+    REFERENCE_MODULE,
+    REFERENCE_PREFIX,
+    spec_request,
+    start_spec_child,
+)
 from nearmiss.runner.target_plan import TargetPlan, choose_targets, lowerings, plan_targets
-
-REFERENCE_MODULE = "nearmiss.runner.reference_child"
 
 
 @dataclass(frozen=True)
@@ -139,18 +142,51 @@ CONTROL_ROUNDS = 6
 
 
 class _ReferenceFeed:
-    """Reads the reference child's messages on a thread, so both children progress at once."""
+    """Reads the reference child's messages on a thread, so both children progress at once.
 
-    def __init__(self, child: SandboxChild) -> None:
+    With a ``request`` the thread sends it first. ``restart`` (the child was a spare,
+    ``runner.spares``): should the child die before its first answer, the request goes again to
+    the child ``restart`` starts — a spare's death is the worker's loss, never the spec's
+    finding. ``child`` is the one answering, once the first message is in.
+    """
+
+    def __init__(
+        self,
+        child: SandboxChild,
+        request: dict[str, Any] | None = None,
+        restart: Callable[[], SandboxChild] | None = None,
+    ) -> None:
         self.child = child
+        self.request = request
+        self.restart = restart
         self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
         self.thread = threading.Thread(target=self._pump, daemon=True)
         self.thread.start()
 
+    def _receive(self) -> dict[str, Any]:
+        timeout_s = self.child.limits.reference_timeout_s
+        request, self.request = self.request, None
+        if request is None:
+            return self.child.receive(timeout_s)
+        try:
+            self.child.send(**request)
+            return self.child.receive(timeout_s)
+        except ChildDied:
+            if self.restart is None:
+                raise
+        self.child.kill()
+        self.child.close()
+        try:
+            self.child = self.restart()
+        except (UsageError, OSError) as exc:
+            raise ChildDied(f"could not be started again: {exc}") from exc
+        self.child.send(**request)
+        return self.child.receive(timeout_s)
+
     def _pump(self) -> None:
         while True:
             try:
-                message = self.child.receive(self.child.limits.reference_timeout_s)
+                message = self._receive()
             except ChildFailure as exc:
                 tail = f" — {exc.log_tail.splitlines()[-1]}" if exc.log_tail else ""
                 message = {
@@ -768,16 +804,16 @@ def describe_spec(spec: Path, limits: Limits | None = None) -> dict[str, Any]:
     """The spec's ``name``, ``category``, ``description`` and ``targets``, read in the spec's
     sandboxed child: the engine never runs spec code itself. UsageError (one line) for a spec
     that does not load."""
-    workdir = scratch_dir("nearmiss-reference-")
-    child = SandboxChild(REFERENCE_MODULE, workdir / "home", limits or Limits(), "cpu")
+    workdir = scratch_dir(REFERENCE_PREFIX)
+    child = None
     try:
+        child = start_spec_child(workdir, limits or Limits(), "cpu")
         child.send(
             cmd="prepare",
-            spec=str(spec.resolve()),
             seed=0,
             suite="compact",
-            workdir=str(workdir / "cases"),
             describe_only=True,
+            **spec_request(workdir, spec.resolve()),
         )
         try:
             message = child.receive(child.limits.reference_timeout_s)
@@ -789,8 +825,9 @@ def describe_spec(spec: Path, limits: Limits | None = None) -> dict[str, Any]:
             raise UsageError(f"unexpected message from the spec's child: {message['event']}")
         return {key: message.get(key) for key in ("name", "category", "description", "targets")}
     finally:
-        child.kill()
-        child.close()
+        if child is not None:
+            child.kill()
+            child.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -828,36 +865,39 @@ def run_sandboxed(
     the case's key (``runner.edit_screen`` runs edits of the kernel on them).
     """
     spec, candidate = spec.resolve(), candidate.resolve()
-    workdir = scratch_dir("nearmiss-reference-")
+    reference = spares.take(REFERENCE_MODULE, limits, platform)
+    workdir = spares.root(reference) if reference is not None else scratch_dir(REFERENCE_PREFIX)
     snapshot = workdir / "candidate" / candidate.name
-    snapshot.parent.mkdir()
-    if source is None:
-        shutil.copyfile(candidate, snapshot)
-    else:
-        snapshot.write_text(source)
     shown, candidate = candidate, snapshot
-    reference = SandboxChild(REFERENCE_MODULE, workdir / "home", limits, platform)
     executor = _Executor(limits, platform)
     # Target compiles take seconds; they get their own executor, to overlap with the runs.
     judge = _Executor(limits, platform)
     runner = _CandidateRunner(candidate, limits, platform, entry, shown)
     feed: _ReferenceFeed | None = None
     try:
-        reference.send(
+        snapshot.parent.mkdir()
+        if source is None:
+            shutil.copyfile(shown, snapshot)
+        else:
+            snapshot.write_text(source)
+        restart = partial(start_spec_child, workdir, limits, platform)
+        from_spare = reference is not None
+        if reference is None:
+            reference = restart()
+        request = dict(
             cmd="prepare",
-            spec=str(spec),
             seed=seed,
             suite=suite,
-            workdir=str(workdir / "cases"),
             integrity=audit,
             select=select,
-            cache=str(reference_cache_dir() or ""),
             controls=controls is not None and execute and entry.artifact,
+            **spec_request(workdir, spec),
         )
-        feed = _ReferenceFeed(reference)
+        feed = _ReferenceFeed(reference, request, restart if from_spare else None)
         if execute:
             runner.start()  # overlaps the candidates's JAX import with the reference's work
         described = feed.next("spec")
+        reference = feed.child  # a new one if the spare died
         chosen = choose_targets(targets, described.get("targets"))
         plans = plan_targets(chosen) if entry.artifact else []
         lower_for = lowerings(plans)
@@ -956,9 +996,12 @@ def run_sandboxed(
             # The reference child may still be working (an early return or a usage error). Kill
             # it and let the feed thread see the end of its pipe *before* the pipe is closed:
             # a thread left reading a closed descriptor would read whatever reuses the number.
-            reference.kill()
+            feed.child.kill()
             feed.thread.join(timeout=30)
-        reference.close()
+            reference = feed.child  # the thread may have replaced a dead spare meanwhile
+        if reference is not None:
+            reference.kill()
+            reference.close()
         shutil.rmtree(workdir, ignore_errors=True)
         spares.refill(limits, platform)  # for the next check, while this one's result is used
 

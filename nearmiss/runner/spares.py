@@ -10,11 +10,14 @@ and hand each to exactly one check:
 - the candidate child (``candidate_child``), started without a candidate: JAX imported, interpret
   mode forced, ``pallas_call`` labelling installed, and nothing else; the check copies its
   candidate into the child's home and names it in the first message, and the child imports it
-  then, exactly as a fresh one does at start.
+  then, exactly as a fresh one does at start;
+- the spec's child (``reference_child``), started with its work directory's ``spec/`` (empty
+  until the check copies its spec in), ``cases/`` and the compile cache bound in
+  (``runner.spec_sandbox``), and JAX imported.
 
 Isolation is what it was: one child of each kind per check, the same sandbox, limits and
 namespaces, each closed (and its home removed) when its check ends; a spare is only started
-earlier. The spec's child is not kept: it is started with the spec's directory bound in.
+earlier.
 
 Off unless ``enable()`` is called (long-lived workers, the benchmark): a one-shot
 ``nearmiss check`` would only start children nobody uses.
@@ -25,21 +28,25 @@ from __future__ import annotations
 import atexit
 import shutil
 import threading
+from pathlib import Path
 
 from nearmiss.errors import UsageError
+from nearmiss.runner.compile_cache import reference_cache_dir
 from nearmiss.runner.sandbox import Limits, SandboxChild
 from nearmiss.runner.scratch import scratch_dir
+from nearmiss.runner.spec_sandbox import REFERENCE_MODULE, REFERENCE_PREFIX, start_spec_child
 
 EXECUTOR_MODULE = "nearmiss.runner.executor_child"
 EXECUTOR_PREFIX = "nearmiss-executor-"
 CANDIDATE_MODULE = "nearmiss.runner.candidate_child"
 CANDIDATE_PREFIX = "nearmiss-candidate-"
-# What one check uses: two executors (the runs and the target judge) and one candidate child.
-DEPTH = {EXECUTOR_MODULE: 2, CANDIDATE_MODULE: 1}
+# What one check uses: two executors (the runs and the target judge), one candidate child and
+# one spec's child.
+DEPTH = {EXECUTOR_MODULE: 2, CANDIDATE_MODULE: 1, REFERENCE_MODULE: 1}
 PREFIX = {EXECUTOR_MODULE: EXECUTOR_PREFIX, CANDIDATE_MODULE: CANDIDATE_PREFIX}
 
 _lock = threading.Lock()
-_spares: dict[tuple[str, int, str], list[SandboxChild]] = {}
+_spares: dict[tuple[str, int, str, str], list[SandboxChild]] = {}
 _enabled = False
 
 
@@ -60,10 +67,27 @@ def disable() -> None:
     close_all()
 
 
-def _key(module: str, limits: Limits, platform: str) -> tuple[str, int, str]:
-    # What a child is started with (sandbox.SandboxChild): its module, memory limit and
-    # platform; the time limits are the engine's side and apply to whoever takes it.
-    return (module, limits.memory_mb, platform)
+def _key(module: str, limits: Limits, platform: str) -> tuple[str, int, str, str]:
+    # What a child is started with (sandbox.SandboxChild): its module, memory limit, platform
+    # and (the spec's child) the compile cache bound in; the time limits are the engine's side
+    # and apply to whoever takes it.
+    return (module, limits.memory_mb, platform, str(reference_cache_dir() or ""))
+
+
+def _start(module: str, limits: Limits, platform: str) -> SandboxChild:
+    if module != REFERENCE_MODULE:
+        return SandboxChild(module, scratch_dir(PREFIX[module]), limits, platform)
+    workdir = scratch_dir(REFERENCE_PREFIX)
+    try:
+        return start_spec_child(workdir, limits, platform)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+
+
+def root(child: SandboxChild) -> Path:
+    """The directory that goes with a spare: its home, or the spec's child's work directory."""
+    return child.home.parent if child.module == REFERENCE_MODULE else child.home
 
 
 def take(module: str, limits: Limits, platform: str) -> SandboxChild | None:
@@ -95,8 +119,7 @@ def refill(limits: Limits, platform: str) -> None:
             waiting = _spares.setdefault(_key(module, limits, platform), [])
             while len(waiting) < depth:
                 try:
-                    home = scratch_dir(PREFIX[module])
-                    waiting.append(SandboxChild(module, home, limits, platform))
+                    waiting.append(_start(module, limits, platform))
                 except (UsageError, OSError):
                     return
 
@@ -118,4 +141,4 @@ def close_all() -> None:
 
 def _discard(child: SandboxChild) -> None:
     child.close()
-    shutil.rmtree(child.home, ignore_errors=True)
+    shutil.rmtree(root(child), ignore_errors=True)

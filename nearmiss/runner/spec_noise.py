@@ -42,7 +42,7 @@ def calibrate(channel: Channel, request: dict) -> None:
     from nearmiss.spec import SpecError, load_spec
 
     try:
-        spec = load_spec(request["spec"])
+        spec = load_spec(request["spec"], request.get("shown"))
         cases = select_cases(spec, request["suite"], None)
     except SpecError as exc:
         channel.send(event="spec_error", message=str(exc))
