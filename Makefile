@@ -29,6 +29,7 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	$(BIN)/pytest -n 2 --durations=15
 
 # The engine's own tests: no Temporal, no PostgreSQL, no corpus sweep.
@@ -43,6 +44,7 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from nearmiss.models import CaseResult, CheckReport
-from workflows.models import ControlFinding, Evidence, Finding
+from nearmiss.models import CaseResult, CheckReport, ControlFinding, Evidence, Finding
 
 # How far a failing case got, by its class: it did not build, it built and crashed, it ran and
 # returned the wrong structure, it ran and returned numbers (wrong ones).

@@ -23,9 +23,9 @@ from kb.learning import learn_from_session
 from kb.patches import apply_patch
 from nearmiss.check import check
 from nearmiss.errors import UsageError
+from nearmiss.models import Evidence
 from workflows.models import (
     CheckInput,
-    Evidence,
     FixInput,
     FixOutcome,
     FixRequest,

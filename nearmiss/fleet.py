@@ -29,8 +29,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from kb.events import EventStore
-from kb.faults import describe, is_infrastructure_error
 from nearmiss.errors import UsageError
+from nearmiss.faults import describe, is_infrastructure_error
 from nearmiss.inputs import read_source
 from nearmiss.render import table
 from nearmiss.runner.session import describe_spec

@@ -85,7 +85,7 @@ def _print_summary(summary: dict, report: Path | None, as_json: bool) -> None:
 async def _out_of_reach(work, fleet: list[str]) -> int:
     """``await work``; when Temporal or the database stays out of reach, one line (how to follow
     the fleet, once ``fleet`` names it) and EXIT_LOST instead of a traceback."""
-    from kb.faults import describe, is_infrastructure_error
+    from nearmiss.faults import describe, is_infrastructure_error
     from nearmiss.fleet import TemporalLost
 
     try:

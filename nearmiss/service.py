@@ -40,10 +40,10 @@ from activities.regenerate import RegenerateActivities
 from activities.repair import RepairActivities, make_fixer
 from infra.devstack import SEARCH_ATTRIBUTES, DevStack
 from kb.events import EventStore
-from kb.faults import INFRASTRUCTURE, as_activity_error, describe, is_infrastructure_error
 from kb.knowledge import load_seed
 from nearmiss.check import require_file
 from nearmiss.errors import UsageError
+from nearmiss.faults import INFRASTRUCTURE, as_activity_error, describe, is_infrastructure_error
 from nearmiss.inputs import read_source
 from nearmiss.runner import spares
 from nearmiss.runner.scratch import sweep_orphans
@@ -120,8 +120,9 @@ class _ClassifiedFailures(ActivityInboundInterceptor):
 
 
 class ClassifiedFailures(Interceptor):
-    """Every activity's failures sorted at one boundary (``kb.faults``): the infrastructure's are
-    retried for minutes, the engine's own bugs fail at once, chosen errors pass as they are."""
+    """Every activity's failures sorted at one boundary (``nearmiss.faults``): the
+    infrastructure's are retried for minutes, the engine's own bugs fail at once, chosen errors
+    pass as they are."""
 
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
         return _ClassifiedFailures(next)

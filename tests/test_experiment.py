@@ -24,9 +24,9 @@ from nearmiss.experiment.records import load_table
 from nearmiss.experiment.render import csv_text, markdown, pass_rates_svg, tokens_svg
 from nearmiss.experiment.runner import run_experiment
 from nearmiss.experiment.table import compute_table
+from nearmiss.models import Evidence
 from nearmiss.service import build_worker
 from workflows.loop import Guards, LoopState, RepairLoop
-from workflows.models import Evidence
 
 SOFTMAX = OPS / "softmax_rows"
 GOLDEN = (SOFTMAX / "golden.py").read_text()

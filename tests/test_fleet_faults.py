@@ -23,7 +23,7 @@ from test_worker_crash import start_worker, stop_workers
 from conftest import OPS, ROOT, private_stack
 from infra.devstack import PostgresService, TemporalService, wait_exit
 from kb.events import EventStore
-from kb.faults import is_infrastructure_error
+from nearmiss.faults import is_infrastructure_error
 from nearmiss.runner import scratch
 from nearmiss.runner.scratch import scratch_dir, sweep_orphans
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from nearmiss.models import Evidence
 from workflows.loop import Guards, LoopState, RepairLoop
-from workflows.models import Evidence, FixOutcome, TokenUsage
+from workflows.models import FixOutcome, TokenUsage
 
 
 def ev(hash_: str, score: float, signature: str = "wrong_values|x|", **kw) -> Evidence:
@@ -128,7 +129,8 @@ def test_a_candidate_seen_before_is_a_cycle():
 
 def test_right_numbers_refused_by_the_integrity_gate_stop_as_integrity_not_no_fix():
     from activities.fixers.playbook import propose
-    from workflows.models import Finding, FixRequest
+    from nearmiss.models import Finding
+    from workflows.models import FixRequest
 
     loop = RepairLoop(LoopState(guards=Guards(), deterministic_fixer=True))
     step = loop.begin("h0", 0)

@@ -31,7 +31,8 @@ from fake_openai import (
 from activities import prompts
 from activities.fixers.base import FixerError
 from activities.fixers.openai_fixer import OpenAIFixer, build_messages, retry_after_s
-from workflows.models import Evidence, Finding, FixRequest, TokenUsage
+from nearmiss.models import Evidence, Finding
+from workflows.models import FixRequest, TokenUsage
 
 SOURCE = """import jax
 from jax.experimental import pallas as pl

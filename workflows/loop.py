@@ -21,7 +21,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from workflows.models import Evidence, FixOutcome, TokenUsage
+from nearmiss.models import Evidence
+from workflows.models import FixOutcome, TokenUsage
 
 StopReason = Literal[
     "certified",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from nearmiss.models import Evidence
+
 
 def is_chat_model(model: str) -> bool:
     """``openai:MODEL``: a chat endpoint, which can write kernels and run experiments (the
@@ -62,63 +64,6 @@ class TokenUsage(BaseModel):
             cached_input=self.cached_input + other.cached_input,
             output=self.output + other.output,
         )
-
-
-class Finding(BaseModel):
-    rule: str
-    detail: str
-
-
-class ControlFinding(BaseModel):
-    """A control experiment on a failing case (``nearmiss.forensics.controls``): the case with
-    one thing changed — aligned dims, the normal profile, float32 — and whether it passes."""
-
-    case: str  # the failing case it controls, "extended/ragged"
-    name: str
-    dims: dict[str, int]
-    dtype: str
-    profile: str
-    passed: bool | None = None  # None: the spec could not serve it
-    max_abs_error: float | None = None
-    source: str = "run"  # run in this check, a suite case, or cached from an earlier check
-
-
-class Evidence(BaseModel):
-    """What one check of one candidate showed, condensed for the loop and the fixers."""
-
-    candidate_hash: str
-    suite: str
-    certified: bool
-    failure_class: str | None = None
-    failure_classes: list[str] = Field(default_factory=list)
-    integrity_ok: bool = True
-    violations: list[Finding] = Field(default_factory=list)
-    diagnosis: str = ""
-    compact_passed: bool | None = None
-    extended_passed: bool | None = None
-    cases_passed: int = 0
-    cases_total: int = 0
-    # Progress measure in [0, 1]: 0 for integrity violations or nothing running, growing with
-    # the passing cases and shrinking mismatches; 1 only when certified.
-    score: float = 0.0
-    # Failure class × which cases fail × integrity rules: "the same failure" for no-progress.
-    signature: str = ""
-    report_hash: str = ""  # the full CheckReport JSON in the blob store
-    op: str = ""
-    category: str = ""
-    platform: str = ""
-    # How the first failing case's output structure differs, e.g. "out is float32[64,256], the
-    # reference's is bfloat16[64,256]"; None when the structure is right.
-    structure_problem: str | None = None
-    # The targets the check judged (nearmiss.targets), each with whether it accepted the kernel.
-    targets: dict[str, bool] = Field(default_factory=dict)
-    # Where the check ran: the worker's identity, its task queue, the targets it serves, its
-    # device (workflows.routing). Empty for checks from before target queues.
-    worker: dict[str, str] = Field(default_factory=dict)
-    # The failing cases' control experiments, and per case what they isolate ("extended/ragged":
-    # "fails iff C is not a multiple of 128 (aligned C=256 passes); ...").
-    controls: list[ControlFinding] = Field(default_factory=list)
-    triggers: dict[str, str] = Field(default_factory=dict)
 
 
 class FixRequest(BaseModel):

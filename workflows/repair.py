@@ -17,11 +17,11 @@ from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from nearmiss.models import Evidence
     from workflows.agent_round import run_agent_round
     from workflows.loop import Guards, LoopState, PlannedEvent, RepairLoop
     from workflows.models import (
         CheckInput,
-        Evidence,
         FixInput,
         FixOutcome,
         RetrieveInput,

@@ -1,7 +1,7 @@
 """How long activities wait out the infrastructure: the retry policy every activity shares.
 
 An activity is retried when its worker dies (heartbeat or start-to-close timeout) or when it
-fails on the infrastructure (``kb.faults``: the database or Temporal unreachable, a connection
+fails on the infrastructure (``nearmiss.faults``: the database or Temporal unreachable, a connection
 reset): with exponential backoff from 1 s, at most 30 s apart, for about ten minutes — a
 PostgreSQL or Temporal restart of a few minutes costs a session nothing. What a retry cannot
 cure fails at once: the engine's own bugs and unusable input are raised non-retryable (the

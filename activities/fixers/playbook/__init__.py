@@ -27,7 +27,8 @@ from activities.fixers.playbook import (  # noqa: F401
 
 # isort: on
 from activities.fixers.playbook.registry import RECIPES, Recipe
-from workflows.models import Evidence, FixRequest, FixResult, TokenUsage
+from nearmiss.models import Evidence
+from workflows.models import FixRequest, FixResult, TokenUsage
 
 # ----------------------------------------------------------------------------------------------
 # The fixer.

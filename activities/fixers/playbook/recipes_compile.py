@@ -29,7 +29,7 @@ from activities.fixers.playbook.source import (
     _replace,
     _text,
 )
-from workflows.models import Evidence
+from nearmiss.models import Evidence
 
 
 @_recipe(

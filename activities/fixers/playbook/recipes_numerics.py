@@ -17,7 +17,7 @@ from activities.fixers.playbook.source import (
     _text,
     _values_of,
 )
-from workflows.models import Evidence
+from nearmiss.models import Evidence
 
 LOG2_E = 1.4426950408889634
 

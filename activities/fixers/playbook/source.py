@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from nearmiss.inputs import parse_source
-from workflows.models import Evidence
+from nearmiss.models import Evidence
 
 # ----------------------------------------------------------------------------------------------
 # Source editing: recipes describe edits by ast positions; text outside them is left untouched.
