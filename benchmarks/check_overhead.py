@@ -34,8 +34,8 @@ import jax
 from nearmiss.check import check
 from nearmiss.render import table
 from nearmiss.runner import spares
+from nearmiss.runner.case_draw import case_key
 from nearmiss.runner.interpret import force_interpret_on_cpu
-from nearmiss.runner.reference_child import case_key
 from nearmiss.runner.sandbox import Limits, _process_tree
 from nearmiss.spec import load_spec
 

@@ -1,7 +1,8 @@
 """The integrity gate: static rules on the source, dynamic rules on the run, one verdict.
 
 ``judge`` turns a run's evidence into an ``IntegrityReport``; ``check`` calls it on every run.
-``gate`` is the gate on its own, for the repair loop: static rules, then a compact run.
+It reads each case through ``CaseEvidence``, the part of the runner's ``RawCase`` it needs, so
+the gate sits below the runner that gathers the evidence and the check that runs it.
 
 Modes: ``enforce`` (the default) blocks certification on any violation and never executes a
 candidate whose source reaches outside the contract (``forbidden_import``); ``report`` runs and
@@ -11,10 +12,12 @@ lists everything but certifies on the numbers alone (the no-anti-cheat ablation,
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any, Protocol
 
 from nearmiss.integrity.dynamic import (
     DYNAMIC_RULES,
+    ArtifactAudit,
+    Probe,
     audit_violations,
     callback_violations,
     merge,
@@ -23,7 +26,6 @@ from nearmiss.integrity.dynamic import (
 )
 from nearmiss.integrity.static import STATIC_RULES, static_violations
 from nearmiss.models import IntegrityReport, Violation
-from nearmiss.runner.session import RawCase
 
 RULES = tuple(dict.fromkeys(STATIC_RULES + DYNAMIC_RULES))  # host_callback is in both
 MODES = ("enforce", "report", "off")
@@ -31,7 +33,37 @@ MODES = ("enforce", "report", "off")
 BLOCKS_EXECUTION = ("forbidden_import",)
 
 
-def _case_violations(raw: RawCase) -> list[Violation]:
+class _CaseKey(Protocol):
+    @property
+    def key(self) -> str: ...
+
+
+class CaseEvidence(Protocol):
+    """What the gate reads of one case's run (``nearmiss.runner.session.RawCase`` has it)."""
+
+    @property
+    def info(self) -> _CaseKey: ...
+    @property
+    def reference(self) -> list[Any]: ...
+    @property
+    def outputs(self) -> list[Any] | None: ...
+    @property
+    def audited(self) -> bool: ...
+    @property
+    def audit(self) -> ArtifactAudit | None: ...
+    @property
+    def audit_error(self) -> str: ...
+    @property
+    def reference_work(self) -> int | None: ...
+    @property
+    def inputs_changed(self) -> list[int]: ...
+    @property
+    def probes(self) -> list[Probe]: ...
+    @property
+    def traced_callbacks(self) -> list[str]: ...
+
+
+def _case_violations(raw: CaseEvidence) -> list[Violation]:
     if raw.audit is None:
         found = [
             Violation(
@@ -48,7 +80,7 @@ def _case_violations(raw: RawCase) -> list[Violation]:
     return found
 
 
-def judge(static: list[Violation], cases: list[RawCase], mode: str) -> IntegrityReport:
+def judge(static: list[Violation], cases: list[CaseEvidence], mode: str) -> IntegrityReport:
     """The integrity verdict of one run: static findings plus what each audited case showed."""
     if mode == "off":
         return IntegrityReport(ok=True, mode=mode)
@@ -71,11 +103,4 @@ def blocks_execution(static: list[Violation], mode: str) -> bool:
     return mode == "enforce" and any(v.rule in BLOCKS_EXECUTION for v in static)
 
 
-def gate(spec: str | Path, candidate: str | Path, seed: int | None = None) -> IntegrityReport:
-    """The gate alone: static rules, then (unless they forbid it) a compact run audited."""
-    from nearmiss.check import check
-
-    return check(spec, candidate, suite="compact", seed=seed).integrity
-
-
-__all__ = ["MODES", "RULES", "blocks_execution", "gate", "judge", "static_violations"]
+__all__ = ["MODES", "RULES", "CaseEvidence", "blocks_execution", "judge", "static_violations"]

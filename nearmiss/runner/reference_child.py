@@ -16,21 +16,15 @@ from __future__ import annotations
 import os
 import sys
 import time
-import zlib
 from pathlib import Path
 
+from nearmiss.runner.case_draw import arrays_or_none, case_key
 from nearmiss.runner.child import Channel, start_child
 
 # Folded into a case's key to draw the fresh inputs of the input-independence probes.
 PROBE_TAG = 0x5EED
 # The suite label of the engine's control cases (they are custom cases, never certified on).
 CONTROL_SUITE = "custom"
-
-
-def case_key(jax, seed: int, suite: str, name: str):
-    """The PRNG key of one case: a function of the engine's seed and the case's identity only."""
-    tag = zlib.crc32(f"{suite}/{name}".encode()) & 0x7FFFFFFF
-    return jax.random.fold_in(jax.random.PRNGKey(seed), tag)
 
 
 def reference_work(jax, spec, inputs) -> int | None:
@@ -52,7 +46,7 @@ def write_probes(jax, np, spec, case, key, arrays, reference, case_dir: Path) ->
     """
     from nearmiss.runner.arrays import save_arrays
 
-    fresh = _arrays_or_none(jax, np, spec.make_inputs(case, jax.random.fold_in(key, PROBE_TAG)))
+    fresh = arrays_or_none(jax, np, spec.make_inputs(case, jax.random.fold_in(key, PROBE_TAG)))
     if fresh is None or len(fresh) != len(arrays):
         return []
     probes = []
@@ -61,7 +55,7 @@ def write_probes(jax, np, spec, case, key, arrays, reference, case_dir: Path) ->
             continue
         mixed = [*arrays[:index], value, *arrays[index + 1 :]]
         leaves = jax.tree_util.tree_leaves(jax.block_until_ready(spec.reference(*mixed)))
-        changed = _arrays_or_none(jax, np, leaves)
+        changed = arrays_or_none(jax, np, leaves)
         if changed is None or len(changed) != len(reference):
             continue
         if all(a.tobytes() == b.tobytes() for a, b in zip(changed, reference, strict=True)):
@@ -100,16 +94,6 @@ def _save_inputs(case_dir: Path, parameters: list[str], arrays) -> tuple[Path, l
     names = input_names(parameters, len(arrays))
     save_arrays(case_dir / "inputs.npz", arrays, {"names": names})
     return case_dir, names
-
-
-def _arrays_or_none(jax, np, values):
-    """The values as numpy arrays, or None when any is not an array."""
-    out = []
-    for value in values:
-        if not isinstance(value, jax.Array | np.ndarray):
-            return None
-        out.append(np.asarray(value))
-    return out
 
 
 def prepare(channel: Channel, request: dict) -> None:
@@ -173,7 +157,7 @@ def prepare(channel: Channel, request: dict) -> None:
                 message=f"make_inputs raised on {label}: {type(exc).__name__}: {exc}",
             )
             return
-        arrays = _arrays_or_none(jax, np, inputs) if isinstance(inputs, tuple | list) else None
+        arrays = arrays_or_none(jax, np, inputs) if isinstance(inputs, tuple | list) else None
         if arrays is None:
             channel.send(
                 event="spec_error",
@@ -206,7 +190,7 @@ def prepare(channel: Channel, request: dict) -> None:
             )
             return
         leaves, treedef = jax.tree_util.tree_flatten(reference)
-        ref_arrays = _arrays_or_none(jax, np, leaves)
+        ref_arrays = arrays_or_none(jax, np, leaves)
         if ref_arrays is None or not ref_arrays:
             channel.send(
                 event="spec_error",
@@ -344,7 +328,7 @@ def control_cases(
         try:
             case = Case(name, item["dims"], dtype=item["dtype"], profile=item["profile"])
             inputs, told = _draw(jax, np, spec, request, item, case, suite)
-            arrays = _arrays_or_none(jax, np, inputs) if isinstance(inputs, tuple | list) else None
+            arrays = arrays_or_none(jax, np, inputs) if isinstance(inputs, tuple | list) else None
             if arrays is None:
                 raise TypeError(f"make_inputs returned {type(inputs).__name__}, not arrays")
         except Exception as exc:
@@ -366,7 +350,7 @@ def control_cases(
             leaves, treedef = jax.tree_util.tree_flatten(
                 jax.block_until_ready(spec.reference(*inputs))
             )
-            ref_arrays = _arrays_or_none(jax, np, leaves)
+            ref_arrays = arrays_or_none(jax, np, leaves)
             if not ref_arrays:
                 raise TypeError(f"the reference returned non-array values: {treedef}")
         except Exception as exc:

@@ -36,7 +36,7 @@ def calibrate(channel: Channel, request: dict) -> None:
     import numpy as np
 
     from nearmiss.runner.arrays import is_float, save_arrays
-    from nearmiss.runner.reference_child import _arrays_or_none, case_key
+    from nearmiss.runner.case_draw import arrays_or_none, case_key
     from nearmiss.runner.retype import retyped_evaluation, small_constants
     from nearmiss.runner.selection import select_cases
     from nearmiss.spec import SpecError, load_spec
@@ -55,7 +55,7 @@ def calibrate(channel: Channel, request: dict) -> None:
         started = time.perf_counter()
         try:
             inputs = spec.make_inputs(case, case_key(jax, request["seed"], suite, case.name))
-            arrays = _arrays_or_none(jax, np, inputs) if isinstance(inputs, tuple | list) else None
+            arrays = arrays_or_none(jax, np, inputs) if isinstance(inputs, tuple | list) else None
             if arrays is None:
                 raise SpecError("make_inputs must return a tuple of arrays")
             reference = jax.tree_util.tree_leaves(jax.block_until_ready(spec.reference(*inputs)))
@@ -63,7 +63,7 @@ def calibrate(channel: Channel, request: dict) -> None:
         except Exception as exc:
             channel.send(event="spec_error", message=f"{label}: {_first_line(exc)}")
             return
-        leaves = _arrays_or_none(jax, np, reference)
+        leaves = arrays_or_none(jax, np, reference)
         if not leaves:
             channel.send(event="spec_error", message=f"{label}: the reference returned no arrays")
             return
