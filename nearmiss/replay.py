@@ -21,12 +21,10 @@ from temporalio.worker import Replayer
 from kb.events import EventStore, StoredEvent
 from nearmiss.errors import UsageError
 from nearmiss.models import CheckReport
-from workflows.fleet import FleetWorkflow
+from nearmiss.service import WORKFLOWS
 from workflows.models import replay_model
-from workflows.regenerate import RegenerateWorkflow
 from workflows.repair import TASK_QUEUE, RepairRequest, RepairResult, RepairWorkflow
 
-WORKFLOWS = [RepairWorkflow, FleetWorkflow, RegenerateWorkflow]
 SCORE_TOLERANCE = 0.05  # fresh inputs move a score a little; a change beyond this is behaviour
 
 

@@ -61,6 +61,8 @@ from workflows.regenerate import RegenerateWorkflow
 from workflows.repair import TASK_QUEUE, Progress, RepairRequest, RepairResult, RepairWorkflow
 from workflows.routing import GENERAL_QUEUE, queue_of
 
+# Every workflow a worker runs: the replay of saved sessions needs the same list.
+WORKFLOWS = [RepairWorkflow, FleetWorkflow, RegenerateWorkflow]
 PROGRESS_POLL_S = 0.5
 _log = logging.getLogger("nearmiss.worker")
 
@@ -222,7 +224,7 @@ def build_worker(
         general_worker = Worker(
             client,
             task_queue=GENERAL_QUEUE,
-            workflows=[RepairWorkflow, FleetWorkflow, RegenerateWorkflow],
+            workflows=WORKFLOWS,
             activities=repair.general() + RegenerateActivities(store).all(),
             interceptors=interceptors,
             identity=identity,

@@ -1,28 +1,39 @@
 """Regenerate the saved workflow histories that tests/test_replay.py replays.
 
-    .venv/bin/python tests/make_histories.py
+    .venv/bin/python tests/make_histories.py [NAME ...]
 
-Runs three short repairs on a private dev stack with a scripted fixer (the replay only needs the
-activities' recorded results) and writes their histories as JSON to tests/histories/. Re-run it
-after an intended change to the workflow's command sequence, and keep old histories that must
-still replay (a change that breaks them needs workflow.patched): the *_before_kb.json ones
-predate knowledge retrieval and learning and replay through their patches.
+Runs short sessions on a private dev stack and writes their histories as JSON to
+tests/histories/: three repairs with a scripted fixer (the replay only needs the activities'
+recorded results), a fleet of three playbook repairs over two runs (continue-as-new: both runs'
+histories are kept) and a regenerate session of two trials answered by the fake model endpoint.
+NAME picks some of them (default: all). Re-run it after an intended change to a workflow's
+command sequence, and keep old histories that must still replay (a change that breaks them needs
+workflow.patched): the *_before_kb.json ones predate knowledge retrieval and learning and replay
+through their patches.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import tempfile
 from pathlib import Path
+
+from fake_openai import FakeOpenAI, answer
+from sessions import full_file
 
 from conftest import OPS, ROOT, private_stack
 from infra.devstack import DevStack, PostgresService
 from kb.events import EventStore
 from kb.knowledge import load_seed
+from nearmiss.fleet import MemberFile, start_fleet
 from nearmiss.service import build_worker, connect, start_session
 from nearmiss.settings import Settings
 from workflows.loop import Guards
 from workflows.models import FixResult
+from workflows.regenerate import RegenerateRequest, RegenerateWorkflow
+from workflows.repair import TASK_QUEUE
 
 OUT = ROOT / "tests" / "histories"
 
@@ -54,7 +65,93 @@ SESSIONS = {
 }
 
 
-async def main() -> None:
+async def repair(client, store, name: str) -> None:
+    candidate, script, guards = SESSIONS[name]
+    fixer = ScriptedFixer([(OPS / s).read_text() if s else None for s in script])
+    async with build_worker(client, store, lambda _, f=fixer: f):
+        handle = await start_session(
+            client,
+            store,
+            OPS / candidate.split("/")[0] / "spec.py",
+            OPS / candidate,
+            "scripted",
+            guards,
+            use_kb=name != "cycle",
+        )
+        result = await handle.result()
+        print(name, result.stop_reason)
+        await save(name, handle)
+
+
+def _member(name: str) -> MemberFile:
+    kernel, variant = name.split("/")
+    return MemberFile(name, OPS / kernel / "spec.py", OPS / kernel / "variants" / f"{variant}.py")
+
+
+async def fleet(client, store) -> None:
+    """Three playbook members, two at a time, two per run: the third starts in a second run."""
+    members = ["matmul/missing_init", "gelu_tanh/wrong_constant", "layer_norm/f32_output"]
+    async with build_worker(client, store):
+        handle = await start_fleet(
+            client,
+            store,
+            [_member(m) for m in members],
+            model="playbook",
+            guards=Guards(),
+            concurrency=2,
+            members_per_run=2,
+            fleet_id="fleet",  # its children's ids derive from it: the replay needs the same
+        )
+        result = await handle.result()
+        print("fleet", {r.name: r.verdict for r in result.results})
+        first = client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
+        await save("fleet.run1", first)
+        await save("fleet.run2", client.get_workflow_handle(handle.id))
+
+
+async def regenerate(client, store) -> None:
+    """Two concurrent trials: the golden kernel and an answer without code."""
+    softmax = OPS / "softmax_rows"
+    with FakeOpenAI() as fake:
+        fake.script(
+            answer(full_file((softmax / "golden.py").read_text()), prompt_tokens=900),
+            answer("I would tile the rows, but I am not sure how.", prompt_tokens=900),
+        )
+        os.environ["NEARMISS_OPENAI_BASE_URL"] = fake.base_url
+        os.environ["NEARMISS_OPENAI_API_KEY"] = "test-key"
+        request = RegenerateRequest(
+            spec_hash=await store.put_blob((softmax / "spec.py").read_bytes()),
+            kernel="softmax_rows",
+            candidate_name="softmax_rows.py",
+            model="openai:fake-model",
+            trials=2,
+            seed=40,
+        )
+        async with build_worker(client, store):
+            handle = await client.start_workflow(
+                RegenerateWorkflow.run, request, id="regenerate-history", task_queue=TASK_QUEUE
+            )
+            result = await handle.result()
+            print("regenerate", result.pass_at_1, result.pass_at_k)
+            await save("regenerate_two_trials", handle)
+
+
+async def save(name: str, handle) -> None:
+    """Saved as NAME.json; a replay takes the part of NAME before any dot as the workflow id."""
+    history = await handle.fetch_history()
+    (OUT / f"{name}.json").write_text(history.to_json())
+
+
+MAKERS = {name: lambda c, s, n=name: repair(c, s, n) for name in SESSIONS} | {
+    "fleet": fleet,
+    "regenerate": regenerate,
+}
+
+
+async def main(names: list[str]) -> None:
+    unknown = set(names) - set(MAKERS)
+    if unknown:
+        sys.exit(f"unknown history {sorted(unknown)}: choose from {', '.join(MAKERS)}")
     with tempfile.TemporaryDirectory() as home:
         config = private_stack(Path(home))
         settings = Settings(config.temporal_address, config.connect_dsn, True, config)
@@ -62,25 +159,11 @@ async def main() -> None:
             store = await EventStore.connect(config.connect_dsn)
             await load_seed(store)
             client = await connect(settings)
-            for name, (candidate, script, guards) in SESSIONS.items():
-                fixer = ScriptedFixer([(OPS / s).read_text() if s else None for s in script])
-                async with build_worker(client, store, lambda _, f=fixer: f):
-                    handle = await start_session(
-                        client,
-                        store,
-                        OPS / candidate.split("/")[0] / "spec.py",
-                        OPS / candidate,
-                        "scripted",
-                        guards,
-                        use_kb=name != "cycle",
-                    )
-                    result = await handle.result()
-                    print(name, result.stop_reason)
-                    history = await handle.fetch_history()
-                    (OUT / f"{name}.json").write_text(history.to_json())
+            for name in names or MAKERS:
+                await MAKERS[name](client, store)
             await store.close()
         PostgresService(config).remove_data()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(sys.argv[1:]))

@@ -1,11 +1,14 @@
 """Saved histories still replay against today's workflow code (determinism check).
 
-Regenerate with `python tests/make_histories.py` only after an intended change; a history that
+Every workflow a worker runs has saved histories here: repairs, a fleet's two runs (the first
+ends in continue-as-new) and a regenerate session. Regenerate them with
+`.venv/bin/python tests/make_histories.py NAME` only after an intended change; a history that
 stops replaying means running sessions would break on upgrade.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,40 +16,75 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
+from nearmiss.service import WORKFLOWS
+from workflows.fleet import FleetWorkflow
+from workflows.regenerate import RegenerateWorkflow
 from workflows.repair import RepairWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
 
-def test_there_are_histories_to_replay():
-    assert len(HISTORIES) >= 3
+def workflow_type(path: Path) -> str:
+    started = json.loads(path.read_text())["events"][0]
+    return started["workflowExecutionStartedEventAttributes"]["workflowType"]["name"]
 
 
-@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
+def load(path: Path) -> WorkflowHistory:
+    """The history under the workflow id it ran with (a fleet names its children after it):
+    the file's name up to its first dot (``fleet.run1.json``: ``fleet``)."""
+    return WorkflowHistory.from_json(path.name.split(".")[0], path.read_text())
+
+
+def test_every_workflow_a_worker_runs_has_saved_histories():
+    saved = {workflow_type(p) for p in HISTORIES}
+    assert saved == {w.__name__ for w in WORKFLOWS}
+    assert sum(workflow_type(p) == "RepairWorkflow" for p in HISTORIES) >= 3
+    # Both runs of the fleet: the first one's end is its continue-as-new.
+    assert '"EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW"' in (
+        Path(__file__).parent / "histories" / "fleet.run1.json"
+    ).read_text().replace(" ", "")
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.name.removesuffix(".json"))
 async def test_a_saved_history_replays(path):
-    history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(workflows=[RepairWorkflow], data_converter=pydantic_data_converter)
-    result = await replayer.replay_workflow(history)
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(load(path))
     assert result.replay_failure is None
 
 
-async def test_a_changed_command_sequence_is_caught(monkeypatch):
+def _record_one_first(original, first_version: int):
+    """A ``_record`` that records its first event alone before the rest, at the first record."""
+
+    async def record(self, *args):
+        version = self.request.version if isinstance(self, FleetWorkflow) else self.version
+        if version == first_version:
+            if isinstance(self, FleetWorkflow):
+                await original(self, *args)  # one event per call: record it twice
+            elif args[0]:
+                await original(self, args[0][:1])
+        await original(self, *args)
+
+    return record
+
+
+@pytest.mark.parametrize(
+    "workflow, history",
+    [
+        (RepairWorkflow, "certified_after_two_rounds"),
+        (FleetWorkflow, "fleet.run1"),
+        (RegenerateWorkflow, "regenerate_two_trials"),
+    ],
+)
+async def test_a_changed_command_sequence_is_caught(monkeypatch, workflow, history):
     # Control: replay must be able to fail. Recording one extra event first changes the
     # workflow's commands, which the replayer has to reject.
-    original = RepairWorkflow._record
-
-    async def record_twice(self, events):
-        if events and self.version == 0:
-            await original(self, events[:1])
-        await original(self, events)
-
-    monkeypatch.setattr(RepairWorkflow, "_record", record_twice)
-    path = HISTORIES[0]
-    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    monkeypatch.setattr(workflow, "_record", _record_one_first(workflow._record, 0))
+    path = Path(__file__).parent / "histories" / f"{history}.json"
     replayer = Replayer(
-        workflows=[RepairWorkflow],
+        workflows=WORKFLOWS,
         data_converter=pydantic_data_converter,
         workflow_runner=UnsandboxedWorkflowRunner(),  # the sandbox would re-import the original
     )
-    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    result = await replayer.replay_workflow(load(path), raise_on_replay_failure=False)
     assert result.replay_failure is not None
+    assert "Nondeterminism" in str(result.replay_failure), result.replay_failure
