@@ -40,7 +40,7 @@ FAST_TESTS := tests/test_integrity_static.py tests/test_integrity_dynamic.py tes
 
 test-fast: setup
 	$(BIN)/ruff check .
-	$(BIN)/pytest -n 2 $(FAST_TESTS)
+	$(BIN)/pytest -n 2 -m "not end_to_end" $(FAST_TESTS)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -12,6 +12,7 @@ GOLDEN = OPS / "softmax_rows" / "golden.py"
 REQUIRED_KEYS = {"certified", "failure_class", "failure_classes", "integrity", "cases"}
 
 
+@pytest.mark.end_to_end
 def test_certified_kernel_exits_0_with_the_json_contract():
     code, report = check_json(SOFTMAX_SPEC, GOLDEN)
     assert code == 0
@@ -24,6 +25,7 @@ def test_certified_kernel_exits_0_with_the_json_contract():
     assert report["seed"] == 7
 
 
+@pytest.mark.end_to_end
 def test_not_certified_exits_1_and_a_syntax_error_in_the_candidate_is_a_finding():
     code, report = check_json(SOFTMAX_SPEC, PLANTED / "syntax_error.py", "--suite", "compact")
     assert code == 1
@@ -32,6 +34,7 @@ def test_not_certified_exits_1_and_a_syntax_error_in_the_candidate_is_a_finding(
     assert report["failure_classes"] == ["compile_error"]
 
 
+@pytest.mark.end_to_end
 def test_human_output_is_a_table_with_the_verdict_and_diagnosis():
     result = run_cli(
         "check", SOFTMAX_SPEC, OPS / "softmax_rows" / "variants" / "floor_grid.py", "--seed", "3"
@@ -59,6 +62,7 @@ def _spec_with(reference="lambda x: x * 2", make_inputs="lambda case, key: (jnp.
     )
 
 
+@pytest.mark.end_to_end
 @pytest.mark.parametrize(
     ("spec_text", "candidate_text", "message"),
     [
@@ -120,6 +124,7 @@ def test_missing_candidate_and_bad_arguments_exit_2(tmp_path):
     assert result.returncode == 2
 
 
+@pytest.mark.end_to_end
 def test_json_is_parseable_even_when_the_candidate_prints(tmp_path):
     noisy = _write(
         tmp_path,
@@ -133,6 +138,7 @@ def test_json_is_parseable_even_when_the_candidate_prints(tmp_path):
     assert json.loads(result.stdout)["certified"] is True
 
 
+@pytest.mark.end_to_end
 def test_a_forbidden_import_blocks_certification_and_execution(tmp_path):
     cheat = _write(tmp_path, "cheat.py", "import os\n" + GOLDEN.read_text())
     code, report = check_json(SOFTMAX_SPEC, cheat, "--suite", "compact")
@@ -147,6 +153,7 @@ def test_a_forbidden_import_blocks_certification_and_execution(tmp_path):
     assert "not executed" in report["diagnosis"]
 
 
+@pytest.mark.end_to_end
 def test_a_fallback_blocks_certification_though_the_numbers_pass(tmp_path):
     body = GOLDEN.read_text().replace(
         "    return pl.pallas_call(",
@@ -160,6 +167,7 @@ def test_a_fallback_blocks_certification_though_the_numbers_pass(tmp_path):
     assert [v["rule"] for v in report["integrity"]["violations"]] == ["exception_fallback"]
 
 
+@pytest.mark.end_to_end
 def test_report_mode_lists_violations_but_certifies_on_the_numbers():
     cheat = OPS / "integrity" / "cheats" / "copy_kernel_softmax.py"
     code, report = check_json(SOFTMAX_SPEC, cheat, "--suite", "compact", "--integrity", "report")

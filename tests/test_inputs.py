@@ -96,6 +96,7 @@ def test_an_oversized_file_is_refused(tree):
     _refused(run_cli("check", SOFTMAX_SPEC, big), "bytes", str(MAX_SOURCE_BYTES))
 
 
+@pytest.mark.end_to_end
 def test_a_symlink_inside_the_tree_is_followed(tree):
     (tree / "versions").mkdir()
     real = tree / "versions" / "v2.py"
