@@ -30,6 +30,7 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/pytest -n 2 --durations=15
 
 # The engine's own tests: no Temporal, no PostgreSQL, no corpus sweep.
@@ -46,6 +47,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache *.egg-info

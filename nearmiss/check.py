@@ -12,7 +12,7 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from nearmiss.errors import UsageError
 from nearmiss.forensics import reach
@@ -36,6 +36,7 @@ from nearmiss.integrity.static import execution_mode_notes
 from nearmiss.models import (
     CaseResult,
     CheckReport,
+    CheckSuite,
     ErrorInfo,
     IntegrityReport,
     LeafStats,
@@ -320,7 +321,7 @@ def check(
         category=raw.category,
         spec=str(spec),
         candidate=str(candidate),
-        suite=suite,
+        suite=cast(CheckSuite, suite),  # checked against SUITES above
         seed=seed,
         platform=raw.platform,
         jax_version=raw.jax_version,
@@ -351,7 +352,7 @@ def target_results(raw: RawRun, cases: list[CaseResult]) -> dict[str, TargetResu
     in_order = {(c.suite, c.name): c.passed for c in cases}
     results = {}
     for plan in plan_targets(raw.targets):
-        cases = [
+        per_case = [
             {"key": r.info.key, "exported": plan.target in r.targets}
             | r.targets.get(plan.target, {})
             | {
@@ -363,7 +364,7 @@ def target_results(raw: RawRun, cases: list[CaseResult]) -> dict[str, TargetResu
             for r in raw.cases
         ]
         results[plan.target] = judge_target(
-            plan.target, plan.verified_by, plan.structure, plan.compile, cases
+            plan.target, plan.verified_by, plan.structure, plan.compile, per_case
         )
     return results
 

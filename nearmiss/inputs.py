@@ -36,12 +36,23 @@ import stat
 import threading
 import tokenize
 from pathlib import Path
+from typing import Literal, overload
 
 from nearmiss.errors import UsageError
 
 MAX_SOURCE_BYTES = 1 << 20  # 1 MiB: a kernel is a few hundred lines
 SPECIAL_TREES = ("/proc", "/sys", "/dev")
 _PARSE_LOCK = threading.Lock()
+
+
+@overload
+def parse_source(
+    source: str | bytes, filename: str = ..., mode: Literal["exec"] = ...
+) -> ast.Module: ...
+@overload
+def parse_source(source: str | bytes, filename: str, mode: Literal["eval"]) -> ast.Expression: ...
+@overload
+def parse_source(source: str | bytes, *, mode: Literal["eval"]) -> ast.Expression: ...
 
 
 def parse_source(source: str | bytes, filename: str = "<unknown>", mode: str = "exec") -> ast.AST:

@@ -23,10 +23,15 @@ FailureClass = Literal[
     "wrong_values",
 ]
 
+# The suite a case belongs to ("custom": the engine's control cases), and the suites a check
+# runs.
+CaseSuite = Literal["compact", "extended", "custom"]
+CheckSuite = Literal["compact", "extended", "all"]
+
 # Order used to pick the primary class of a run: the most fundamental failure first, since an
 # agent must fix a kernel that does not compile before one that is merely imprecise.
 FAILURE_CLASSES = frozenset(get_args(FailureClass))
-FAILURE_PRIORITY: tuple[str, ...] = (
+FAILURE_PRIORITY: tuple[FailureClass, ...] = (
     "compile_error",
     "runtime_error",
     "timeout",
@@ -170,7 +175,7 @@ class CaseResult(BaseModel):
     """The verdict and evidence for one case."""
 
     # "custom": a case an experiment asked for (nearmiss.tools), never part of a certificate.
-    suite: Literal["compact", "extended", "custom"]
+    suite: CaseSuite
     name: str
     dims: dict[str, int]
     dtype: str
@@ -236,7 +241,7 @@ class CheckReport(BaseModel):
     category: str
     spec: str
     candidate: str
-    suite: Literal["compact", "extended", "all"]
+    suite: CheckSuite
     seed: int
     platform: str
     jax_version: str

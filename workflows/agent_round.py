@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -31,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.retries import infra_retry
 
-TOOL_OPTIONS = dict(
+TOOL_OPTIONS: dict[str, Any] = dict(
     start_to_close_timeout=timedelta(minutes=10),
     heartbeat_timeout=timedelta(seconds=15),
     retry_policy=infra_retry(),

@@ -104,6 +104,12 @@ class FleetWorkflow:
         self.request: FleetRequest | None = None
         self.running: dict[int, RunningMember] = {}
 
+    @property
+    def started(self) -> FleetRequest:
+        """The request of the run in progress (``run`` sets it before anything else)."""
+        assert self.request is not None
+        return self.request
+
     @workflow.query
     def progress(self) -> FleetProgress:
         if self.request is None:
@@ -167,7 +173,7 @@ class FleetWorkflow:
         return await self._record_finished(fleet_id, cancelled=False)
 
     async def _start(self, fleet_id: str, index: int) -> tuple[asyncio.Task, RunningMember]:
-        request = self.request
+        request = self.started
         member = request.members[index]
         session_id = member_session_id(fleet_id, index, member)
         repair = RepairRequest(
@@ -207,15 +213,15 @@ class FleetWorkflow:
             result.tokens, result.detail = repair.tokens, repair.stop_detail
             result.targets = dict(repair.targets)
         self.running.pop(member.index, None)
-        self.request.results.append(result)
+        self.started.results.append(result)
         await self._record("FleetMemberFinished", result.model_dump(mode="json"))
 
     async def _record_finished(self, fleet_id: str, cancelled: bool) -> FleetResult:
-        results = sorted(self.request.results, key=lambda r: r.index)
+        results = sorted(self.started.results, key=lambda r: r.index)
         certified, tokens = summarise(results)
         result = FleetResult(
             fleet_id=fleet_id,
-            total=len(self.request.members),
+            total=len(self.started.members),
             certified=certified,
             cancelled=cancelled,
             tokens=tokens,
@@ -233,4 +239,4 @@ class FleetWorkflow:
 
     async def _record(self, event_type: str, payload: dict) -> None:
         event = PlannedEvent(type=event_type, payload=payload)
-        self.request.version = await record(self.request.version, [event])
+        self.started.version = await record(self.started.version, [event])

@@ -5,6 +5,7 @@ version) and a replayed workflow records nothing new."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 
@@ -13,7 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.models import RecordInput
     from workflows.retries import infra_retry
 
-RECORD_OPTIONS = dict(
+RECORD_OPTIONS: dict[str, Any] = dict(
     start_to_close_timeout=timedelta(seconds=30),
     retry_policy=infra_retry(),  # the event store may be restarting: wait it out
 )

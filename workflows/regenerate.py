@@ -148,6 +148,7 @@ class RegenerateWorkflow:
 
     async def _certify(self, request: RegenerateRequest, result: TrialResult) -> None:
         """The engine's verdict on a generated kernel: the full suite, integrity enforced."""
+        assert result.candidate_hash is not None  # only a trial that wrote a kernel comes here
         check = CheckInput(
             spec_hash=request.spec_hash,
             candidate_hash=result.candidate_hash,

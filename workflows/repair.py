@@ -9,7 +9,7 @@ Activities are referenced by name: this module imports nothing with I/O.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
@@ -42,17 +42,17 @@ TOKENS_ATTRIBUTE = SearchAttributeKey.for_int("NearmissTokens")
 
 # Every activity rides out the infrastructure for minutes (workflows.retries); the engine's own
 # bugs and unusable input fail at once.
-CHECK_OPTIONS = dict(
+CHECK_OPTIONS: dict[str, Any] = dict(
     start_to_close_timeout=timedelta(minutes=30),
     heartbeat_timeout=timedelta(seconds=15),
     retry_policy=infra_retry("UsageError"),
 )
-FIX_OPTIONS = dict(
+FIX_OPTIONS: dict[str, Any] = dict(
     start_to_close_timeout=timedelta(minutes=10),
     heartbeat_timeout=timedelta(seconds=15),
     retry_policy=infra_retry(),
 )
-RETRIEVE_OPTIONS = dict(
+RETRIEVE_OPTIONS: dict[str, Any] = dict(
     start_to_close_timeout=timedelta(seconds=60),
     retry_policy=infra_retry(),
 )
@@ -196,7 +196,7 @@ class RepairWorkflow:
             targets=dict(evidence.targets) if evidence is not None else {},
         )
         workflow.upsert_search_attributes(
-            [VERDICT_ATTRIBUTE.value_set("certified" if state.certified else state.stop_reason)]
+            [VERDICT_ATTRIBUTE.value_set("certified" if state.certified else result.stop_reason)]
         )
         finished = result.model_dump(mode="json")
         await self._record([PlannedEvent(type="RepairFinished", payload=finished)])
@@ -208,12 +208,15 @@ class RepairWorkflow:
         return result
 
     async def _fix(self, request: RepairRequest) -> FixOutcome:
+        assert self.loop is not None  # run() made it before the first round
         state = self.loop.state
+        evidence = state.current_evidence
+        assert evidence is not None  # a fix always follows a check
         fix = FixInput(
             spec_hash=request.spec_hash,
             candidate_hash=state.current_hash,
             candidate_name=request.candidate_name,
-            evidence=state.current_evidence,
+            evidence=evidence,
             round=len(state.rounds) + 1,
             model=request.model,
             tried=list(state.tried),
@@ -223,9 +226,7 @@ class RepairWorkflow:
         if request.use_kb and workflow.patched("retrieve-knowledge"):
             retrieved = await workflow.execute_activity(
                 "retrieve_knowledge",
-                RetrieveInput(
-                    evidence=state.current_evidence, budget_chars=request.knowledge_budget_chars
-                ),
+                RetrieveInput(evidence=evidence, budget_chars=request.knowledge_budget_chars),
                 result_type=RetrieveResult,
                 **RETRIEVE_OPTIONS,
             )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 from pydantic import BaseModel
@@ -113,7 +113,9 @@ class SpecNoise(BaseModel):
         return {dim: next(iter(v)) for dim, v in values.items() if len(v) == 1}
 
 
-def _finite_errors(value: np.ndarray, reference: np.ndarray):
+def _finite_errors(
+    value: np.ndarray, reference: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
     """(|value - reference|, reference) where the reference is finite; None when the value is
     not finite somewhere the reference is (infinitely far, whatever the tolerance)."""
     r, v = reference.astype(np.float64), value.astype(np.float64)
@@ -209,7 +211,8 @@ def advise(cases: list[CaseNoise]) -> list[DtypeAdvice]:
         mine = [c for c in cases if c.dtype == dtype and c.noise_scaled is not None]
         if not mine:
             continue
-        noise = max(max(c.noise_scaled, c.output_rounding) for c in mine)
+        # ``mine`` keeps only the cases with a noise_scaled.
+        noise = max(max(cast(float, c.noise_scaled), c.output_rounding) for c in mine)
         at_least = _round_up(NOISE_MARGIN * noise)
         narrows = [c.narrow_scaled for c in mine if c.narrow_scaled is not None]
         at_most = _round_down(min(narrows) / BUG_MARGIN) if narrows else None

@@ -8,9 +8,16 @@ numeric failure confined to adversarial value profiles while normal inputs pass 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
-from nearmiss.models import FAILURE_PRIORITY, CaseResult, ErrorInfo, LeafStats, Localisation
+from nearmiss.models import (
+    FAILURE_PRIORITY,
+    CaseResult,
+    ErrorInfo,
+    FailureClass,
+    LeafStats,
+    Localisation,
+)
 from nearmiss.runner.arrays import float_eps, restore_dtype
 
 # Reduced precision (bfloat16/float16 intermediates) leaves errors of this size relative to the
@@ -27,7 +34,7 @@ NUMERIC_CLASSES = ("nan_inf", "wrong_values", "precision")
 COMPILE_PHASES = ("import", "trace", "compile")
 
 
-def error_class(error: ErrorInfo) -> str:
+def error_class(error: ErrorInfo) -> FailureClass:
     """An exception is a compile_error before the kernel runs, a runtime_error once it does —
     except running out of memory, which is a runtime failure in whatever phase it strikes."""
     out_of_memory = error.type == "MemoryError" or "RESOURCE_EXHAUSTED" in error.message
@@ -38,7 +45,7 @@ def error_class(error: ErrorInfo) -> str:
 
 def classify_numeric(
     stats: LeafStats, loc: Localisation, narrow_floats: list[str] | None = None
-) -> str:
+) -> FailureClass:
     """``narrow_floats``: the float types under 32 bits the kernel computes in (None: unknown).
     Small spread errors from a kernel with none are not rounding in a narrower type."""
     if loc.tail_only:
@@ -114,7 +121,7 @@ def refine_unstable(cases: list[CaseResult], decided: Collection[tuple[str, str]
             )
 
 
-def ranked_classes(classes: list[str]) -> list[str]:
+def ranked_classes(classes: Iterable[FailureClass]) -> list[FailureClass]:
     """Distinct classes, most fundamental first: the first is the run's primary class."""
     return sorted(set(classes), key=FAILURE_PRIORITY.index)
 

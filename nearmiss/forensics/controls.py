@@ -21,9 +21,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from nearmiss.models import CaseResult, ControlResult
+from nearmiss.models import CaseResult, ControlResult, FailureClass
 from nearmiss.spec import NORMAL_PROFILE
 
 # Failing cases worth controls: the numbers are wrong (a crash says where it is by itself).
@@ -92,7 +92,7 @@ class Control:
 
     of: tuple[str, str]  # (suite, name) of the failing case
     kind: str  # "normal", "aligned", "float32", "one_block" or "aligned-DIM"
-    varies: str  # "profile", "dims" or "dtype"
+    varies: Literal["profile", "dims", "dtype"]
     dims: dict[str, int]
     dtype: str
     profile: str
@@ -149,7 +149,12 @@ def _round_robin(lists: list[list[Control]]) -> Iterable[Control]:
                 yield controls[rank]
 
 
-def _from_case(control: Control, result: CaseResult, source: str, note: str = "") -> ControlResult:
+def _from_case(
+    control: Control,
+    result: CaseResult,
+    source: Literal["run", "suite", "cache"],
+    note: str = "",
+) -> ControlResult:
     compared = list(result.leaves)
     worst = max(compared, key=lambda leaf: leaf.mismatched) if compared else None
     return ControlResult(
@@ -386,7 +391,7 @@ def _one_block_part(control: Control, result: ControlResult) -> str:
 
 def judge(
     case: CaseResult, controls: list[Control], results: list[ControlResult]
-) -> tuple[str | None, str, str]:
+) -> tuple[FailureClass | None, str, str]:
     """(new class or None to keep it, a lead for the diagnosis when the class changes, the
     controls' sentence) for one failing case."""
     parts: list[str] = []

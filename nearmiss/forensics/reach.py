@@ -188,7 +188,7 @@ def candidates(
         return []
     case, arrays = chosen
     key = (case.suite, case.name)
-    nudges = []
+    nudges: list[Nudge] = []
     for position, (name, x) in enumerate(arrays):
         if not is_float(x.dtype) or x.size < 2 or len(nudges) == MAX_NUDGES:
             continue
@@ -214,9 +214,9 @@ def candidates(
         for side in EDGE_SIDES
     ]
     ends = [
-        Nudge(_label(case, f"nudge-{name}-{end}"), key, name, position, index)
+        Nudge(_label(case, f"nudge-{name}-{end}"), key, name, position, at)
         for end in ("end", "start")
-        if (index := _at_end(longest.index, shape, end)) is not None
+        if (at := _at_end(longest.index, shape, end)) is not None
     ]
     return nudges + (edges if shape[axis] >= END_MIN_SIZE else []) + ends
 
@@ -334,7 +334,7 @@ class NudgePlan:
     first nudge names the fault. The swaps go with the first."""
 
     def __init__(self, cases: Sequence[CaseResult], raws: Sequence[Any]):
-        self.cases = {(c.suite, c.name): c for c in cases}
+        self.cases: dict[tuple[str, str], CaseResult] = {(c.suite, c.name): c for c in cases}
         self.base = {(r.info.suite, r.info.name): _leaves(r) for r in raws}
         inputs = [r.input_arrays for r in raws]
         self.waiting: list[Nudge] = candidates(cases, inputs)
@@ -398,6 +398,7 @@ def _compare(nudge: Nudge, case: CaseResult, before, after, raw: Any) -> str | N
         if len(told.get("index", ())) != len(nudge.index):
             return None
         nudge = replace(nudge, index=tuple(told["index"]))
+        assert nudge.edge is not None  # replace() kept it
         edge = (
             f"The edge of what the reference reads of {nudge.input} along axis "
             f"{nudge.edge[0]}: position {told['used']} is read, {told['ignored']} is not. "

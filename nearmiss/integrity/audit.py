@@ -217,7 +217,7 @@ def _trip_count(loop: Any) -> int | None:
     start = _int_constant(loop.operands[counter])
     body_ops = list(body.operations)
     step = body_ops[-1].operands[counter].owner if body_ops else None
-    if start is None or _kind(step) != "stablehlo.add":
+    if start is None or step is None or _kind(step) != "stablehlo.add":
         return None
     operands = list(step.operands)
     steps = [_int_constant(v) for v in operands]
@@ -358,7 +358,7 @@ class _Walker:
             self.walk_function(callee, times, mapped, depth + 1)
         elif name == "stablehlo.while":
             trips = _trip_count(op) if times is not None else None
-            inner = None if trips is None else times * trips
+            inner = None if trips is None or times is None else times * trips
             for region in op.regions:
                 self._walk_block(region.blocks[0], inner, {}, depth + 1)
         elif name in ("stablehlo.case", "stablehlo.if"):

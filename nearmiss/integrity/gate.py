@@ -12,6 +12,7 @@ lists everything but certifies on the numbers alone (the no-anti-cheat ablation,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from nearmiss.integrity.dynamic import (
@@ -80,7 +81,7 @@ def _case_violations(raw: CaseEvidence) -> list[Violation]:
     return found
 
 
-def judge(static: list[Violation], cases: list[CaseEvidence], mode: str) -> IntegrityReport:
+def judge(static: list[Violation], cases: Sequence[CaseEvidence], mode: str) -> IntegrityReport:
     """The integrity verdict of one run: static findings plus what each audited case showed."""
     if mode == "off":
         return IntegrityReport(ok=True, mode=mode)

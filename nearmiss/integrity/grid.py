@@ -595,7 +595,7 @@ def _evaluate(program: _Program, coords: Sequence[np.ndarray]) -> list[np.ndarra
         op, width = step.op, step.widths[0]
         args = [values[o] for o in step.operands]
         if op == "arith.constant":
-            result = np.int64(step.value)
+            result: np.ndarray | np.int64 = np.int64(step.value)
         elif op == "arith.select":
             result = np.where(args[0] != 0, args[1], args[2])
         elif op in ("arith.addi", "arith.subi", "arith.muli"):
@@ -800,7 +800,7 @@ def _semantics(kernel: Any, n_axes: int) -> list[str] | None:
     matches = [_SEMANTIC.fullmatch(str(element)) for element in ir.ArrayAttr(attr)]
     if len(matches) != n_axes or not all(matches):
         return None
-    return [match.group(1) for match in matches]
+    return [match.group(1) for match in matches if match]  # all matched (checked above)
 
 
 def _function_arg_count(func: Any) -> int:
@@ -1188,7 +1188,7 @@ def kernel_buffers(artifact: Any) -> list[KernelBuffers]:
     context = _context()
     with context:
         module = ir.Module.parse(_stablehlo_text(artifact))
-    kernels = []
+    kernels: list[KernelBuffers] = []
     for call in _walk(module.operation):
         if _name(call) != "stablehlo.custom_call":
             continue

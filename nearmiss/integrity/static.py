@@ -610,7 +610,7 @@ class _Scanner:
         """String annotations are code: ``typing.get_type_hints`` and
         ``functools.singledispatch`` evaluate them, so they get the rules of code."""
         for node in ast.walk(annotation):
-            if _is_text(node):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):  # _is_text
                 try:
                     inner = parse_source(node.value.strip(), self.filename, mode="eval")
                 except (SyntaxError, ValueError):

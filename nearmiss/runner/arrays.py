@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -45,7 +46,7 @@ def restore_dtype(name: str) -> np.dtype:
 
 def save_arrays(path: str | Path, arrays: list[np.ndarray], extra: dict | None = None) -> None:
     """Write arrays (any numeric dtype, bfloat16 included) plus a small JSON-able dict."""
-    payload: dict[str, np.ndarray] = {}
+    payload: dict[str, Any] = {}  # Any: mypy would let **payload fill savez's allow_pickle
     names = []
     for index, array in enumerate(arrays):
         array = np.asarray(array)

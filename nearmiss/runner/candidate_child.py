@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from nearmiss.runner.child import describe_exception, start_child
 from nearmiss.runner.geometry import kernel_geometry
@@ -28,6 +29,8 @@ CANDIDATE_MODULE = "nearmiss_candidate"
 
 def import_candidate(path: str):
     loader_spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, path)
+    if loader_spec is None or loader_spec.loader is None:  # the engine always names a .py file
+        raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[CANDIDATE_MODULE] = module
     loader_spec.loader.exec_module(module)
@@ -102,7 +105,7 @@ def narrow_floats(jaxpr) -> list[str]:
     found = set()
     values = [v for e in iter_eqns(jaxpr, into_pallas=True) for v in e.outvars]
     for value in values + list(jaxpr.invars):
-        dtype = getattr(getattr(value, "aval", None), "dtype", None)
+        dtype: Any = getattr(getattr(value, "aval", None), "dtype", None)
         try:  # JAX's own dtype lattice: NumPy does not count bfloat16 as floating
             narrow = jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4
         except TypeError:  # not an array type (a semaphore, a token)

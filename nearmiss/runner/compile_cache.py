@@ -17,13 +17,14 @@ only when a size bound is set, which also evicts the least recently used entries
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 CACHE_ENV = "NEARMISS_CACHE_DIR"
 MAX_CACHE_BYTES = 512 * 1024**2
 
 
-def reference_cache_dir(env: dict[str, str] | None = None) -> Path | None:
+def reference_cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
     """Where the spec's children keep compiled programs (None: caching is off)."""
     env = os.environ if env is None else env
     configured = env.get(CACHE_ENV, "")

@@ -39,8 +39,8 @@ def _numeric(name: str, value):
 
 
 # Builtins a reference expression may need (comprehensions, slicing); nothing that reaches out.
-SAFE_BUILTINS = ("abs", "enumerate", "float", "int", "len", "list", "max", "min", "range")
-SAFE_BUILTINS += ("slice", "sum", "tuple", "zip")
+SAFE_BUILTINS: tuple[str, ...] = ("abs", "enumerate", "float", "int", "len", "list", "max")
+SAFE_BUILTINS += ("min", "range", "slice", "sum", "tuple", "zip")
 
 
 def _namespace(names: list[str], args) -> dict:

@@ -32,6 +32,8 @@ CLEAR_EVERY = 16  # edits between clearing JAX's caches: the child's memory stay
 def _import_edit(path: str, index: int):
     name = f"nearmiss_edit_{index}"
     loader_spec = importlib.util.spec_from_file_location(name, path)
+    if loader_spec is None or loader_spec.loader is None:  # the engine always names a .py file
+        raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[name] = module
     loader_spec.loader.exec_module(module)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 from pydantic import ValidationError
@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from nearmiss.errors import UsageError
 from nearmiss.integrity.audit import CALLBACK_PRIMITIVES
 from nearmiss.integrity.dynamic import ArtifactAudit, Probe
+from nearmiss.models import CaseSuite
 from nearmiss.runner import spares
 from nearmiss.runner.arrays import load_arrays
 from nearmiss.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES, target_artifact_file
@@ -62,7 +63,7 @@ KERNEL = Entry(artifact=True)
 
 @dataclass
 class CaseInfo:
-    suite: str
+    suite: CaseSuite
     name: str
     dims: dict[str, int]
     dtype: str
@@ -210,7 +211,7 @@ def _seconds(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _int_list(value: Any) -> bool:
+def _int_list(value: Any) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(type(v) is int for v in value)
 
 
@@ -452,6 +453,7 @@ class _Executor(_Child):
             verdict["error"] = "the executor did not start"
             return
         assert self.child is not None
+        assert plan.structure is not None  # judged only for a structure the kernel was lowered for
         case_dir = self.case_dir(raw)
         shutil.copy(artifact, case_dir / target_artifact_file(plan.structure))
         try:
@@ -973,6 +975,7 @@ def run_sandboxed(
         for _ in range(
             CONTROL_ROUNDS if controls is not None and execute and entry.artifact else 0
         ):
+            assert controls is not None  # no rounds without a planner
             wanted = controls(cases, dict(run.controls))
             if not wanted:
                 break

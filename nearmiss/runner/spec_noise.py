@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from nearmiss.runner.child import Channel
 
@@ -76,7 +77,7 @@ def calibrate(channel: Channel, request: dict) -> None:
     # Only now: float64 changes the default types of anything traced afterwards.
     jax.config.update("jax_enable_x64", True)
     for suite, case, closed, arrays, leaves, case_dir, reference_s in traced:
-        message = {
+        message: dict[str, Any] = {
             "event": "case_noise",
             "suite": suite,
             "name": case.name,

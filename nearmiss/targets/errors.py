@@ -202,7 +202,9 @@ def kernel_sites(module_text: str, candidate: str | os.PathLike | None = None) -
             definitions[match["name"]] = match["body"]
 
     def chain(ref: str) -> str:  # the location's text, innermost callee first
-        bodies, seen, stack = [], set(), [ref]
+        bodies: list[str] = []
+        seen: set[str] = set()
+        stack = [ref]
         while stack and len(bodies) < MAX_LOC_NODES:
             name = stack.pop()
             if name not in seen:
@@ -211,7 +213,7 @@ def kernel_sites(module_text: str, candidate: str | os.PathLike | None = None) -
                 stack.extend(reversed(_LOC_REF.findall(bodies[-1])))
         return "\n".join(bodies)
 
-    sites = []
+    sites: list[str] = []
     for line in module_text.splitlines():
         if "@tpu_custom_call" not in line:
             continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import cast
 
 from nearmiss.targets.libtpu_env import prepare_environment
 
@@ -26,9 +27,10 @@ def probe_tpu() -> dict:
             continue
         try:
             devices = topologies.get_topology_desc(
-                platform="tpu", topology_name=target.topology
+                platform="tpu", topology_name=cast(str, target.topology)
             ).devices
-            answer["topologies"][target.topology] = devices[0].device_kind
+            # jaxlib's _jax extension has no stub: its Device is unknown to the checker
+            answer["topologies"][target.topology] = devices[0].device_kind  # type: ignore[attr-defined]
         except Exception as exc:  # libtpu's refusal is the answer
             answer["errors"][target.topology] = str(exc).strip().splitlines()[0][:300]
     return answer

@@ -29,7 +29,7 @@ import re
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from nearmiss.targets.errors import exception_text, kernel_sites, trim_error
 from nearmiss.targets.registry import TPU, Target, get_target
@@ -73,10 +73,11 @@ def lowering_for(target: str | Target) -> Iterator[None]:
 
     chip = tpu_target(target)
     device = jax.sharding.AbstractDevice(
-        device_kind=chip.device_kind, num_cores=chip.num_cores, platform="tpu"
+        device_kind=cast(str, chip.device_kind), num_cores=chip.num_cores, platform="tpu"
     )
     mesh = jax.sharding.AbstractMesh((), (), abstract_device=device)
-    with pltpu.force_tpu_interpret_mode(None), jax.sharding.use_abstract_mesh(mesh):
+    # None switches interpret mode off (its docstring says so); its annotation omits None.
+    with pltpu.force_tpu_interpret_mode(None), jax.sharding.use_abstract_mesh(mesh):  # type: ignore[arg-type]
         yield
 
 
@@ -169,7 +170,8 @@ def compile_only_device(target: str) -> Any:
     from jax.experimental import topologies
 
     chip = tpu_target(target)
-    return topologies.get_topology_desc(platform="tpu", topology_name=chip.topology).devices[0]
+    topology = cast(str, chip.topology)  # every TPU target has one
+    return topologies.get_topology_desc(platform="tpu", topology_name=topology).devices[0]
 
 
 MEMORY_FIELDS = {
@@ -239,6 +241,7 @@ def compile_tpu_artifact(data: bytes, target: str, candidate: str | None = None)
     from jax import export
 
     chip = tpu_target(target)
+    generation = cast(str, chip.chip)  # every TPU target has one
     result: dict[str, Any] = {
         "target": chip.name,
         "ok": False,
@@ -270,9 +273,9 @@ def compile_tpu_artifact(data: bytes, target: str, candidate: str | None = None)
         result["compile_s"] = round(time.perf_counter() - start, 3)
         message = exception_text(exc)
         # The compiler's own VMEM figures, where it gave them, over the estimate's.
-        result["memory"] = vmem_use(module, chip.chip) | vmem_figures(message)
+        result["memory"] = vmem_use(module, generation) | vmem_figures(message)
         return _refused(result, trim_error(message, candidate, sites=sites))
     result["compile_s"] = round(time.perf_counter() - start, 3)
-    result["memory"] = memory_figures(compiled.memory_analysis()) | vmem_use(module, chip.chip)
+    result["memory"] = memory_figures(compiled.memory_analysis()) | vmem_use(module, generation)
     result["ok"] = True
     return result

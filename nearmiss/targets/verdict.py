@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nearmiss.models import TargetResult
+from nearmiss.models import FailureClass, TargetResult
 from nearmiss.targets.vmem import close_to_limit
 
 MAX_FINDINGS = 5
@@ -126,7 +126,7 @@ def _judge_semantics(
     if (kind, key) not in seen and len(result.findings) < MAX_FINDINGS:
         seen.add((kind, key))
         result.findings.append({"kind": kind, "case": key, "detail": text})
-    failure = "runtime_error" if kind == "interpreter_error" else "grid_race"
+    failure: FailureClass = "runtime_error" if kind == "interpreter_error" else "grid_race"
     if result.failure_class != "compile_error":
         result.failure_class = result.failure_class or failure
     result.error = result.error or f"{target} ({key}): {text}"

@@ -29,7 +29,7 @@ TOOLS: dict[str, Callable[..., Outcome]] = {
     "lower": lower,
 }
 _PARAMETERS = {s["function"]["name"]: s["function"]["parameters"] for s in TOOL_SCHEMAS}
-_JSON_TYPES = {"string": str, "integer": int, "object": dict}
+_JSON_TYPES: dict[str, type[Any]] = {"string": str, "integer": int, "object": dict}
 
 
 def _describe(schema: dict[str, Any]) -> str:

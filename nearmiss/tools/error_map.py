@@ -8,6 +8,7 @@ split into an even grid of cells instead. The picture is at most 32 × 32 charac
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -60,7 +61,7 @@ def picture(bad: np.ndarray, total: np.ndarray) -> tuple[list[str], list[int]]:
 def tile_map(bad: np.ndarray, blocks: list[int] | None) -> TileMap | None:
     if bad.ndim == 0:
         return None
-    unit = "tile"
+    unit: Literal["tile", "cell"] = "tile"
     if blocks is None:  # no BlockSpec of this shape: an even grid of cells over the 2-D view
         unit, bad = "cell", _rows(bad)
         blocks = [-(-bad.shape[0] // MAP_SIDE), -(-bad.shape[1] // MAP_SIDE)]
@@ -144,6 +145,7 @@ def error_map(
         run_error=verdict.error,
         structure=verdict.structure,
     )
+    assert result.case is not None  # set just above
     head = case_line(result.case)
     if verdict.passed or verdict.localisation is None or worst is None:
         why = "nothing to map: " + (

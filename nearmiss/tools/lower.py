@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal, cast
 
 from nearmiss.check import case_result
 from nearmiss.forensics.errors import summarise_error
@@ -99,7 +100,7 @@ def lower(
     result = LowerResult(
         case=case_ref(raw),
         seed=seed,
-        platform=platform,
+        platform=cast(Literal["tpu", "gpu"], platform),  # one of PLATFORMS (checked above)
         target=TARGETS[platform],  # the engine's own mapping, never the untrusted child's word
         jax_version=run.jax_version,
     )

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from nearmiss.models import AxisProfile, CaseResult, ErrorInfo, MismatchMap, Violation
+from nearmiss.models import AxisProfile, CaseResult, CaseSuite, ErrorInfo, MismatchMap, Violation
 
 
 class ToolResult(BaseModel):
@@ -28,7 +28,7 @@ class ToolResult(BaseModel):
 class CaseRef(BaseModel):
     """The case an experiment ran on, with its inputs as the spec names them."""
 
-    suite: Literal["compact", "extended", "custom"]
+    suite: CaseSuite
     name: str
     dims: dict[str, int]
     dtype: str

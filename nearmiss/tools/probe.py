@@ -97,15 +97,14 @@ def _captured(raw: RawCase) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray
     extra, arrays = raw.output_extra, raw.outputs or []
     names, ref_names = extra.get("names"), extra.get("reference_names")
     errors = extra.get("reference_errors")
-    ok = (
+    if not (
         isinstance(names, list)
         and isinstance(ref_names, list)
         and isinstance(errors, dict)
         and all(isinstance(n, str) for n in names + ref_names)
         and all(isinstance(v, str) for v in errors.values())
         and len(names) + len(ref_names) == len(arrays)
-    )
-    if not ok:
+    ):
         raise Refused("the probe's child filed an unusable result")
     values = dict(zip(names, arrays[: len(names)], strict=True))
     return values, dict(zip(ref_names, arrays[len(names) :], strict=True)), errors

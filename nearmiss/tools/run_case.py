@@ -69,5 +69,6 @@ def run_case(
     if result.localisation is not None:
         result.localisation.heatmap = None  # 4096 numbers: error_map's business, not this one's
     outcome = RunCaseResult(case=case_ref(raw), seed=seed, result=result)
+    assert outcome.case is not None  # set just above
     outcome.summary = finish([case_line(outcome.case), *verdict_lines(result)])
     return outcome
