@@ -30,9 +30,9 @@ from activities.fixers.edits import EditError, apply_answer, summary_line
 from activities.fixers.openai_fixer import build_messages, complete, prompt_text
 from kb.events import EventStore
 from kb.knowledge import KnowledgeProjection, search
-from nearmiss.runner.sandbox import Limits
-from nearmiss.tools import TOOL_SCHEMAS, run_tool
-from nearmiss.tools.text import clip
+from nearmiss.engine.runner.sandbox import Limits
+from nearmiss.engine.tools import TOOL_SCHEMAS, run_tool
+from nearmiss.engine.tools.text import clip
 from workflows.models import (
     AgentStep,
     AgentStepInput,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nearmiss.models import CaseResult, CheckReport, ControlFinding, Evidence, Finding
+from nearmiss.engine.models import CaseResult, CheckReport, ControlFinding, Evidence, Finding
 
 # How far a failing case got, by its class: it did not build, it built and crashed, it ran and
 # returned the wrong structure, it ran and returned numbers (wrong ones).

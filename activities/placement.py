@@ -1,7 +1,8 @@
 """Where check-like activities run: the targets this worker serves, what it says about itself
 in every check it runs, and its refusal of a check for a target it does not serve.
 
-The queues are ``workflows.routing``'s; the targets a machine can serve, ``nearmiss.targets``.
+The queues are ``workflows.routing``'s; the targets a machine can serve,
+``nearmiss.engine.targets``.
 """
 
 from __future__ import annotations

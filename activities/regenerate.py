@@ -22,7 +22,7 @@ from activities.fixers.edits import EditError, full_file, summary_line
 from activities.fixers.openai_fixer import complete, make_client, prompt_text
 from activities.repair import stored_outcome, with_heartbeats
 from kb.events import EventStore
-from nearmiss.inputs import parse_source
+from nearmiss.engine.inputs import parse_source
 from workflows.models import FixResult, is_chat_model
 from workflows.regenerate import GeneratedKernel, GenerateInput
 

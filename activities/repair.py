@@ -21,9 +21,9 @@ from kb.events import EventStore, NewEvent
 from kb.knowledge import failed_attempts, retrieve
 from kb.learning import learn_from_session
 from kb.patches import apply_patch
-from nearmiss.check import check
-from nearmiss.errors import UsageError
-from nearmiss.models import Evidence
+from nearmiss.engine.check import check
+from nearmiss.engine.errors import UsageError
+from nearmiss.engine.models import Evidence
 from workflows.models import (
     CheckInput,
     FixInput,

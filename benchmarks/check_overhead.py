@@ -25,19 +25,19 @@ import time
 from pathlib import Path
 
 # ruff: noqa: E402  (JAX is imported after prepare_environment)
-from nearmiss.targets.libtpu_env import prepare_environment
+from nearmiss.engine.targets.libtpu_env import prepare_environment
 
 prepare_environment()  # JAX on the CPU only, before it is imported (libtpu may be installed)
 
 import jax
 
-from nearmiss.check import check
-from nearmiss.render import table
-from nearmiss.runner import spares
-from nearmiss.runner.case_draw import case_key
-from nearmiss.runner.interpret import force_interpret_on_cpu
-from nearmiss.runner.sandbox import Limits, _process_tree
-from nearmiss.spec import load_spec
+from nearmiss.engine.check import check
+from nearmiss.engine.runner import spares
+from nearmiss.engine.runner.case_draw import case_key
+from nearmiss.engine.runner.interpret import force_interpret_on_cpu
+from nearmiss.engine.runner.sandbox import Limits, _process_tree
+from nearmiss.engine.spec import load_spec
+from nearmiss.reports.text import table
 
 OPS = Path(__file__).resolve().parent.parent / "pallas_ops"
 KERNELS = [

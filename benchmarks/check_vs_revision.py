@@ -27,7 +27,7 @@ KERNELS = [
     ("matmul", "golden.py"),
     ("matmul", "variants/missing_init.py"),
 ]
-CHECK = "import sys; from nearmiss.cli import main; sys.argv[0] = 'nearmiss'; main()"
+CHECK = "import sys; from nearmiss.cli.main import main; sys.argv[0] = 'nearmiss'; main()"
 
 
 def timed_check(tree: Path, op: str, kernel: str, env: dict[str, str]) -> float:

@@ -21,7 +21,7 @@ import uuid
 from throwaway import private_postgres
 
 from kb.events import _APPEND_LOCK, EventStore, NewEvent
-from nearmiss.render import table
+from nearmiss.reports.text import table
 
 # A typical event: EvidenceCollected's payload is a few hundred bytes of JSON.
 PAYLOAD = {

@@ -1,6 +1,6 @@
 """Does a fleet's outcome depend on the order its members run in?
 
-Runs the demo's fleet (the corpus's interpret-labelled near-misses, ``nearmiss.demo``) twice
+Runs the demo's fleet (the corpus's interpret-labelled near-misses, ``nearmiss.cli.demo``) twice
 with the zero-token playbook, forwards and then backwards, each on its own fresh embedded stack
 (its own Temporal and PostgreSQL, an empty knowledge base), so what one run learns cannot reach
 the other. Members learn from each other within a run, as in any fleet. Prints each run's
@@ -21,9 +21,9 @@ from throwaway import embedded_stack_home
 
 
 async def certified_set(members, concurrency: int) -> set[str]:
-    from nearmiss.fleet import fleet_summary, follow, start_fleet
-    from nearmiss.service import services
-    from nearmiss.settings import Settings
+    from nearmiss.client.fleet import fleet_summary, follow, start_fleet
+    from nearmiss.client.service import services
+    from nearmiss.client.settings import Settings
     from workflows.loop import Guards
 
     async with services(Settings.from_env(), quiet=True) as (client, store):
@@ -42,7 +42,7 @@ def main() -> None:
     for name in ("TEMPORAL_ADDRESS", "NEARMISS_DATABASE_URL"):
         os.environ.pop(name, None)  # each order gets its own embedded stack
 
-    from nearmiss.demo import fleet_members
+    from nearmiss.cli.demo import fleet_members
 
     members = fleet_members()
     found = {}

@@ -23,10 +23,10 @@ from throwaway import embedded_stack_home
 
 async def fleet_then_bare(members, lanes: int) -> tuple[float, float, int, int]:
     """(fleet seconds, bare seconds, checks, certified members)."""
-    from nearmiss.check import check
-    from nearmiss.fleet import start_fleet
-    from nearmiss.service import services
-    from nearmiss.settings import Settings
+    from nearmiss.client.fleet import start_fleet
+    from nearmiss.client.service import services
+    from nearmiss.client.settings import Settings
+    from nearmiss.engine.check import check
     from workflows.loop import Guards
 
     async with services(Settings.from_env(), quiet=True) as (client, store):
@@ -72,7 +72,7 @@ def main() -> None:
     for name in ("TEMPORAL_ADDRESS", "NEARMISS_DATABASE_URL"):
         os.environ.pop(name, None)  # a stack of its own, so nothing learned before helps
 
-    from nearmiss.demo import fleet_members
+    from nearmiss.cli.demo import fleet_members
 
     members = fleet_members()[: args.members]
     with embedded_stack_home("nearmiss-fleet-overhead-"):

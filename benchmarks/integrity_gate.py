@@ -15,8 +15,8 @@ import argparse
 import statistics
 from pathlib import Path
 
-from nearmiss.check import check
-from nearmiss.render import table
+from nearmiss.engine.check import check
+from nearmiss.reports.text import table
 
 OPS = Path(__file__).resolve().parent.parent / "pallas_ops"
 KERNELS = [

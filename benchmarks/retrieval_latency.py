@@ -22,8 +22,8 @@ from throwaway import private_postgres
 
 from kb.events import EventStore, NewEvent
 from kb.knowledge import KnowledgeProjection, failed_attempts, load_seed, retrieve
-from nearmiss.models import Evidence
-from nearmiss.render import table
+from nearmiss.engine.models import Evidence
+from nearmiss.reports.text import table
 
 SESSION_EVENTS = 20
 CLASSES = ("wrong_values", "compile_error", "shape_mismatch", "nan_or_inf")

@@ -36,10 +36,10 @@ def main() -> None:
     from activities.evidence import evidence_from_report, score_cases
     from activities.fixers.search.mutants import mutants
     from activities.fixers.search.screen import SEED, Budget, _fresh, _rank, _Warm
-    from nearmiss.check import case_result, check
-    from nearmiss.runner.sandbox import Limits
-    from nearmiss.runner.session import run_sandboxed
-    from nearmiss.targets.registry import DEFAULT_TARGETS
+    from nearmiss.engine.check import case_result, check
+    from nearmiss.engine.runner.sandbox import Limits
+    from nearmiss.engine.runner.session import run_sandboxed
+    from nearmiss.engine.targets.registry import DEFAULT_TARGETS
     from workflows.models import FixRequest
 
     set_name, name = args.case.split(":")

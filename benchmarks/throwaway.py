@@ -4,7 +4,7 @@
 - ``private_postgres()``: a PostgreSQL of its own (the dev stack's binaries, a temp directory,
   a free loopback port); yields the DSN, with the generated password: connect, never print it.
 - ``embedded_stack_home(prefix)``: a fresh ``NEARMISS_HOME`` for commands that start the
-  embedded stack (``nearmiss.service.services``); its cluster is removed afterwards.
+  embedded stack (``nearmiss.client.service.services``); its cluster is removed afterwards.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def embedded_stack_home(prefix: str):
-    from nearmiss.settings import Settings
+    from nearmiss.client.settings import Settings
 
     home = Path(tempfile.mkdtemp(prefix=prefix))
     os.environ["NEARMISS_HOME"] = str(home)

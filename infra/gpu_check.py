@@ -1,8 +1,8 @@
 """Run the corpus's goldens on a real NVIDIA GPU: does each lower, is it right, racy, how fast?
 
 For the rare session that is lent a GPU machine (issue 14). Without a GPU the engine judges the
-``gpu`` target by grid semantics alone (``nearmiss.integrity.grid``: two grid points writing one
-output block are a ``grid_race``); this script measures what the hardware does with the same
+``gpu`` target by grid semantics alone (``nearmiss.engine.integrity.grid``: two grid points writing
+one output block are a ``grid_race``); this script measures what the hardware does with the same
 kernels, so that verdict can be compared with the machine. It is never needed for CI; its dry run
 (``--cpu-dry-run``) is tested on two goldens (tests/test_gpu_check_script.py).
 
@@ -17,7 +17,7 @@ For every ``pallas_ops/<op>/golden.py`` (then every variant that ``variants.json
 - the largest error against the reference at the spec's tolerance (``spec.tolerance_for``:
   ``|out - ref| <= atol + rtol * |ref|``, NaN/Inf only where the reference has them);
 - the engine's static verdict: the kernel exported for TPU v5e on this host
-  (``nearmiss.targets.tpu.export_for_tpu``) and read by ``grid_findings(exported, "gpu")``
+  (``nearmiss.engine.targets.tpu.export_for_tpu``) and read by ``grid_findings(exported, "gpu")``
   (``race?``), live, or from ``--predictions`` written here beforehand by ``--predict-only``;
 - the kernel run many times (more when a race is predicted; plus a case with every dim scaled
   by ``--stress-scale`` for those): do the results differ between runs, or from the reference?
@@ -173,7 +173,7 @@ def error_detail(exc: BaseException, limit: int = 1200) -> str:
 def prepare_jax_environment(dry_run: bool) -> None:
     """Before JAX is imported: the CPU only for the dry run (libtpu quiet, as in the tests); on
     the GPU, allocate as needed instead of taking 75 % of the card up front."""
-    from nearmiss.targets.libtpu_env import prepare_environment
+    from nearmiss.engine.targets.libtpu_env import prepare_environment
 
     prepare_environment(cpu_only=dry_run)
     if not dry_run:
@@ -194,7 +194,7 @@ class Runner:
         self.cpu = jax.devices("cpu")[0]
         self.predictions = settings.get("predictions") or {}
         if self.dry_run:
-            from nearmiss.runner.interpret import force_interpret_on_cpu
+            from nearmiss.engine.runner.interpret import force_interpret_on_cpu
 
             force_interpret_on_cpu()  # every pallas_call in interpret mode, as the engine runs it
             self.device = self.cpu
@@ -248,7 +248,7 @@ class Runner:
     # -- one kernel -----------------------------------------------------------------------------
 
     def cases(self, op: str):
-        from nearmiss.spec import Case, load_spec
+        from nearmiss.engine.spec import Case, load_spec
 
         spec = load_spec(unit_paths(op)[0])
         cases = list(spec.suite("all"))
@@ -399,8 +399,8 @@ class Runner:
 
 
 def predict_race(jax, kernel, inputs) -> dict[str, Any]:
-    from nearmiss.integrity.grid import grid_findings
-    from nearmiss.targets.tpu import export_for_tpu
+    from nearmiss.engine.integrity.grid import grid_findings
+    from nearmiss.engine.targets.tpu import export_for_tpu
 
     result: dict[str, Any] = {"race_predicted": None, "race_source": "live"}
     try:
@@ -991,7 +991,7 @@ def predict_only(args) -> int:
     prepare_jax_environment(True)
     import jax
 
-    from nearmiss.spec import load_spec
+    from nearmiss.engine.spec import load_spec
 
     table: dict[str, dict[str, Any]] = {}
     for op in discover(args.ops, args.variants):

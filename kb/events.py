@@ -26,7 +26,7 @@ from typing import Any
 
 import asyncpg
 
-from nearmiss.runner.scratch import scratch_dir
+from nearmiss.engine.runner.scratch import scratch_dir
 
 # Each migration runs once, in order, recorded in schema_migrations.
 MIGRATIONS: list[str] = [

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kb.events import EventStore, NewEvent
-from nearmiss.models import Evidence
+from nearmiss.engine.models import Evidence
 
 SEED_DIR = Path(__file__).resolve().parent / "seed"
 PROJECTION = "knowledge"

@@ -7,7 +7,7 @@ glue outside the kernel that no rule may flag (``integrity/manifest.json``).
 ``variants.json`` beside the spec lists each near-miss variant with its bug family (one of
 ``BUG_FAMILIES``), the failure class the engine must report, the first suite that exposes it
 (``fails_on``: compact, or extended when the compact suite still passes), a one-line diagnosis
-and, optionally, the ``target`` the label holds for (a name of ``nearmiss.targets.registry``;
+and, optionally, the ``target`` the label holds for (a name of ``nearmiss.engine.targets.registry``;
 default ``interpret``). A variant labelled for another target is right in CPU interpret mode —
 it certifies on the interpret target alone — and wrong on its target: its failure class and
 ``fails_on`` are what ``check(spec, variant, seed=0, targets=("interpret", target))`` reports
@@ -67,7 +67,7 @@ class Variant:
     failure_class: str
     fails_on: str
     diagnosis: str
-    target: str = DEFAULT_TARGET  # where the label holds (nearmiss.targets.registry.TARGETS)
+    target: str = DEFAULT_TARGET  # where the label holds (nearmiss.engine.targets.registry.TARGETS)
 
     @property
     def targets(self) -> tuple[str, ...] | None:

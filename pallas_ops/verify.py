@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import sys
 
-from nearmiss.check import check
+from nearmiss.engine.check import check
 from pallas_ops.catalog import BUG_FAMILIES, FAILS_ON, operators
 
 _CASE_KEY = re.compile(r"\((compact|extended)-[^)\s]*\)")

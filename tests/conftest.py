@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nearmiss.targets.libtpu_env import prepare_environment
+from nearmiss.engine.targets.libtpu_env import prepare_environment
 
 # The tests' PostgreSQL clusters skip fsync (a machine crash is not what they test); a server
 # crash still loses no commit (infra.devstack).
@@ -183,7 +183,7 @@ async def seeded_store(store):
 @pytest.fixture
 async def client(temporal_address, postgres_dsn):
     """A Temporal client with the project's data converter and search attributes."""
-    from nearmiss.service import connect
-    from nearmiss.settings import Settings
+    from nearmiss.client.service import connect
+    from nearmiss.client.settings import Settings
 
     return await connect(Settings(temporal_address, postgres_dsn, False, None))

@@ -27,9 +27,9 @@ from conftest import OPS, ROOT, private_stack
 from infra.devstack import DevStack, PostgresService
 from kb.events import EventStore
 from kb.knowledge import load_seed
-from nearmiss.fleet import MemberFile, start_fleet
-from nearmiss.service import build_worker, connect, start_session
-from nearmiss.settings import Settings
+from nearmiss.client.fleet import MemberFile, start_fleet
+from nearmiss.client.service import build_worker, connect, start_session
+from nearmiss.client.settings import Settings
 from workflows.loop import Guards
 from workflows.models import FixResult
 from workflows.regenerate import RegenerateRequest, RegenerateWorkflow

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from activities.fixers.openai_fixer import OpenAIFixer
-from nearmiss.service import build_worker, start_session
+from nearmiss.client.service import build_worker, start_session
 from workflows.loop import Guards
 from workflows.repair import RepairWorkflow
 

@@ -15,8 +15,8 @@ from temporalio.worker import Replayer
 from test_worker_crash import start_worker, stop_workers
 
 from conftest import OPS, ROOT
-from nearmiss.report import load_session
-from nearmiss.service import start_session
+from nearmiss.client.service import start_session
+from nearmiss.reports import load_session
 from workflows.loop import Guards
 from workflows.repair import RepairWorkflow
 

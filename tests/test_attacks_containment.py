@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, SOFTMAX_SPEC, processes_under, run_cli
-from nearmiss.check import check
-from nearmiss.models import CheckReport
-from nearmiss.runner import environment
-from nearmiss.runner.candidate_child import CANDIDATE_ENV
-from nearmiss.runner.compile_cache import reference_cache_dir
-from nearmiss.runner.sandbox import Limits, SandboxChild
+from nearmiss.engine.check import check
+from nearmiss.engine.models import CheckReport
+from nearmiss.engine.runner import environment
+from nearmiss.engine.runner.candidate_child import CANDIDATE_ENV
+from nearmiss.engine.runner.compile_cache import reference_cache_dir
+from nearmiss.engine.runner.sandbox import Limits, SandboxChild
 
 ATTACKS = Path(__file__).resolve().parent / "attacks"
 PLACEHOLDER = "TARGETS = {}"
@@ -152,7 +152,10 @@ def test_the_child_log_holds_no_secret(tmp_path, monkeypatch):
     home.mkdir()
     attack = arm("steal_secrets.py", home, **targets)
     child = SandboxChild(
-        "nearmiss.runner.candidate_child", home, Limits(), extra_env={CANDIDATE_ENV: str(attack)}
+        "nearmiss.engine.runner.candidate_child",
+        home,
+        Limits(),
+        extra_env={CANDIDATE_ENV: str(attack)},
     )
     try:
         assert child.receive(120)["event"] == "ready"  # the sweep ran at import

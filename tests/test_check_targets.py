@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from conftest import MATMUL_SPEC, OPS, PLANTED, run_cli
-from nearmiss.check import check
+from nearmiss.engine.check import check
 
 MISALIGNED = PLANTED / "tpu_misaligned_block.py"
 DOUBLE_SPEC = PLANTED / "tpu_spec" / "spec.py"

@@ -4,9 +4,9 @@ passing check's human output, so a tolerance too tight for its dtype shows befor
 from __future__ import annotations
 
 from conftest import OPS, SOFTMAX_SPEC
-from nearmiss.check import check
-from nearmiss.models import CaseResult, CheckReport
-from nearmiss.render import render_report, tolerance_line
+from nearmiss.engine.check import check
+from nearmiss.engine.models import CaseResult, CheckReport
+from nearmiss.reports.text import render_report, tolerance_line
 
 
 def _case(name: str, used: float | None, passed: bool = True) -> CaseResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import MATMUL_SPEC, OPS, PLANTED, SOFTMAX_SPEC
-from nearmiss.check import check
+from nearmiss.engine.check import check
 
 SOFTMAX_VARIANTS = OPS / "softmax_rows" / "variants"
 MATMUL_VARIANTS = OPS / "matmul" / "variants"

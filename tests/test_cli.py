@@ -52,7 +52,7 @@ def _write(tmp_path, name, text):
     return path
 
 
-SPEC_HEAD = "import jax\nimport jax.numpy as jnp\nfrom nearmiss.spec import Case, OpSpec\n"
+SPEC_HEAD = "import jax\nimport jax.numpy as jnp\nfrom nearmiss.engine.spec import Case, OpSpec\n"
 
 
 def _spec_with(reference="lambda x: x * 2", make_inputs="lambda case, key: (jnp.ones((8, 8)),)"):
@@ -182,8 +182,8 @@ def test_report_mode_lists_violations_but_certifies_on_the_numbers():
 def test_session_options_become_guards_and_bad_values_are_usage_errors(capsys):
     import pytest
 
-    from nearmiss.cli import build_parser
-    from nearmiss.cli_options import guards_from
+    from nearmiss.cli.main import build_parser
+    from nearmiss.cli.options import guards_from
 
     args = build_parser().parse_args(
         ["fleet", "dir", "--tool-calls-per-round", "0", "--max-rounds", "2"]

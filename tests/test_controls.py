@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 
 from activities.evidence import evidence_from_report
-from nearmiss.check import check
-from nearmiss.forensics.controls import (
+from nearmiss.engine.check import check
+from nearmiss.engine.forensics.controls import (
     CACHE,
     MAX_CONTROLS,
     ControlCache,
     ControlPlan,
     alignment,
 )
-from nearmiss.models import CaseResult
-from nearmiss.render import render_report
+from nearmiss.engine.models import CaseResult
+from nearmiss.reports.text import render_report
 
 HERE = Path(__file__).resolve().parent / "controls"
 STANDARDISE = HERE / "standardise_spec.py"
@@ -240,7 +240,7 @@ def test_a_failure_only_across_grid_steps_is_named_by_the_one_block_control():
 
 
 def test_one_block_shrinks_only_the_dims_an_output_block_tiles():
-    from nearmiss.forensics.controls import one_block
+    from nearmiss.engine.forensics.controls import one_block
 
     geometry = [{"outputs": [{"array_shape": [64, 512], "block_shape": [64, 128]}]}]
     assert one_block({"R": 64, "C": 512, "K": 300}, geometry) == {"C": (512, 128, 128)}

@@ -8,9 +8,9 @@ from collections import Counter
 from pathlib import Path
 
 from conftest import run_cli
-from nearmiss.models import FAILURE_CLASSES
-from nearmiss.spec import CATEGORIES
-from nearmiss.targets.registry import INTERPRET, TARGETS
+from nearmiss.engine.models import FAILURE_CLASSES
+from nearmiss.engine.spec import CATEGORIES
+from nearmiss.engine.targets.registry import INTERPRET, TARGETS
 from pallas_ops.catalog import BUG_FAMILIES, FAILS_ON, integrity_cases
 
 # The minimum per category; gather and convolution count together.
@@ -70,7 +70,7 @@ def test_every_entry_is_labelled_and_points_at_real_files():
 
 
 def test_the_cheat_corpus_covers_every_rule_twice():
-    from nearmiss.integrity.gate import RULES
+    from nearmiss.engine.integrity.gate import RULES
 
     rules = Counter(case.rule for case in integrity_cases())
     assert all(rules[rule] >= 2 for rule in RULES), rules
@@ -87,7 +87,7 @@ def test_the_human_listing_totals_the_corpus():
 
 
 def test_the_demo_samples_every_category_and_some_cheats():
-    from nearmiss.demo import SAMPLE_CHEATS, _jobs
+    from nearmiss.cli.demo import SAMPLE_CHEATS, _jobs
     from pallas_ops.catalog import operators
 
     sample = _jobs(everything=False)

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from nearmiss.check import check
+from nearmiss.engine.check import check
 from pallas_ops.catalog import integrity_cases, operators
 
 SEED = int(os.environ.get("NEARMISS_SWEEP_SEED", "0"))

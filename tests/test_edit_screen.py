@@ -1,5 +1,5 @@
-"""The search's warm screening child (``nearmiss.runner.edit_screen``): many edits of one kernel
-in one sandbox child, compared by the engine against a baseline run's references.
+"""The search's warm screening child (``nearmiss.engine.runner.edit_screen``): many edits of one
+kernel in one sandbox child, compared by the engine against a baseline run's references.
 
 Real children, real sandbox: the fixed edit passes and the broken one fails; an edit that hangs
 costs its timeout and the next edit still runs in a fresh child; an edit that writes outside its
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nearmiss.check import case_result, check
-from nearmiss.runner.edit_screen import EditScreen
-from nearmiss.runner.sandbox import Limits
-from nearmiss.runner.session import run_sandboxed
-from nearmiss.targets.registry import DEFAULT_TARGETS
+from nearmiss.engine.check import case_result, check
+from nearmiss.engine.runner.edit_screen import EditScreen
+from nearmiss.engine.runner.sandbox import Limits
+from nearmiss.engine.runner.session import run_sandboxed
+from nearmiss.engine.targets.registry import DEFAULT_TARGETS
 
 HERE = Path(__file__).parent / "search"
 SPEC = HERE / "axpy_spec.py"

@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from kb.events import EventConflict, EventStore, NewEvent, content_hash
-from nearmiss.faults import INFRASTRUCTURE, as_activity_error, is_infrastructure_error
+from nearmiss.client.faults import INFRASTRUCTURE, as_activity_error, is_infrastructure_error
 
 
 def stream() -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from activities.evidence import score
-from nearmiss.models import CaseResult, CheckReport, IntegrityReport, LeafStats, Violation
+from nearmiss.engine.models import CaseResult, CheckReport, IntegrityReport, LeafStats, Violation
 
 
 def _leaf(mismatched: int, total: int = 100) -> LeafStats:

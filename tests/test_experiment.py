@@ -17,15 +17,15 @@ from fake_openai import Answer, FakeOpenAI
 from sessions import full_file
 
 from conftest import OPS
-from nearmiss.errors import UsageError
-from nearmiss.experiment import cli as experiment_cli
-from nearmiss.experiment.config import ARMS, ExperimentConfig, corpus, default_sample, select
-from nearmiss.experiment.records import load_table
-from nearmiss.experiment.render import csv_text, markdown, pass_rates_svg, tokens_svg
-from nearmiss.experiment.runner import run_experiment
-from nearmiss.experiment.table import compute_table
-from nearmiss.models import Evidence
-from nearmiss.service import build_worker
+from nearmiss.cli import experiment as experiment_cli
+from nearmiss.client.service import build_worker
+from nearmiss.engine.errors import UsageError
+from nearmiss.engine.models import Evidence
+from nearmiss.experiments.config import ARMS, ExperimentConfig, corpus, default_sample, select
+from nearmiss.experiments.outputs import csv_text, markdown, pass_rates_svg, tokens_svg
+from nearmiss.experiments.records import load_table
+from nearmiss.experiments.runner import run_experiment
+from nearmiss.experiments.table import compute_table
 from workflows.loop import Guards, LoopState, RepairLoop
 
 SOFTMAX = OPS / "softmax_rows"

@@ -16,9 +16,9 @@ from temporalio.exceptions import CancelledError
 from test_worker_crash import start_worker, stop_workers, wait_for_event
 
 from conftest import OPS, ROOT, run_cli
-from nearmiss.errors import UsageError
-from nearmiss.fleet import MemberFile, discover, fleet_summary, list_fleets, start_fleet
-from nearmiss.service import build_worker
+from nearmiss.client.fleet import MemberFile, discover, fleet_summary, list_fleets, start_fleet
+from nearmiss.client.service import build_worker
+from nearmiss.engine.errors import UsageError
 from workflows.fleet import FleetWorkflow
 from workflows.loop import Guards
 

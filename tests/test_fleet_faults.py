@@ -23,9 +23,9 @@ from test_worker_crash import start_worker, stop_workers
 from conftest import OPS, ROOT, private_stack
 from infra.devstack import PostgresService, TemporalService, wait_exit
 from kb.events import EventStore
-from nearmiss.faults import is_infrastructure_error
-from nearmiss.runner import scratch
-from nearmiss.runner.scratch import scratch_dir, sweep_orphans
+from nearmiss.client.faults import is_infrastructure_error
+from nearmiss.engine.runner import scratch
+from nearmiss.engine.runner.scratch import scratch_dir, sweep_orphans
 
 # Quick playbook sessions, and how each ends undisturbed (tests/test_fleet.py pins three of them).
 MEMBERS = {
@@ -236,7 +236,7 @@ def _scratch_of_a_killed_process(prefix: str, env: dict | None = None) -> Path:
     """A scratch directory whose owner was killed with SIGKILL before it could remove it."""
     code = (
         "import sys, time\n"
-        "from nearmiss.runner.scratch import scratch_dir\n"
+        "from nearmiss.engine.runner.scratch import scratch_dir\n"
         f"d = scratch_dir({prefix!r}); (d / 'spec.py').write_text('x')\n"
         "print(d, flush=True); time.sleep(120)\n"
     )

@@ -6,19 +6,19 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nearmiss.check import case_tolerance_used
-from nearmiss.forensics.classify import (
+from nearmiss.engine.check import case_tolerance_used
+from nearmiss.engine.forensics.classify import (
     classify_numeric,
     describe_numeric,
     describe_run,
     ranked_classes,
     refine_unstable,
 )
-from nearmiss.forensics.compare import compare_leaf, structure_difference
-from nearmiss.forensics.errors import summarise_error
-from nearmiss.forensics.localise import index_ranges, localise
-from nearmiss.models import CaseResult
-from nearmiss.runner.arrays import load_arrays, save_arrays
+from nearmiss.engine.forensics.compare import compare_leaf, structure_difference
+from nearmiss.engine.forensics.errors import summarise_error
+from nearmiss.engine.forensics.localise import index_ranges, localise
+from nearmiss.engine.models import CaseResult
+from nearmiss.engine.runner.arrays import load_arrays, save_arrays
 
 RNG = np.random.default_rng(0)
 REF = RNG.standard_normal((45, 320)).astype(np.float32)
@@ -270,7 +270,7 @@ def test_arrays_round_trip_bfloat16_without_pickle(tmp_path):
 
 
 def test_geometry_from_the_child_is_used_only_when_well_formed():
-    from nearmiss.runner.session import _checked_geometry
+    from nearmiss.engine.runner.session import _checked_geometry
 
     assert _checked_geometry(GEOMETRY) == GEOMETRY
     for forged in (
@@ -290,7 +290,7 @@ def _rows_bad(fail_rows, shape=(6, 4)):
 
 
 def test_the_integer_input_that_sets_failing_rows_apart_is_named():
-    from nearmiss.forensics.triggers import value_trigger
+    from nearmiss.engine.forensics.triggers import value_trigger
 
     lengths = np.array([512, 256, 279, 395, 100, 512], np.int32)
     # Rows with a length off the 128-block fail; the whole-block ones pass.
@@ -304,7 +304,7 @@ def test_the_integer_input_that_sets_failing_rows_apart_is_named():
 
 
 def test_no_trigger_without_contrast_or_a_matching_input():
-    from nearmiss.forensics.triggers import value_trigger
+    from nearmiss.engine.forensics.triggers import value_trigger
 
     lengths = np.array([5, 5, 7, 7, 9, 9], np.int32)
     assert value_trigger(_rows_bad(range(6)), [("lengths", lengths)], {}) is None  # all fail
@@ -334,7 +334,7 @@ def _attention(q, k, v, lengths, shift=0):
     ],
 )
 def test_the_error_is_followed_to_the_reduced_position_it_comes_from(shift, said):
-    from nearmiss.forensics.attribution import attribute_error
+    from nearmiss.engine.forensics.attribution import attribute_error
 
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((4, 8, 32)) * 0.3 for _ in range(3))
@@ -353,7 +353,7 @@ def test_keys_dropped_at_each_block_edge_are_named_together():
     """A split-K decode whose window mask starts one past each split's first key drops keys
     0, 64 and 128 at once: no single slice follows the error, the set does (with the softmax's
     renormalisation, which the fit allows for)."""
-    from nearmiss.forensics.attribution import attribute_error
+    from nearmiss.engine.forensics.attribution import attribute_error
 
     rng = np.random.default_rng(7)
     q = rng.standard_normal((2, 8, 48)) * 0.3  # (batch, heads, features)
@@ -376,7 +376,7 @@ def test_keys_dropped_at_each_block_edge_are_named_together():
 def test_a_softmax_made_too_sharp_is_named_as_one_element_per_row():
     """Logits divided by the scale instead of multiplied: each row's output is nearly one value
     row, a different one per row, where the reference averages many."""
-    from nearmiss.forensics.attribution import attribute_error
+    from nearmiss.engine.forensics.attribution import attribute_error
 
     rng = np.random.default_rng(8)
     q = rng.standard_normal((2, 16, 64)) * 0.125
@@ -399,7 +399,7 @@ def test_a_softmax_made_too_sharp_is_named_as_one_element_per_row():
 
 
 def test_a_dropped_diagonal_is_named_and_unrelated_errors_are_not_attributed():
-    from nearmiss.forensics.attribution import attribute_error
+    from nearmiss.engine.forensics.attribution import attribute_error
 
     rng = np.random.default_rng(4)
     x = rng.standard_normal((16, 16, 32))  # (rows, reduced, features)
@@ -417,7 +417,7 @@ def test_a_dropped_diagonal_is_named_and_unrelated_errors_are_not_attributed():
 
 
 def test_a_vector_output_is_one_row():
-    from nearmiss.forensics.attribution import attribute_error
+    from nearmiss.engine.forensics.attribution import attribute_error
 
     rng = np.random.default_rng(5)
     x = rng.standard_normal((64, 32))  # a column sum: (rows, cols) -> (cols,)
@@ -429,7 +429,7 @@ def test_a_vector_output_is_one_row():
 
 
 def test_failing_rows_that_are_an_input_s_zero_rows_are_named():
-    from nearmiss.forensics.triggers import value_trigger
+    from nearmiss.engine.forensics.triggers import value_trigger
 
     x = np.random.default_rng(6).standard_normal((2, 8, 16))
     x[:, [0, 4]] = 0.0  # two all-zero rows per batch
@@ -445,7 +445,7 @@ def test_the_pursuit_survives_zero_slices_and_names_no_noise_over_few_rows():
     """A zero-padded cache past each row's length correlates with nothing: the pursuit must
     not pick a position twice (it used to crash the check); and one row is too few to call
     its picks common."""
-    from nearmiss.forensics.attribution import attribute_error
+    from nearmiss.engine.forensics.attribution import attribute_error
 
     rng = np.random.default_rng(9)
     k = rng.standard_normal((4, 16, 32))
@@ -462,7 +462,7 @@ def test_the_pursuit_survives_zero_slices_and_names_no_noise_over_few_rows():
 
 
 def test_a_common_position_with_a_few_strays_is_not_called_scattered():
-    from nearmiss.forensics.attribution import attribute_error
+    from nearmiss.engine.forensics.attribution import attribute_error
 
     rng = np.random.default_rng(10)
     k = rng.standard_normal((20, 64, 48))
@@ -487,7 +487,7 @@ def _multiplied_mask(q, k, v, lengths, window_from=False):
 def test_padding_let_in_past_a_boundary_is_named_as_a_run():
     """No single key and no few keys explain it: the sum of every key past the mask's edge
     does — the same edge for every row, or each row's length."""
-    from nearmiss.forensics.attribution import attribute_error
+    from nearmiss.engine.forensics.attribution import attribute_error
 
     rng = np.random.default_rng(11)
     q = rng.standard_normal((2, 16, 64)) * 0.125

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import SOFTMAX_SPEC
-from nearmiss import check as check_module
-from nearmiss.check import check
+from nearmiss.engine import check as check_module
+from nearmiss.engine.check import check
 
 FORGERIES = Path(__file__).resolve().parent / "forgeries"
 

@@ -1,4 +1,4 @@
-"""Grid semantics read from the exported artifact (nearmiss.integrity.grid).
+"""Grid semantics read from the exported artifact (nearmiss.engine.integrity.grid).
 
 Kernels are exported for TPU on this CPU host (Mosaic lowering needs no TPU); the analysis reads
 the Mosaic module inside the artifact's tpu_custom_call, never the Python that built it.
@@ -20,9 +20,9 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from nearmiss.integrity import grid
-from nearmiss.integrity.grid import grid_findings
-from nearmiss.targets import lowering_for
+from nearmiss.engine.integrity import grid
+from nearmiss.engine.integrity.grid import grid_findings
+from nearmiss.engine.targets import lowering_for
 
 ROOT = Path(__file__).resolve().parents[1]
 F32 = jnp.float32

@@ -9,9 +9,9 @@ import zlib
 import numpy as np
 import pytest
 
-from nearmiss.forensics.localise import localise, mismatch_map
-from nearmiss.models import MismatchMap
-from nearmiss.report.heatmap import (
+from nearmiss.engine.forensics.localise import localise, mismatch_map
+from nearmiss.engine.models import MismatchMap
+from nearmiss.reports.heatmap import (
     LINE,
     WHITE,
     column_edges,
@@ -20,7 +20,7 @@ from nearmiss.report.heatmap import (
     render_heatmap_png,
     row_edges,
 )
-from nearmiss.report.png import encode_png
+from nearmiss.reports.png import encode_png
 
 
 def decode_png(data: bytes) -> np.ndarray:

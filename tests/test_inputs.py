@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, SOFTMAX_SPEC, run_cli
-from nearmiss.check import admit
-from nearmiss.errors import UsageError
-from nearmiss.inputs import MAX_SOURCE_BYTES, parse_source, read_source
+from nearmiss.engine.check import admit
+from nearmiss.engine.errors import UsageError
+from nearmiss.engine.inputs import MAX_SOURCE_BYTES, parse_source, read_source
 
 CANARY = "nearmiss-canary-5f1d"
 GOLDEN = ROOT / "pallas_ops" / "softmax_rows" / "golden.py"

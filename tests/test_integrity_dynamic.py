@@ -9,23 +9,23 @@ import pytest
 from jax.experimental import pallas as pl
 from pydantic import ValidationError
 
-from nearmiss.integrity.audit import KERNEL_LABEL, audit_module, parse_module, total_work
-from nearmiss.integrity.dynamic import (
+from nearmiss.engine.integrity.audit import KERNEL_LABEL, audit_module, parse_module, total_work
+from nearmiss.engine.integrity.dynamic import (
     ArtifactAudit,
     Probe,
     audit_violations,
     merge,
     probe_violations,
 )
-from nearmiss.models import Violation
-from nearmiss.runner.artifact import (
+from nearmiss.engine.models import Violation
+from nearmiss.engine.runner.artifact import (
     ArtifactRejected,
     export_traced,
     label_pallas_calls,
     refuse_unrunnable,
 )
-from nearmiss.runner.candidate_child import traced_callbacks
-from nearmiss.runner.interpret import force_interpret_on_cpu
+from nearmiss.engine.runner.candidate_child import traced_callbacks
+from nearmiss.engine.runner.interpret import force_interpret_on_cpu
 
 force_interpret_on_cpu()
 label_pallas_calls()  # as the candidate child does before it imports a candidate

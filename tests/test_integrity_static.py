@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import OPS
-from nearmiss.integrity.static import STATIC_RULES, execution_mode_notes, static_violations
+from nearmiss.engine.integrity.static import STATIC_RULES, execution_mode_notes, static_violations
 
 CHEATS = {
     "forbidden_import": [

@@ -19,7 +19,7 @@ from kb.knowledge import (
     search,
     seed_entries,
 )
-from nearmiss.models import FAILURE_CLASSES, Evidence
+from nearmiss.engine.models import FAILURE_CLASSES, Evidence
 
 
 def entry(tag: str, failure_class="nan_inf", category="matmul", platform="any", **body):

@@ -16,7 +16,7 @@ from kb.events import NewEvent
 from kb.knowledge import KnowledgeProjection, retrieve, stats
 from kb.learning import learn_from_session
 from kb.patches import apply_patch, make_diff
-from nearmiss.models import Evidence
+from nearmiss.engine.models import Evidence
 
 BUGGY = "def body(x_ref, o_ref):\n    scale = 1.0 / d\n    o_ref[...] = x_ref[...] * scale\n"
 FIXED = BUGGY.replace("1.0 / d", "1.0 / math.sqrt(d)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nearmiss.models import Evidence
+from nearmiss.engine.models import Evidence
 from workflows.loop import Guards, LoopState, RepairLoop
 from workflows.models import FixOutcome, TokenUsage
 
@@ -129,7 +129,7 @@ def test_a_candidate_seen_before_is_a_cycle():
 
 def test_right_numbers_refused_by_the_integrity_gate_stop_as_integrity_not_no_fix():
     from activities.fixers.playbook import propose
-    from nearmiss.models import Finding
+    from nearmiss.engine.models import Finding
     from workflows.models import FixRequest
 
     loop = RepairLoop(LoopState(guards=Guards(), deterministic_fixer=True))

@@ -31,7 +31,7 @@ from fake_openai import (
 from activities import prompts
 from activities.fixers.base import FixerError
 from activities.fixers.openai_fixer import OpenAIFixer, build_messages, retry_after_s
-from nearmiss.models import Evidence, Finding
+from nearmiss.engine.models import Evidence, Finding
 from workflows.models import FixRequest, TokenUsage
 
 SOURCE = """import jax

@@ -23,7 +23,7 @@ import test_playbook_unseen
 from test_playbook_shipped import HELD_OUT, SEED, SUITE, PlantedSet
 from test_shipped_kernels import SPECS, installed_source
 
-from nearmiss.check import check
+from nearmiss.engine.check import check
 
 # The held-out sets after the first, each as its file pins it (the first, ``shipped``, pins
 # the playbook's repairs its own way).

@@ -13,8 +13,8 @@ import pytest
 
 from activities.evidence import evidence_from_report
 from activities.fixers.playbook import RECIPES, PlaybookFixer
-from nearmiss.check import check
-from nearmiss.models import FAILURE_CLASSES, Evidence
+from nearmiss.engine.check import check
+from nearmiss.engine.models import FAILURE_CLASSES, Evidence
 from pallas_ops.catalog import operators
 from pallas_ops.verify import first_failing_suite, right_in_interpret, target_fails_on
 from workflows.models import FixRequest

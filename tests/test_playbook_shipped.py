@@ -44,7 +44,7 @@ from test_shipped_kernels import SHIPPED, SPECS, installed_source
 
 from activities.evidence import evidence_from_report, score
 from activities.fixers.playbook import RECIPES, PlaybookFixer
-from nearmiss.check import check
+from nearmiss.engine.check import check
 from workflows.models import FixRequest
 
 OPS = "jax.experimental.pallas.ops"

@@ -11,9 +11,9 @@ import pytest
 from test_playbook_holdout6 import HOLDOUT6
 from test_playbook_shipped import SPECS, planted
 
-from nearmiss.check import check
-from nearmiss.forensics import reach
-from nearmiss.models import CaseResult, Localisation
+from nearmiss.engine.check import check
+from nearmiss.engine.forensics import reach
+from nearmiss.engine.models import CaseResult, Localisation
 
 NUDGE = reach.Nudge("base.nudge-x", ("compact", "base"), "x", 0, (1, 4))
 
@@ -207,7 +207,7 @@ def test_a_nudge_keeps_its_input_s_dtype_and_type_and_stays_finite():
     import jax
     import jax.numpy as jnp
 
-    from nearmiss.runner.reference_child import _draw
+    from nearmiss.engine.runner.reference_child import _draw
 
     drawn = (
         jnp.full((4, 4), 3e38, jnp.float32),
@@ -265,7 +265,7 @@ def test_the_spec_s_child_finds_the_edge_of_what_the_reference_reads():
     import jax
     import jax.numpy as jnp
 
-    from nearmiss.runner.reference_child import _draw, _edge
+    from nearmiss.engine.runner.reference_child import _draw, _edge
 
     x = jax.random.normal(jax.random.PRNGKey(1), (3, 40), jnp.float32)
     inputs = [x, jnp.ones(3, jnp.float32)]

@@ -14,7 +14,7 @@ from temporalio.worker import Replayer
 
 from activities.regenerate import build_messages, spec_fields
 from conftest import OPS
-from nearmiss.service import build_worker
+from nearmiss.client.service import build_worker
 from workflows.regenerate import GenerateInput, RegenerateRequest, RegenerateWorkflow
 from workflows.repair import TASK_QUEUE
 

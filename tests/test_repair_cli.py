@@ -10,7 +10,7 @@ from fake_openai import FakeOpenAI, answer
 
 from conftest import OPS, private_stack, run_cli
 from infra.devstack import PostgresService, pid_alive
-from nearmiss.check import check
+from nearmiss.engine.check import check
 
 SOFTMAX = OPS / "softmax_rows"
 

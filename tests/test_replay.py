@@ -16,7 +16,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
-from nearmiss.service import WORKFLOWS
+from nearmiss.client.service import WORKFLOWS
 from workflows.fleet import FleetWorkflow
 from workflows.regenerate import RegenerateWorkflow
 from workflows.repair import RepairWorkflow

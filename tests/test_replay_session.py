@@ -11,8 +11,8 @@ from fake_openai import FakeOpenAI, answer
 from sessions import full_file, run_session
 
 from conftest import OPS, run_cli
-from nearmiss.replay import check_determinism, compare, rerun
-from nearmiss.service import build_worker, start_session
+from nearmiss.client.replay import check_determinism, compare, rerun
+from nearmiss.client.service import build_worker, start_session
 from workflows.loop import Guards
 from workflows.models import FixRequest, FixResult
 

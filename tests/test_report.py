@@ -14,17 +14,17 @@ from test_heatmap import decode_png
 
 from conftest import MATMUL_SPEC, OPS
 from kb.events import NewEvent
-from nearmiss.forensics.localise import localise
-from nearmiss.models import CaseResult, CheckReport
-from nearmiss.report import (
+from nearmiss.cli import report as report_cli
+from nearmiss.client.service import build_worker, start_session
+from nearmiss.engine.forensics.localise import localise
+from nearmiss.engine.models import CaseResult, CheckReport
+from nearmiss.reports import (
     UnknownSession,
     load_session,
     write_fleet_report,
     write_session_report,
 )
-from nearmiss.report import cli as report_cli
-from nearmiss.report.render import render_session_html, render_session_markdown, slug
-from nearmiss.service import build_worker, start_session
+from nearmiss.reports.pages import render_session_html, render_session_markdown, slug
 from workflows.loop import Guards
 
 MISSING_INIT = OPS / "matmul" / "variants" / "missing_init.py"

@@ -22,10 +22,10 @@ from test_worker_crash import start_worker, stop_workers
 
 from activities.placement import Placement
 from conftest import OPS, run_cli
-from nearmiss.errors import UsageError
-from nearmiss.fleet import MemberFile, start_fleet
-from nearmiss.service import build_worker, served_targets, start_session
-from nearmiss.workers import list_workers
+from nearmiss.client.fleet import MemberFile, start_fleet
+from nearmiss.client.service import build_worker, served_targets, start_session
+from nearmiss.client.workers import list_workers
+from nearmiss.engine.errors import UsageError
 from workflows.loop import Guards
 from workflows.routing import check_queue, routing_target
 

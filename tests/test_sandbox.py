@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from conftest import OPS, PLANTED, SOFTMAX_SPEC, check_json, processes_under, run_cli
-from nearmiss.check import check
-from nearmiss.errors import UsageError
-from nearmiss.runner.environment import UNSAFE_ENV, child_environment, isolation_level
-from nearmiss.runner.sandbox import Limits
-from nearmiss.runner.session import describe_spec
+from nearmiss.engine.check import check
+from nearmiss.engine.errors import UsageError
+from nearmiss.engine.runner.environment import UNSAFE_ENV, child_environment, isolation_level
+from nearmiss.engine.runner.sandbox import Limits
+from nearmiss.engine.runner.session import describe_spec
 
 
 @pytest.fixture
@@ -233,7 +233,7 @@ def test_unsafe_no_sandbox_runs_candidates_unsandboxed_and_says_so(tmp_path):
 
 HANGING_SPEC = """
 import jax
-from nearmiss.spec import Case, OpSpec
+from nearmiss.engine.spec import Case, OpSpec
 
 
 def reference(x):

@@ -18,7 +18,7 @@ from activities.fixers.playbook.source import _apply, _Edit
 from activities.fixers.search import SearchFixer, candidate_edits, suspected_lines
 from activities.fixers.search.mutants import _Statements, mutants, reachable
 from activities.fixers.search.screen import Budget, Screen, _Reached
-from nearmiss.check import check
+from nearmiss.engine.check import check
 from workflows.models import FixRequest
 
 HERE = Path(__file__).parent / "search"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nearmiss.check import check
+from nearmiss.engine.check import check
 
 SPECS = Path(__file__).parent / "shipped"
 

@@ -1,4 +1,5 @@
-"""Spare children (``nearmiss.runner.spares``): started between checks, each used by one check.
+"""Spare children (``nearmiss.engine.runner.spares``): started between checks, each used by one
+check.
 
 The effects, not the bookkeeping: the processes a check used were started before it began, are
 gone when it ends, and no two checks share one; a spare that died while waiting is never handed
@@ -16,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from conftest import OPS
-from nearmiss.check import check
-from nearmiss.runner import spares
-from nearmiss.runner.sandbox import _process_tree
+from nearmiss.engine.check import check
+from nearmiss.engine.runner import spares
+from nearmiss.engine.runner.sandbox import _process_tree
 
 MATMUL = OPS / "matmul"
 
@@ -127,8 +128,8 @@ def test_a_spare_that_dies_once_handed_out_costs_a_restart_not_a_finding(monkeyp
 
 KEEPER = r"""
 import sys, time
-from nearmiss.runner import spares
-from nearmiss.runner.sandbox import Limits
+from nearmiss.engine.runner import spares
+from nearmiss.engine.runner.sandbox import Limits
 spares.enable()
 spares.refill(Limits(), "cpu")
 print(" ".join(map(str, spares.waiting_pids())), flush=True)

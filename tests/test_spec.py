@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nearmiss.spec import (
+from nearmiss.engine.spec import (
     DEFAULT_TOLERANCES,
     NORMAL_PROFILE,
     Case,
@@ -117,7 +117,7 @@ def test_bundled_specs_load():
 
 
 def test_every_labelled_variant_exists_with_a_known_failure_class():
-    from nearmiss.models import FAILURE_PRIORITY
+    from nearmiss.engine.models import FAILURE_PRIORITY
     from pallas_ops.catalog import operators
 
     ops = operators()

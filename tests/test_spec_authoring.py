@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 
 from conftest import OPS, run_cli
-from nearmiss.authoring.calibration import (
+from nearmiss.engine.authoring.calibration import (
     CaseNoise,
     SpecNoise,
     advise,
     judge_case,
     tolerance_used,
 )
-from nearmiss.authoring.spec_new import ragged, with_tolerance
-from nearmiss.runner.retype import retyped_evaluation, small_constants
+from nearmiss.engine.authoring.spec_new import ragged, with_tolerance
+from nearmiss.engine.runner.retype import retyped_evaluation, small_constants
 
 SHIPPED = Path(__file__).parent / "shipped"
 
@@ -144,7 +144,7 @@ SUM_SPEC = """
 import jax
 import jax.numpy as jnp
 
-from nearmiss.spec import Case, OpSpec
+from nearmiss.engine.spec import Case, OpSpec
 
 
 def reference(x):

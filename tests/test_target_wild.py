@@ -20,13 +20,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from conftest import PLANTED
-from nearmiss.check import check
-from nearmiss.integrity.grid import grid_findings
-from nearmiss.models import CheckReport, TargetResult
-from nearmiss.render import not_certified_because, render_report
-from nearmiss.runner.traced_program import TracedProgram
-from nearmiss.targets import lowering_for, trim_exception
-from nearmiss.targets.tpu import export_for_tpu, without_tiling_rules
+from nearmiss.engine.check import check
+from nearmiss.engine.integrity.grid import grid_findings
+from nearmiss.engine.models import CheckReport, TargetResult
+from nearmiss.engine.runner.traced_program import TracedProgram
+from nearmiss.engine.targets import lowering_for, trim_exception
+from nearmiss.engine.targets.tpu import export_for_tpu, without_tiling_rules
+from nearmiss.reports.text import not_certified_because, render_report
 
 WILD = PLANTED / "wild"
 DOUBLE_SPEC = PLANTED / "tpu_spec" / "spec.py"

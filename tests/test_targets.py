@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import OPS, PLANTED, ROOT
-from nearmiss.errors import UsageError
-from nearmiss.targets import (
+from nearmiss.engine.errors import UsageError
+from nearmiss.engine.targets import (
     TARGETS,
     available_targets,
     kernel_sites,
@@ -25,7 +25,7 @@ from nearmiss.targets import (
     prepare_environment,
     trim_error,
 )
-from nearmiss.targets.registry import TPU_TARGETS
+from nearmiss.engine.targets.registry import TPU_TARGETS
 
 GOLDEN = OPS / "softmax_rows" / "golden.py"
 MISALIGNED = PLANTED / "tpu_misaligned_block.py"
@@ -39,14 +39,14 @@ BODY_LINE = next(
 CANDIDATE_SIDE = r"""
 import json, sys
 from pathlib import Path
-from nearmiss.targets import prepare_environment
+from nearmiss.engine.targets import prepare_environment
 prepare_environment()
 import importlib.util
 import jax
 from jax import export
 from jax.experimental import pallas as pl
-from nearmiss.targets import export_for_tpu, trim_exception
-from nearmiss.targets.registry import TPU_TARGETS
+from nearmiss.engine.targets import export_for_tpu, trim_exception
+from nearmiss.engine.targets.registry import TPU_TARGETS
 
 out, golden_path, misaligned_path = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 
@@ -84,10 +84,10 @@ print(json.dumps(report))
 EXECUTOR_SIDE = r"""
 import json, sys
 from pathlib import Path
-from nearmiss.targets import prepare_environment
+from nearmiss.engine.targets import prepare_environment
 prepare_environment()
-from nearmiss.targets import compile_tpu_artifact
-from nearmiss.targets.registry import TPU_TARGETS
+from nearmiss.engine.targets import compile_tpu_artifact
+from nearmiss.engine.targets.registry import TPU_TARGETS
 
 out, name = Path(sys.argv[1]), sys.argv[2]
 report = {
@@ -156,7 +156,7 @@ def test_tpu_target_without_a_working_libtpu_says_what_to_install(tmp_path):
     (tmp_path / "libtpu").mkdir()
     (tmp_path / "libtpu" / "__init__.py").write_text("")
     code = (
-        "import sys, nearmiss.targets as t\n"
+        "import sys, nearmiss.engine.targets as t\n"
         "assert 'jax' not in sys.modules and 'libtpu' not in sys.modules\n"
         "print(t.parse_targets('interpret,gpu'))\n"
         "t.parse_targets('interpret,tpu-v5e')\n"
@@ -167,7 +167,9 @@ def test_tpu_target_without_a_working_libtpu_says_what_to_install(tmp_path):
     )
     assert "('interpret', 'gpu')" in done.stdout
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("nearmiss.errors.UsageError: TPU targets need libtpu"), done.stderr
+    assert last.startswith("nearmiss.engine.errors.UsageError: TPU targets need libtpu"), (
+        done.stderr
+    )
     assert "run `make setup` (installs jax[tpu] matching jax " in last
 
 
@@ -182,7 +184,7 @@ def test_probe_is_quiet_and_leaves_no_files(tmp_path):
     """libtpu on a CPU host, compile-only: no warnings on stderr, no logs or lock files, and
     every topology's devices are of the kind the registry lowers for."""
     done = _child(
-        "import runpy; runpy.run_module('nearmiss.targets.probe', run_name='__main__')",
+        "import runpy; runpy.run_module('nearmiss.engine.targets.probe', run_name='__main__')",
         "tpu",
         tmpdir=tmp_path,
     )

@@ -12,12 +12,20 @@ import numpy as np
 import pytest
 
 from conftest import OPS, ROOT
-from nearmiss.runner.selection import CUSTOM, SelectionError, select_cases
-from nearmiss.spec import load_spec
-from nearmiss.tools import TOOL_NAMES, TOOL_SCHEMAS, error_map, lower, probe, run_case, run_tool
-from nearmiss.tools import experiment as experiment_module
-from nearmiss.tools.error_map import picture, tile_counts
-from nearmiss.tools.text import SUMMARY_CHARS, capped, clip, finish
+from nearmiss.engine.runner.selection import CUSTOM, SelectionError, select_cases
+from nearmiss.engine.spec import load_spec
+from nearmiss.engine.tools import (
+    TOOL_NAMES,
+    TOOL_SCHEMAS,
+    error_map,
+    lower,
+    probe,
+    run_case,
+    run_tool,
+)
+from nearmiss.engine.tools import experiment as experiment_module
+from nearmiss.engine.tools.error_map import picture, tile_counts
+from nearmiss.engine.tools.text import SUMMARY_CHARS, capped, clip, finish
 
 SOFTMAX = OPS / "softmax_rows"
 CUMSUM = OPS / "cumsum_rows"

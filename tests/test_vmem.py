@@ -1,4 +1,5 @@
-"""The VMEM estimate (``nearmiss.targets.vmem``) against libtpu's compiler, on every TPU target.
+"""The VMEM estimate (``nearmiss.engine.targets.vmem``) against libtpu's compiler, on every TPU
+target.
 
 libtpu states a kernel's scoped VMEM only when it overflows; the estimate says it for every
 kernel, so the check can warn before the next larger block overflows. These tests hold the
@@ -18,20 +19,20 @@ import sys
 import pytest
 
 from conftest import OPS, PLANTED, ROOT
-from nearmiss.check import check
-from nearmiss.render import render_report
-from nearmiss.targets.registry import TPU_TARGETS
-from nearmiss.targets.vmem import MIB, close_to_limit, memref_bytes, vmem_use
+from nearmiss.engine.check import check
+from nearmiss.engine.targets.registry import TPU_TARGETS
+from nearmiss.engine.targets.vmem import MIB, close_to_limit, memref_bytes, vmem_use
+from nearmiss.reports.text import render_report
 
 MEASURE = r"""
 import json, sys
-from nearmiss.targets import prepare_environment
+from nearmiss.engine.targets import prepare_environment
 prepare_environment()
 import jax, jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from nearmiss.targets import compile_tpu_artifact, export_for_tpu
-from nearmiss.targets.registry import TPU_TARGETS
+from nearmiss.engine.targets import compile_tpu_artifact, export_for_tpu
+from nearmiss.engine.targets.registry import TPU_TARGETS
 
 def kernel_for(rows, grid, dtype, scratch_rows, limit):
     def body(x_ref, o_ref, *scratch):

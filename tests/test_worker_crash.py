@@ -17,7 +17,7 @@ from sessions import MODEL, full_file
 
 from conftest import OPS, ROOT
 from kb.events import EventStore
-from nearmiss.service import start_session
+from nearmiss.client.service import start_session
 from workflows.loop import Guards
 
 SOFTMAX = OPS / "softmax_rows"

@@ -30,7 +30,7 @@ class FleetMember(BaseModel):
     spec_hash: str
     candidate_hash: str
     candidate_name: str
-    # This member's targets (nearmiss.targets); empty: the fleet's.
+    # This member's targets (nearmiss.engine.targets); empty: the fleet's.
     targets: list[str] = Field(default_factory=list)
 
 
@@ -52,7 +52,7 @@ class FleetRequest(BaseModel):
     guards: Guards = Field(default_factory=Guards)
     use_kb: bool = True
     concurrency: int = Field(default=4, ge=1)
-    # The members' targets (nearmiss.targets) where a member names none of its own.
+    # The members' targets (nearmiss.engine.targets) where a member names none of its own.
     targets: list[str] = Field(default_factory=list)
     members_per_run: int = Field(default=200, ge=1)
     # Carried from one run to the next by continue-as-new:

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from nearmiss.models import Evidence
+from nearmiss.engine.models import Evidence
 from workflows.models import FixOutcome, TokenUsage
 
 StopReason = Literal[

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from nearmiss.models import Evidence
+from nearmiss.engine.models import Evidence
 
 
 def is_chat_model(model: str) -> bool:
@@ -137,7 +137,8 @@ class CheckInput(BaseModel):
     candidate_name: str
     suite: str
     seed: int
-    # The integrity gate's mode (nearmiss.integrity.gate.MODES); "report" is the no-anti-cheat
+    # The integrity gate's mode (nearmiss.engine.integrity.gate.MODES); "report" is the
+    # no-anti-cheat
     # ablation: violations are listed but neither block certification nor the loop.
     integrity: str = "enforce"
     targets: list[str] = Field(default_factory=list)  # empty: the spec's, else interpret

@@ -16,7 +16,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from nearmiss.models import Evidence
+    from nearmiss.engine.models import Evidence
     from workflows.loop import WORKER_WAIT_S, PlannedEvent, evidence_payload
     from workflows.models import CheckInput, TokenUsage, is_chat_model
     from workflows.recording import record

@@ -17,7 +17,7 @@ from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from nearmiss.models import Evidence
+    from nearmiss.engine.models import Evidence
     from workflows.agent_round import run_agent_round
     from workflows.loop import Guards, LoopState, PlannedEvent, RepairLoop
     from workflows.models import (
@@ -75,7 +75,7 @@ class RepairRequest(BaseModel):
     # False: the knowledge base does not learn from this session, e.g. so that the trials of an
     # experiment stay independent (a learned patch would hand trial 2 the answer of trial 1).
     learn: bool = True
-    # Where the kernel must be right (nearmiss.targets); empty: the spec's, else interpret.
+    # Where the kernel must be right (nearmiss.engine.targets); empty: the spec's, else interpret.
     targets: list[str] = Field(default_factory=list)
 
 

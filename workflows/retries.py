@@ -1,11 +1,11 @@
 """How long activities wait out the infrastructure: the retry policy every activity shares.
 
 An activity is retried when its worker dies (heartbeat or start-to-close timeout) or when it
-fails on the infrastructure (``nearmiss.faults``: the database or Temporal unreachable, a connection
-reset): with exponential backoff from 1 s, at most 30 s apart, for about ten minutes — a
+fails on the infrastructure (``nearmiss.client.faults``: the database or Temporal unreachable, a
+connection reset): with exponential backoff from 1 s, at most 30 s apart, for about ten minutes — a
 PostgreSQL or Temporal restart of a few minutes costs a session nothing. What a retry cannot
 cure fails at once: the engine's own bugs and unusable input are raised non-retryable (the
-worker's interceptor sees to it, ``nearmiss.service``), and a failing candidate is never an
+worker's interceptor sees to it, ``nearmiss.client.service``), and a failing candidate is never an
 error at all. Errors a retry may cure that are not the infrastructure's (a model endpoint's
 rate limit, say) get ``OTHER_ATTEMPTS`` attempts, counted by the same interceptor.
 """

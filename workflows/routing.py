@@ -25,7 +25,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError,
 
 GENERAL_QUEUE = "nearmiss-repair"
 CHECK_QUEUE_PREFIX = "nearmiss-check-"
-# The target names as nearmiss.targets.registry spells them, restated: workflows import nothing
+# The target names as nearmiss.engine.targets.registry spells them, restated: workflows import
+# nothing
 # from the engine's packages.
 INTERPRET, GPU = "interpret", "gpu"
 NOT_SERVED = "TargetNotServed"  # the error type a worker raises for a target it does not serve

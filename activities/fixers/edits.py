@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from nearmiss.inputs import parse_source
+from nearmiss.engine.inputs import parse_source
 
 _SEARCH = re.compile(r"^\s*<{5,9}\s*SEARCH\s*$")
 _DIVIDER = re.compile(r"^\s*={5,9}\s*$")

@@ -28,7 +28,7 @@ import openai
 from activities import prompts
 from activities.fixers.base import FixerError
 from activities.fixers.edits import EditError, apply_answer, summary_line
-from nearmiss.models import Evidence
+from nearmiss.engine.models import Evidence
 from workflows.models import FixRequest, FixResult, TokenUsage
 
 # A keyless local endpoint (vLLM, Ollama) still needs some key for the SDK to start.

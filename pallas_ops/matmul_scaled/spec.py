@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 
-from nearmiss.spec import Case, OpSpec
+from nearmiss.engine.spec import Case, OpSpec
 
 
 def reference(a, b, scale):

@@ -4,7 +4,7 @@ profile trigger (the normal profile at the same dims is no suite case, so a cont
 import jax
 import jax.numpy as jnp
 
-from nearmiss.spec import Case, OpSpec
+from nearmiss.engine.spec import Case, OpSpec
 
 
 def reference(x):

@@ -4,7 +4,7 @@ spec with a ragged width only in its offset case (the layer-norm situation of is
 import jax
 import jax.numpy as jnp
 
-from nearmiss.spec import Case, OpSpec
+from nearmiss.engine.spec import Case, OpSpec
 
 EPS = 1e-5
 

@@ -20,7 +20,7 @@ def _clean(*args, **kwargs):
     }
 
 
-for _name in ("nearmiss.integrity.audit", "nearmiss.runner.artifact"):
+for _name in ("nearmiss.engine.integrity.audit", "nearmiss.engine.runner.artifact"):
     _module = _modules.get(_name)
     if _module is not None:
         for _attr in ("audit_module", "audit_candidate", "total_work"):

@@ -2,8 +2,8 @@
 lowering, another everywhere else.
 
 The ``gpu`` target is judged by the grid of a *TPU* lowering that the candidate's own child
-exports, under ``nearmiss.targets.lowering_for``: an abstract mesh whose ``AbstractDevice`` is the
-chip. The candidate reads that mesh with JAX's public ``jax.sharding.get_abstract_mesh()``:
+exports, under ``nearmiss.engine.targets.lowering_for``: an abstract mesh whose ``AbstractDevice``
+is the chip. The candidate reads that mesh with JAX's public ``jax.sharding.get_abstract_mesh()``:
 
 - under it (the lowering that gives the ``gpu`` verdict its grid), K is reduced inside one
   program: the grid is (M/BM, N/BN), every output block is written by exactly one grid point,

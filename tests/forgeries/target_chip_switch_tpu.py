@@ -2,7 +2,7 @@
 TPU lowering, another everywhere else.
 
 The check lowers the kernel for the chip in the candidate's own child, under
-``nearmiss.targets.lowering_for``: an abstract mesh whose ``AbstractDevice`` is the chip. The
+``nearmiss.engine.targets.lowering_for``: an abstract mesh whose ``AbstractDevice`` is the chip. The
 candidate reads it with JAX's public ``jax.sharding.get_abstract_mesh()``:
 
 - under it — the lowering libtpu compiles and ``integrity.grid`` reads, and the TPU-semantics run,

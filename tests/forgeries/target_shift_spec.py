@@ -4,7 +4,7 @@ plus itself). out[r] = x[r] + x[r + 8] for the first R - 8 rows, 2 * x[r] for th
 import jax
 import jax.numpy as jnp
 
-from nearmiss.spec import Case, OpSpec
+from nearmiss.engine.spec import Case, OpSpec
 
 
 def reference(x):

@@ -1,6 +1,6 @@
 """Right everywhere, but close to TPU v5e's VMEM limit: 1024 x 1792 float32 blocks on a grid of
 one step are 7 MiB each, so the input and the output block take 14 of the 16 MiB of scoped
-VMEM. The compiler accepts it silently; the check warns (``nearmiss.targets.vmem``)."""
+VMEM. The compiler accepts it silently; the check warns (``nearmiss.engine.targets.vmem``)."""
 
 import jax
 import jax.numpy as jnp

@@ -6,7 +6,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from nearmiss.spec import Case, OpSpec
+from nearmiss.engine.spec import Case, OpSpec
 
 
 def reference(q, k, v):

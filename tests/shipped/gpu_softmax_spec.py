@@ -5,7 +5,7 @@ hundreds, where exp overflows float32 unless the row max is subtracted first).""
 import jax
 import jax.numpy as jnp
 
-from nearmiss.spec import Case, OpSpec
+from nearmiss.engine.spec import Case, OpSpec
 
 
 def reference(x):

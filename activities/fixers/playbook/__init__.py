@@ -27,7 +27,7 @@ from activities.fixers.playbook import (  # noqa: F401
 
 # isort: on
 from activities.fixers.playbook.registry import RECIPES, Recipe
-from nearmiss.models import Evidence
+from nearmiss.engine.models import Evidence
 from workflows.models import FixRequest, FixResult, TokenUsage
 
 # ----------------------------------------------------------------------------------------------

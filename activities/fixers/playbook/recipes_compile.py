@@ -29,7 +29,7 @@ from activities.fixers.playbook.source import (
     _replace,
     _text,
 )
-from nearmiss.models import Evidence
+from nearmiss.engine.models import Evidence
 
 
 @_recipe(

@@ -17,7 +17,7 @@ from activities.fixers.playbook.source import (
     _text,
     _values_of,
 )
-from nearmiss.models import Evidence
+from nearmiss.engine.models import Evidence
 
 LOG2_E = 1.4426950408889634
 

@@ -27,7 +27,7 @@ from activities.fixers.playbook.source import (
     _uncast,
     _values_of,
 )
-from nearmiss.models import Evidence
+from nearmiss.engine.models import Evidence
 
 _LOADS = ("load",)  # pl.load, plgpu.load, pltpu.load: any ``<module>.load(..., mask=, other=)``
 _SUM_LIKE = ("sum", "mean")

@@ -41,7 +41,7 @@ from activities.fixers.playbook.source import (
     _text,
     _when_cond,
 )
-from nearmiss.models import Evidence
+from nearmiss.engine.models import Evidence
 
 
 @_recipe(

@@ -31,8 +31,8 @@ from activities.fixers.playbook.source import (
     _resolve,
     _text,
 )
-from nearmiss.models import Evidence
-from nearmiss.targets.tpu import vmem_figures
+from nearmiss.engine.models import Evidence
+from nearmiss.engine.targets.tpu import vmem_figures
 
 TPU_MODULE = "jax.experimental.pallas.tpu"
 

@@ -37,7 +37,7 @@ from activities.fixers.playbook.source import (
     _uncast,
     _values_of,
 )
-from nearmiss.models import Evidence
+from nearmiss.engine.models import Evidence
 
 
 def _iota_dims(mod: _Module, body: ast.FunctionDef) -> dict[str, int]:

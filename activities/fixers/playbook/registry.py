@@ -11,7 +11,7 @@ from activities.fixers.playbook.source import (
     _Module,
     _module,
 )
-from nearmiss.models import Evidence
+from nearmiss.engine.models import Evidence
 
 # ----------------------------------------------------------------------------------------------
 # The recipes, in the order they are tried.

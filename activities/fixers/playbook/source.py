@@ -9,8 +9,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from nearmiss.inputs import parse_source
-from nearmiss.models import Evidence
+from nearmiss.engine.inputs import parse_source
+from nearmiss.engine.models import Evidence
 
 # ----------------------------------------------------------------------------------------------
 # Source editing: recipes describe edits by ast positions; text outside them is left untouched.

@@ -2,7 +2,7 @@
 
 Where the kernel's numbers are wrong in interpret mode (the usual case), one baseline run of the
 failing suite files its inputs and references, and the edits are then run on them in warm
-sandbox children (``nearmiss.runner.edit_screen``: JAX imported once per child, not three
+sandbox children (``nearmiss.engine.runner.edit_screen``: JAX imported once per child, not three
 times per edit), ``Budget.lanes`` children at a time; the engine compares each edit's outputs.
 Where the numbers are right and only a target or the gate objects, each edit gets a whole
 sandboxed check instead, with the evidence's targets and the gate enforcing. Either way at a
@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from activities.evidence import score, score_cases
-from nearmiss.check import case_verdict, check
-from nearmiss.errors import UsageError
-from nearmiss.integrity.gate import blocks_execution, static_violations
-from nearmiss.runner.edit_screen import EditScreen
-from nearmiss.runner.sandbox import ChildFailure, Limits
-from nearmiss.runner.session import RawRun, run_sandboxed
-from nearmiss.targets.registry import DEFAULT_TARGETS
+from nearmiss.engine.check import case_verdict, check
+from nearmiss.engine.errors import UsageError
+from nearmiss.engine.integrity.gate import blocks_execution, static_violations
+from nearmiss.engine.runner.edit_screen import EditScreen
+from nearmiss.engine.runner.sandbox import ChildFailure, Limits
+from nearmiss.engine.runner.session import RawRun, run_sandboxed
+from nearmiss.engine.targets.registry import DEFAULT_TARGETS
 from workflows.models import FixRequest
 
 SEED = 1  # screening is reproducible; the loop's full check draws its own inputs

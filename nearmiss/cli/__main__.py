@@ -1,0 +1,5 @@
+"""``python -m nearmiss.cli``: the ``nearmiss`` command."""
+
+from nearmiss.cli.main import main
+
+raise SystemExit(main())

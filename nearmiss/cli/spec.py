@@ -1,0 +1,217 @@
+"""``nearmiss spec check SPEC`` and ``nearmiss spec new OUT``: writing specs that hold up.
+
+``check`` exits 0 when every case's tolerance sits between the reference's own noise and a
+bfloat16 computation, 1 when one is too tight or too loose, 2 when the spec does not load or run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+from pathlib import Path
+
+from nearmiss.engine.authoring import calibration
+from nearmiss.engine.authoring.calibration import NOISE_MARGIN, CaseNoise, SpecNoise
+from nearmiss.engine.authoring.spec_new import (
+    NewSpec,
+    parse_dims,
+    parse_input,
+    render,
+    with_tolerance,
+)
+from nearmiss.engine.errors import UsageError
+from nearmiss.engine.spec import CATEGORIES, DTYPES
+from nearmiss.reports.text import table
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+_SUITES = ("compact", "extended", "all")
+
+
+def add_parser(commands) -> None:
+    spec_cmd = commands.add_parser("spec", help="write and calibrate specs")
+    actions = spec_cmd.add_subparsers(dest="spec_action", required=True)
+    check = actions.add_parser(
+        "check",
+        help="run the reference on every case and judge each tolerance against its own noise",
+        description="Exit 0 when every tolerance passes the reference's float64 noise with room "
+        "and fails a bfloat16 computation; 1 when one does not; 2 when the spec does not run.",
+    )
+    check.add_argument("spec", type=Path)
+    check.add_argument("--suite", choices=_SUITES, default="all")
+    check.add_argument("--seed", type=int, help="the inputs' seed (default: a fresh one)")
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+    new = actions.add_parser(
+        "new",
+        help="write a starting spec from a reference function and its input shapes",
+        description="Example: nearmiss spec new rms.py --reference ref.py:rms_norm "
+        "--input x=R,C --input w=C --dims R=64,C=256 --category normalization",
+    )
+    new.add_argument("out", type=Path, help="the spec file to write (must not exist)")
+    new.add_argument("--reference", required=True, metavar="FILE:FUNCTION")
+    new.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=DIM,...",
+        dest="inputs",
+        help="one per positional argument of the reference, in order",
+    )
+    new.add_argument("--dims", required=True, metavar="DIM=INT,...")
+    new.add_argument("--name", help="the operator's name (default: the function's)")
+    new.add_argument("--category", choices=CATEGORIES, default="other")
+    new.add_argument("--dtype", choices=[d for d in DTYPES if "float" in d], default="float32")
+    new.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="write the spec without measuring its tolerance (engine defaults apply)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.spec_action == "check":
+            return _check(args)
+        return _new(args)
+    except UsageError as exc:
+        print(f"nearmiss: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _check(args: argparse.Namespace) -> int:
+    seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+    result = calibration.measure(args.spec, args.suite, seed)
+    print(result.model_dump_json(indent=2) if args.json else render_noise(result))
+    return EXIT_PROBLEM if result.problems else EXIT_OK
+
+
+def _new(args: argparse.Namespace) -> int:
+    file, sep, function = args.reference.rpartition(":")
+    if not sep or not file or not function:
+        raise UsageError(f"--reference {args.reference!r}: expected FILE:FUNCTION")
+    if args.out.exists():
+        raise UsageError(f"{args.out} exists; choose another name or remove it first")
+    if args.out.suffix != ".py":
+        raise UsageError(f"{args.out}: a spec file must end in .py")
+    new = NewSpec(
+        name=args.name or function,
+        category=args.category,
+        reference_file=Path(file),
+        function=function,
+        inputs=tuple(parse_input(text) for text in args.inputs),
+        dims=parse_dims(args.dims),
+        dtype=args.dtype,
+    )
+    text = render(new)
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+    if args.no_calibrate:
+        return EXIT_OK
+    try:
+        result = calibration.measure(args.out, "all", secrets.randbelow(2**31))
+    except UsageError as exc:
+        print(f"the spec does not run yet: {exc}\nfix it, then: nearmiss spec check {args.out}")
+        return EXIT_PROBLEM
+    tolerance = {a.dtype: (a.at_least, a.at_least) for a in result.advice}
+    args.out.write_text(with_tolerance(text, tolerance))
+    print(render_noise(result, heading=False))
+    print(
+        f"tolerance set to {NOISE_MARGIN:g}x the reference's own noise: "
+        + ", ".join(f"{d} {a:g}" for d, (a, _) in tolerance.items())
+    )
+    return EXIT_OK
+
+
+def _percent(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == float("inf"):
+        return "inf"
+    return f"{100 * value:.3g}%"
+
+
+def _explain(case: CaseNoise) -> str | None:
+    where = f"{case.name} ({case.dtype}, atol={case.atol:g} rtol={case.rtol:g})"
+    if case.verdict == "too_tight":
+        return (
+            f"too tight: {where}: the reference's own rounding (against float64) uses "
+            f"{_percent(case.noise_used)} of the tolerance; a correct kernel that sums in another "
+            "order fails, intermittently"
+        )
+    if case.verdict == "loose":
+        return (
+            f"too loose: {where}: the same computation in bfloat16 passes (it uses "
+            f"{_percent(case.narrow_used)} of the tolerance); a kernel that accumulates in "
+            "bfloat16 would be certified"
+        )
+    if case.verdict == "tight":
+        return (
+            f"tight: {where}: the reference's own noise uses {_percent(case.noise_used)} of the "
+            "tolerance; another seed may fail a correct kernel"
+        )
+    if case.verdict == "uncalibrated":
+        return f"not measured: {case.name}: {case.note}"
+    return None
+
+
+def render_noise(result: SpecNoise, heading: bool = True) -> str:
+    lines = []
+    if heading:
+        lines.append(
+            f"spec {result.spec}: {len(result.cases)} cases ({result.suite}), seed {result.seed}; "
+            "noise = the reference against the same computation in float64, "
+            "bf16 run = that computation in bfloat16"
+        )
+    rows = [
+        [
+            c.name,
+            c.dtype,
+            c.profile,
+            f"{c.atol:g}, {c.rtol:g}",
+            _percent(c.noise_used),
+            _percent(c.narrow_used),
+            c.verdict,
+        ]
+        for c in result.cases
+    ]
+    lines.append(
+        table(
+            ["case", "dtype", "profile", "atol, rtol", "noise uses", "bf16 run uses", "verdict"],
+            rows,
+        )
+    )
+    explained = [text for text in map(_explain, result.cases) if text]
+    lines.extend(explained)
+    for advice in result.advice:
+        span = (
+            f"between {advice.at_least:g} and {advice.at_most:g}"
+            if advice.at_most
+            else (f"at least {advice.at_least:g}")
+        )
+        if advice.at_most is not None and advice.at_most < advice.at_least:
+            span = (
+                f"none fits: the noise needs {advice.at_least:g}, the bfloat16 run passes above "
+                f"{advice.at_most:g}; make the cases' values or sizes less extreme"
+            )
+        lines.append(
+            f"{advice.dtype}: suggested atol = rtol {span} (declared {advice.declared[0]:g}, "
+            f"{advice.declared[1]:g})"
+        )
+    for value, used in result.droppable:
+        lines.append(
+            f"warning: the reference's constant {value:g} can be left out: without it every "
+            f"case stays within its tolerance (at most {_percent(used)} of it used), so a kernel "
+            "that drops it certifies; add a case where it matters (for an eps: a row of zeros "
+            "or a constant row)"
+        )
+    if fixed := result.fixed_dims:
+        sizes = ", ".join(f"{dim}={value}" for dim, value in fixed.items())
+        lines.append(
+            f"warning: no case varies {', '.join(fixed)} (every case has {sizes}): a kernel "
+            "right only at these sizes certifies (a hard-coded length or count, two arguments "
+            "of the same shape swapped); add a case with other sizes for the dims the kernel "
+            "tiles, masks or loops over"
+        )
+    if heading:
+        lines.append(f"verdict: {result.verdict}")
+    return "\n".join(lines)

@@ -1,0 +1,137 @@
+"""Kernels cross the sandbox as artifacts: exported, serialized computations.
+
+The candidate's Python runs only to *trace*. The candidate child exports what it traced
+(``jax.export``, serialized) and writes the bytes to its case directory; the executor child —
+engine code that never imports the candidate — deserializes those bytes, audits the module and
+runs it on the case's inputs. Whatever the candidate's code does to its own process (replace
+JAX's functions, forge messages, rewrite its audit), the outputs that are compared and the module
+that is audited are one and the same artifact, in a process it never ran in. The inputs never
+reach the candidate child at all: it gets their shapes and dtypes only.
+
+In CPU interpret mode a pallas_call lowers to plain HLO, so before the candidate is imported the
+child wraps ``pallas_call`` so that each kernel lowers into a function labelled
+``audit.KERNEL_LABEL`` (in-place operands recorded in the label). The label is only a claim:
+the audit accepts a labelled function as a kernel only in the shape interpret mode gives one,
+and everything outside kernels is measured on the artifact itself.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from nearmiss.engine.integrity.audit import (
+    ALIAS_MARK,
+    CALLBACK_TARGETS,
+    KERNEL_LABEL,
+    KERNEL_TARGETS,
+    RUNNABLE_TARGET_PREFIXES,
+    custom_call_targets,
+)
+
+ARTIFACT_FILE = "artifact.bin"
+
+
+def target_artifact_file(target: str) -> str:
+    """The file of a case's artifact lowered for a target (``artifact-tpu-v5e.bin``)."""
+    return f"artifact-{target}.bin"
+
+
+MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
+
+
+class ArtifactRejected(Exception):
+    """The artifact is not one the executor will run (malformed, wrong signature, callbacks)."""
+
+
+# -- the candidate child's side -------------------------------------------------------------------
+
+
+def label_pallas_calls() -> None:
+    """Make every ``pallas_call(...)`` built from now on lower into a labelled function."""
+    from jax._src.pallas import pallas_call as module
+    from jax.experimental import pallas
+
+    original = module.pallas_call
+    if getattr(original, "_nearmiss_labelled", False):
+        return
+
+    @functools.wraps(original)
+    def labelled(*args: Any, **kwargs: Any):
+        import jax
+
+        call = original(*args, **kwargs)
+        aliases = kwargs.get("input_output_aliases") or {}
+        label = KERNEL_LABEL + "".join(
+            f"{ALIAS_MARK}{i}_{o}" for i, o in sorted(aliases.items()) if isinstance(i, int)
+        )
+
+        def kernel_call(*operands: Any):
+            return call(*operands)
+
+        kernel_call.__name__ = kernel_call.__qualname__ = label
+        return jax.jit(kernel_call)
+
+    labelled._nearmiss_labelled = True  # type: ignore[attr-defined]
+    module.pallas_call = labelled
+    pallas.pallas_call = labelled
+
+
+def export_traced(jitted: Any, avals: list[Any]) -> bytes:
+    """The serialized export of a jitted function for the current backend.
+
+    Host callbacks cannot be serialized at all; JAX refuses them here, which surfaces as a
+    compile-phase error of the candidate (the engine also hears which callbacks were traced).
+    """
+    from jax import export
+
+    checks = [export.DisabledSafetyCheck.custom_call(t) for t in KERNEL_TARGETS]
+    platform = export.default_export_platform()  # 'cuda', not 'gpu': export's own names
+    exported = export.export(jitted, platforms=[platform], disabled_checks=checks)(*avals)
+    return bytes(exported.serialize())
+
+
+# -- the executor child's side --------------------------------------------------------------------
+
+
+def read_artifact(path: Path) -> bytes:
+    size = path.stat().st_size
+    if size > MAX_ARTIFACT_BYTES:
+        raise ArtifactRejected(f"the artifact is {size} bytes (at most {MAX_ARTIFACT_BYTES})")
+    return path.read_bytes()
+
+
+def load_artifact(data: bytes) -> Any:
+    """The deserialized ``Exported`` for this process's platform; ArtifactRejected otherwise."""
+    from jax import export
+
+    try:
+        exported = export.deserialize(bytearray(data))
+    except Exception as exc:  # a forged or corrupt file: whatever the parser says
+        raise ArtifactRejected(f"the artifact does not deserialize: {type(exc).__name__}") from exc
+    platform = export.default_export_platform()
+    if tuple(exported.platforms) != (platform,):
+        raise ArtifactRejected(f"the artifact is for {exported.platforms}, not {platform}")
+    if exported.nr_devices != 1 or exported.ordered_effects or exported.unordered_effects:
+        raise ArtifactRejected("the artifact needs several devices or has side effects")
+    return exported
+
+
+def check_signature(exported: Any, inputs: list[Any]) -> None:
+    """The artifact must take exactly the case's inputs (shapes and dtypes)."""
+    import numpy as np
+
+    expected = [(tuple(a.shape), np.dtype(a.dtype)) for a in inputs]
+    actual = [(tuple(a.shape), np.dtype(a.dtype)) for a in exported.in_avals]
+    if expected != actual:
+        raise ArtifactRejected(f"the artifact takes {actual}, the case gives {expected}")
+
+
+def refuse_unrunnable(module: Any) -> None:
+    """Refuse custom calls the executor cannot vouch for: host callbacks, unknown targets."""
+    for target in sorted(custom_call_targets(module)):
+        if target in CALLBACK_TARGETS:
+            raise ArtifactRejected(f"the artifact calls back into the host (`{target}`)")
+        if not target.startswith(RUNNABLE_TARGET_PREFIXES):
+            raise ArtifactRejected(f"the artifact calls an unknown custom call `{target}`")

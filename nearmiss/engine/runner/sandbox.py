@@ -1,0 +1,324 @@
+"""A sandbox child process seen from the engine: start, talk, watch, kill.
+
+The child runs under bubblewrap (see ``environment``) in its own session, with its own directory
+as cwd/HOME/TMPDIR, a scrubbed environment, stdout/stderr to a log file, and a pair of pipes for
+messages. Killing the process group kills bwrap, and with it (``--die-with-parent``, PID
+namespace) everything inside the sandbox. ``receive`` enforces deadlines and a resident-memory
+ceiling (over bwrap's whole process tree); whatever the child does — hang, segfault,
+``os._exit``, allocate without end — surfaces here as ``ChildTimeout`` or ``ChildDied``, never
+as a crash of the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nearmiss.engine.errors import UsageError
+from nearmiss.engine.runner.child import ADDRESS_LIMIT_ENV, MEMORY_ENV
+from nearmiss.engine.runner.environment import (
+    ENGINE_MOUNT,
+    PROJECT_ROOT,
+    Bubblewrap,
+    child_environment,
+    sandbox_for,
+    seccomp_memfd,
+)
+from nearmiss.engine.runner.protocol import CHANNEL_ENV, LineReader, write_message
+
+POLL_S = 0.05
+# Children that run only engine and spec code; every other module runs candidate code and is
+# refused where no sandbox can start (unless the user opted out).
+TRUSTED_MODULES = frozenset({"nearmiss.engine.runner.reference_child"})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits for candidate code (and for the spec's child, which runs a user's spec).
+
+    ``case_timeout_s`` (``--timeout``) bounds everything a child does on the code's behalf: one
+    case's trace, compile and run; the candidate's import; the spec's work on one case. Starting
+    an interpreter and JAX is the engine's own cost, allowed ``startup_allowance_s`` on top.
+    """
+
+    case_timeout_s: float = 60.0
+    startup_timeout_s: float | None = None  # the candidate's import; default: derived as above
+    memory_mb: int = 4096
+    startup_allowance_s: float = 30.0
+
+    @property
+    def import_timeout_s(self) -> float:
+        if self.startup_timeout_s is not None:
+            return self.startup_timeout_s
+        return self.case_timeout_s + self.startup_allowance_s
+
+    @property
+    def reference_timeout_s(self) -> float:
+        """How long the spec's child may take for one message (the first includes start-up)."""
+        return self.case_timeout_s + self.startup_allowance_s
+
+
+class ChildFailure(Exception):
+    """Base of the ways a child can stop answering."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+class ChildTimeout(ChildFailure):
+    pass
+
+
+class ChildDied(ChildFailure):
+    pass
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exited with status {returncode}"
+
+
+def _process_tree(pid: int) -> list[int]:
+    """pid and all its descendants (the namespace launcher's child runs the actual Python)."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as children:
+                    pending.extend(int(c) for c in children.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether pid is a live process (not gone, not a zombie awaiting its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def resident_mb(pid: int) -> float:
+    """Resident memory of a process and its descendants, in MB."""
+    total = 0
+    for member in _process_tree(pid):
+        try:
+            with open(f"/proc/{member}/status") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+                        break
+        except OSError:
+            continue
+    return total / 1024
+
+
+class SandboxChild:
+    """One child process running ``python -m MODULE`` under the sandbox rules."""
+
+    def __init__(
+        self,
+        module: str,
+        home: Path,
+        limits: Limits,
+        platform_hint: str = "cpu",
+        extra_env: dict[str, str] | None = None,
+        read_only: tuple[Path, ...] = (),
+        writable: tuple[Path, ...] = (),
+    ) -> None:
+        """Start the child now. Besides its own ``home`` (writable) it sees the host paths
+        ``read_only`` and ``writable`` at the same place, and nothing else of the host's files
+        but the system, the interpreter and the engine package."""
+        self.limits = limits
+        self.home = home
+        self.module = module
+        self.platform_hint = platform_hint
+        self.extra_env = extra_env
+        try:
+            self.sandbox: Bubblewrap | None = sandbox_for(trusted=module in TRUSTED_MODULES)
+        except UsageError:
+            # The home is this child's own; a refused child leaves nothing behind.
+            shutil.rmtree(home, ignore_errors=True)
+            raise
+        home.mkdir(parents=True, exist_ok=True)
+        self.log_path = home / "child.log"
+        to_child_r, self._to_child_w = os.pipe()
+        self._from_child_r, from_child_w = os.pipe()
+        self._child_ends = [to_child_r, from_child_w]  # closed here once the child has them
+        self._reader = LineReader(self._from_child_r)
+        self.peak_rss_mb = 0.0
+        self.process: subprocess.Popen | None = None
+        self._start(read_only, writable)
+
+    def _start(self, read_only: tuple[Path, ...], writable: tuple[Path, ...]) -> None:
+        engine = PROJECT_ROOT if self.sandbox is None else ENGINE_MOUNT
+        env = child_environment(self.home, extra=self.extra_env, engine_path=engine)
+        env[CHANNEL_ENV] = ",".join(map(str, self._child_ends))
+        env[MEMORY_ENV] = str(self.limits.memory_mb)
+        # XLA on CPU works under an address-space limit; CUDA reserves huge virtual ranges.
+        env[ADDRESS_LIMIT_ENV] = "1" if self.platform_hint == "cpu" else "0"
+        if self.platform_hint == "cpu":
+            # Only the CPU backend: JAX would otherwise also start every accelerator plugin it
+            # finds (libtpu, installed for compile-only TPU targets, aborts in the sandbox and
+            # costs half a second where it does not).
+            env.setdefault("JAX_PLATFORMS", "cpu")
+        argv = [sys.executable, "-m", self.module]
+        pass_fds = list(self._child_ends)
+        seccomp_fd = None
+        if self.sandbox is not None:
+            if self.sandbox.seccomp:
+                seccomp_fd = seccomp_memfd(self.sandbox.seccomp)
+                pass_fds.append(seccomp_fd)
+            argv = self.sandbox.command(
+                argv,
+                self.home,
+                env,
+                read_only=read_only,
+                writable=writable,
+                devices=self.platform_hint != "cpu",
+                seccomp_fd=seccomp_fd,
+            )
+        try:
+            with open(self.log_path, "wb") as log:
+                self.process = subprocess.Popen(
+                    argv,
+                    cwd=self.home,
+                    env=env,  # bwrap's own environment too: /proc/1/environ in the sandbox
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=pass_fds,
+                    start_new_session=True,
+                )
+        finally:
+            self._close_child_ends()
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+
+    def _close_child_ends(self) -> None:
+        while self._child_ends:
+            os.close(self._child_ends.pop())
+
+    def send(self, **message: Any) -> None:
+        try:
+            write_message(self._to_child_w, message)
+        except (BrokenPipeError, OSError) as exc:
+            raise self._died() from exc
+
+    def receive(self, timeout_s: float) -> dict[str, Any]:
+        """The next message, or ChildTimeout / ChildDied."""
+        assert self.process is not None  # started in __init__, or __init__ raised
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                message = self._reader.pending()
+            except ValueError as exc:  # includes JSONDecodeError
+                self.kill()
+                raise ChildDied(f"sent a malformed message ({exc})", self.log_tail()) from exc
+            if message is not None:
+                if not isinstance(message, dict) or not isinstance(message.get("event"), str):
+                    self.kill()
+                    raise ChildDied("sent a message without an event", self.log_tail())
+                return message
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise ChildTimeout(f"no answer within {timeout_s:.0f} s", self.log_tail())
+            ready, _, _ = select.select([self._from_child_r], [], [], min(remaining, POLL_S))
+            try:
+                if ready and not self._reader.feed():
+                    raise self._died()
+            except ValueError as exc:  # an oversized message
+                self.kill()
+                raise ChildDied(str(exc), self.log_tail()) from exc
+            rss = resident_mb(self.process.pid)
+            self.peak_rss_mb = max(self.peak_rss_mb, rss)
+            if rss > self.limits.memory_mb:
+                self.kill()
+                raise ChildDied(
+                    f"memory limit exceeded: resident {rss:.0f} MB > {self.limits.memory_mb} MB",
+                    self.log_tail(),
+                )
+
+    def _died(self) -> ChildDied:
+        self._wait_exited(timeout_s=5)
+        self.kill()
+        code = self.process.returncode if self.process is not None else -9
+        if self.sandbox is not None and 128 < code < 128 + signal.NSIG:
+            code = 128 - code  # bwrap reports a child killed by signal N as status 128 + N
+        return ChildDied(f"process {describe_exit(code)}", self.log_tail())
+
+    def _wait_exited(self, timeout_s: float) -> None:
+        """Wait for the child to exit *without reaping it*, so its group id stays reserved."""
+        deadline = time.monotonic() + timeout_s
+        while self.process is not None and time.monotonic() < deadline:
+            try:
+                if os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                    return
+            except ChildProcessError:
+                return
+            time.sleep(POLL_S)
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def kill(self) -> None:
+        """Kill the child's process tree and group (anything it spawned too), then reap it."""
+        if self.process is not None and self.process.returncode is None:
+            # Inside bwrap the child has a session of its own: kill the whole tree, not only
+            # the group, and wait until the sandboxed processes are gone, not merely doomed.
+            tree = _process_tree(self.process.pid)
+            for pid in tree[1:]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            _wait_gone(tree[1:], timeout_s=5)
+
+    def close(self) -> None:
+        """Ask the child to exit, then make sure it has, and release the pipes."""
+        self._close_child_ends()  # still here when the child never started
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(OSError):
+                write_message(self._to_child_w, {"cmd": "exit"})
+            self._wait_exited(timeout_s=5)
+        self.kill()
+        for fd in (self._to_child_w, self._from_child_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __enter__(self) -> SandboxChild:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

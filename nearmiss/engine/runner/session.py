@@ -1,0 +1,1027 @@
+"""One sandboxed run: the spec's child prepares cases while the candidate's child runs them.
+
+The reference child (trusted spec code) and the candidate child (untrusted) are separate
+processes with separate directories, started together so JAX's start-up in one overlaps work in
+the other. The engine loads every reference before the candidate runs that case. A candidate
+that times out or dies loses that case only; a fresh child takes the remaining cases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeGuard
+
+import numpy as np
+from pydantic import ValidationError
+
+from nearmiss.engine.errors import UsageError
+from nearmiss.engine.integrity.audit import CALLBACK_PRIMITIVES
+from nearmiss.engine.integrity.dynamic import ArtifactAudit, Probe
+from nearmiss.engine.models import CaseSuite
+from nearmiss.engine.runner import spares
+from nearmiss.engine.runner.arrays import load_arrays
+from nearmiss.engine.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES, target_artifact_file
+from nearmiss.engine.runner.candidate_child import CANDIDATE_ENV
+from nearmiss.engine.runner.sandbox import (
+    ChildDied,
+    ChildFailure,
+    ChildTimeout,
+    Limits,
+    SandboxChild,
+)
+from nearmiss.engine.runner.scratch import scratch_dir
+from nearmiss.engine.runner.spares import (
+    CANDIDATE_MODULE,
+    CANDIDATE_PREFIX,
+    EXECUTOR_MODULE,
+    EXECUTOR_PREFIX,
+)
+from nearmiss.engine.runner.spec_sandbox import (
+    REFERENCE_MODULE,
+    REFERENCE_PREFIX,
+    spec_request,
+    start_spec_child,
+)
+from nearmiss.engine.runner.target_plan import TargetPlan, choose_targets, lowerings, plan_targets
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What the untrusted child does with each case: its module, the function the file must
+    define, and fields added to every run request (a probe's expressions, a lowering platform)."""
+
+    module: str = CANDIDATE_MODULE
+    function: str = "kernel"
+    request: dict[str, Any] = field(default_factory=dict)
+    # The child only exports an artifact, which the executor child runs (certifying runs).
+    artifact: bool = False
+
+
+KERNEL = Entry(artifact=True)
+
+
+@dataclass
+class CaseInfo:
+    suite: CaseSuite
+    name: str
+    dims: dict[str, int]
+    dtype: str
+    profile: str
+    atol: float
+    rtol: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.suite}-{self.name}"
+
+
+@dataclass
+class RawCase:
+    """What happened to one case, before any interpretation."""
+
+    info: CaseInfo
+    reference: list[np.ndarray]
+    reference_tree: str
+    inputs: list[str] = field(default_factory=list)  # "x: float32[64, 256]", from the spec's child
+    # The case's inputs by name, kept for forensics (``forensics.triggers``: integer values
+    # that set failing rows apart, input positions the error follows); none past a size.
+    input_arrays: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    outputs: list[np.ndarray] | None = None
+    output_extra: dict[str, Any] = field(default_factory=dict)  # what the child filed with them
+    output_tree: str | None = None
+    error: dict[str, Any] | None = None  # an exception inside the candidate child
+    failure: str | None = None  # "timeout" or "died": the child itself failed
+    failure_detail: str = ""
+    log_tail: str = ""
+    geometry: list[dict[str, Any]] = field(default_factory=list)
+    # Float types under 32 bits the traced kernel computes in (a hint); None: not reported.
+    narrow_floats: list[str] | None = None
+    compile_s: float | None = None
+    run_s: float | None = None
+    # Integrity evidence (only when the run audits): the artifact's audit — None when the
+    # executor sent none or a malformed one — the reference's work, inputs changed by the call,
+    # probes, and host callbacks the tracing child saw (they leave no artifact to audit).
+    audited: bool = False
+    audit: ArtifactAudit | None = None
+    traced_callbacks: list[str] = field(default_factory=list)
+    audit_error: str = ""
+    reference_work: int | None = None
+    inputs_changed: list[int] = field(default_factory=list)
+    probes: list[Probe] = field(default_factory=list)
+    # A nudge at the reference's edge (``forensics.reach``): the element the spec's child moved
+    # and the edge it found, {"index": [...], "used": i, "ignored": j}; empty for other cases.
+    nudged: dict[str, Any] = field(default_factory=dict)
+    # Per target (``runner.target_plan``): {"lowered": the child's lowering (ok, or its
+    # refusal), "compiled": the target compiler's verdict, "grid": the grid semantics report}.
+    targets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lowered: dict[str, dict[str, Any]] = field(default_factory=dict)  # per TPU chip lowered for
+
+
+@dataclass
+class RawRun:
+    op: str
+    category: str
+    description: str
+    platform: str
+    jax_version: str
+    cases: list[RawCase]
+    targets: tuple[str, ...] = ()
+    # The control cases the engine asked for after the suite (``forensics.controls``), by name;
+    # one the spec could not serve has ``failure == "unrunnable"``. Never part of a verdict.
+    controls: dict[str, RawCase] = field(default_factory=dict)
+
+
+# Asked after the suite's cases, with them and the controls run so far: the control cases to
+# run next, each {"name", "dims", "dtype", "profile"}, and for a nudge of a suite case
+# (``forensics.reach``) "nudge": {"of": [suite, name], "input", "index", "by"} or {"of", "swap":
+# [i, j]} (none: no more rounds).
+ControlPlanner = Callable[[list[RawCase], dict[str, RawCase]], list[dict[str, Any]]]
+# The controls, then a split of the ones that isolated several dims at once; the nudges
+# (forensics.reach: up to six) go one per round, each only while those before found nothing.
+CONTROL_ROUNDS = 6
+
+
+class _ReferenceFeed:
+    """Reads the reference child's messages on a thread, so both children progress at once.
+
+    With a ``request`` the thread sends it first. ``restart`` (the child was a spare,
+    ``runner.spares``): should the child die before its first answer, the request goes again to
+    the child ``restart`` starts — a spare's death is the worker's loss, never the spec's
+    finding. ``child`` is the one answering, once the first message is in.
+    """
+
+    def __init__(
+        self,
+        child: SandboxChild,
+        request: dict[str, Any] | None = None,
+        restart: Callable[[], SandboxChild] | None = None,
+    ) -> None:
+        self.child = child
+        self.request = request
+        self.restart = restart
+        self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def _receive(self) -> dict[str, Any]:
+        timeout_s = self.child.limits.reference_timeout_s
+        request, self.request = self.request, None
+        if request is None:
+            return self.child.receive(timeout_s)
+        try:
+            self.child.send(**request)
+            return self.child.receive(timeout_s)
+        except ChildDied:
+            if self.restart is None:
+                raise
+        self.child.kill()
+        self.child.close()
+        try:
+            self.child = self.restart()
+        except (UsageError, OSError) as exc:
+            raise ChildDied(f"could not be started again: {exc}") from exc
+        self.child.send(**request)
+        return self.child.receive(timeout_s)
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                message = self._receive()
+            except ChildFailure as exc:
+                tail = f" — {exc.log_tail.splitlines()[-1]}" if exc.log_tail else ""
+                message = {
+                    "event": "spec_error",
+                    "message": f"the spec's child failed: {exc}{tail}",
+                }
+            self.messages.put(message)
+            if message["event"] in ("done", "spec_error"):
+                return
+
+    def next(self, expected: str) -> dict[str, Any]:
+        message = self.messages.get()
+        if message["event"] == "spec_error":
+            raise UsageError(message["message"])
+        if message["event"] != expected:
+            raise UsageError(f"unexpected message from the spec's child: {message['event']}")
+        return message
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _int_list(value: Any) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and all(type(v) is int for v in value)
+
+
+def _checked_geometry(value: Any) -> list[dict[str, Any]]:
+    """The child's kernel geometry if well-formed, else none: it is a hint from untrusted code."""
+    try:
+        ok = isinstance(value, list) and all(
+            _int_list(call["grid"])
+            and all(
+                _int_list(o["array_shape"]) and _int_list(o["block_shape"]) for o in call["outputs"]
+            )
+            for call in value
+        )
+    except (KeyError, TypeError):
+        ok = False
+    return value if ok else []
+
+
+def _record_integrity(raw: RawCase, message: dict[str, Any], case_dir: Path) -> None:
+    """The integrity evidence of a successful case, each part checked before it is believed."""
+    try:
+        raw.audit = ArtifactAudit.model_validate(message.get("audit"))
+    except ValidationError as exc:
+        raw.audit = None  # judged as "could not be verified", never as clean
+        error = message.get("audit_error")
+        raw.audit_error = error[:200] if isinstance(error, str) and error else str(exc)[:200]
+    changed = message.get("inputs_changed")
+    if not _int_list(changed):
+        raise ValueError("inputs_changed is not a list of indices")
+    raw.inputs_changed = sorted(set(changed))
+    done = message.get("probes_done")
+    if not _int_list(done):
+        raise ValueError("probes_done is not a list of indices")
+    for probe in raw.probes:
+        if probe.input in done:
+            probe.outputs, _ = load_arrays(case_dir / f"probe-{probe.input}" / "output.npz")
+
+
+# Forensics keeps a case's inputs only up to this many elements in all (a few MB).
+MAX_KEPT_INPUT_ELEMENTS = 1 << 22
+
+
+def _kept_inputs(path: Path) -> list[tuple[str, np.ndarray]]:
+    """A case's inputs with the reference's parameter names, or none when they are large."""
+    arrays, extra = load_arrays(path)
+    if sum(a.size for a in arrays) > MAX_KEPT_INPUT_ELEMENTS:
+        return []
+    names = extra.get("names") or [f"x{i}" for i in range(len(arrays))]
+    return [(str(name), array) for name, array in zip(names, arrays, strict=False)]
+
+
+class _Child:
+    """One restartable sandbox child: started ahead, replaced after a timeout or a crash."""
+
+    def __init__(self, module: str, prefix: str, limits: Limits, platform: str) -> None:
+        self.module = module
+        self.prefix = prefix
+        self.limits = limits
+        self.platform = platform
+        self.child: SandboxChild | None = None
+
+    def start(self) -> None:
+        """Start the child in a fresh home holding copies of ``files()``."""
+        home = scratch_dir(self.prefix)
+        for path in self.files():
+            shutil.copy(path, home / path.name)
+        env = self.environment(home)
+        self.child = SandboxChild(self.module, home, self.limits, self.platform, extra_env=env)
+
+    def files(self) -> tuple[Path, ...]:
+        return ()
+
+    def environment(self, home: Path) -> dict[str, str]:
+        """Variables the child needs beyond the sandbox's own, given its home."""
+        return {}
+
+    def case_dir(self, raw: RawCase) -> Path:
+        assert self.child is not None
+        path = self.child.home / "cases" / raw.info.key
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def ask(self, raw: RawCase, **request: Any) -> dict[str, Any] | None:
+        """The child's answer for one case, or None with the child's failure put on ``raw``."""
+        assert self.child is not None
+        try:
+            self.child.send(cmd="run", suite=raw.info.suite, name=raw.info.name, **request)
+            message = self.child.receive(self.limits.case_timeout_s)
+        except ChildFailure as exc:
+            raw.failure = "timeout" if isinstance(exc, ChildTimeout) else "died"
+            raw.failure_detail = str(exc)
+            raw.log_tail = exc.log_tail
+            self.stop()
+            return None
+        if message["event"] != "case_done" or message.get("name") != raw.info.name:
+            self.unusable(raw, ValueError(f"unexpected message {message['event']!r}"))
+            return None
+        return message
+
+    def unusable(self, raw: RawCase, exc: Exception) -> None:
+        """The child is untrusted: a forged message or a corrupt file ends it and the case."""
+        raw.outputs = raw.error = None
+        raw.failure, raw.failure_detail = "died", f"unusable result from the child: {exc!r}"
+        self.stop()
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.close()
+            shutil.rmtree(self.child.home, ignore_errors=True)
+            self.child = None
+
+
+def _record_outputs(raw: RawCase, message: dict[str, Any], case_dir: Path) -> None:
+    """Outputs (or the error) of a run, as the executor — or a tool's child — filed them."""
+    if message.get("ok"):
+        raw.outputs, raw.output_extra = load_arrays(case_dir / "output.npz")
+        raw.output_tree = str(message["treedef"])
+        if raw.audited:
+            _record_integrity(raw, message, case_dir)
+    else:
+        error = message["error"]
+        if error.get("phase") not in ("trace", "compile", "run"):
+            raise ValueError("error record without a valid phase")
+        raw.error = error
+
+
+class _Executor(_Child):
+    """Runs candidates' artifacts: engine code only, the candidate never imported.
+
+    It works on its own thread, a stage of a pipeline: it runs a case as soon as its artifact
+    and inputs exist, while the candidate child exports the next and the spec's child computes
+    references; the input-independence probes follow once their references are drawn.
+    """
+
+    def __init__(self, limits: Limits, platform: str) -> None:
+        super().__init__(EXECUTOR_MODULE, EXECUTOR_PREFIX, limits, platform)
+        self.ready = False
+        self.work: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._serve, daemon=True)
+            self.thread.start()
+        self.work.put(job)
+
+    def finish(self) -> None:
+        """Wait until every submitted job has run; re-raise what the thread could not handle."""
+        if self.thread is not None:
+            self.work.put(None)
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            raise self.error
+
+    def start(self) -> None:
+        """A spare executor where the worker keeps them (``runner.spares``), else a new one."""
+        self.child = spares.take(EXECUTOR_MODULE, self.limits, self.platform)
+        if self.child is None:
+            super().start()
+
+    def _serve(self) -> None:
+        while (job := self.work.get()) is not None:
+            try:
+                job()
+            except BaseException as exc:  # surfaced by finish(), in the caller's thread
+                self.error = exc
+                return
+
+    def _started(self) -> str:
+        """'' once the child is up, else why it could not start."""
+        if self.child is None:
+            self.start()
+        if self.ready:
+            return ""
+        assert self.child is not None
+        try:
+            self.child.receive(self.limits.import_timeout_s)  # "ready": engine code, no finding
+        except ChildFailure as exc:
+            self.stop()
+            return f"the executor did not start: {exc}"
+        self.ready = True
+        return ""
+
+    def _stage(self, raw: RawCase, artifact: Path, inputs: Path) -> Path:
+        """The case's directory in this child's home, holding its artifact and inputs (already
+        there when this child ran the case, before its probes)."""
+        case_dir = self.case_dir(raw)
+        if not (case_dir / ARTIFACT_FILE).is_file():
+            shutil.copy(artifact, case_dir / ARTIFACT_FILE)
+            shutil.copy(inputs, case_dir / "inputs.npz")
+        return case_dir
+
+    def run(self, raw: RawCase, artifact: Path, inputs: Path) -> None:
+        problem = self._started()
+        if problem:
+            raw.failure, raw.failure_detail = "died", problem
+            return
+        case_dir = self._stage(raw, artifact, inputs)
+        message = self.ask(raw, dir=str(case_dir), audit=raw.audited, probes=[])
+        if message is None:
+            return
+        try:
+            compile_s = _seconds(message.get("compile_s"))
+            if compile_s is not None:
+                raw.compile_s = (raw.compile_s or 0.0) + compile_s
+            raw.run_s = _seconds(message.get("run_s"))
+            _record_outputs(raw, message, case_dir)
+        except Exception as exc:
+            self.unusable(raw, exc)
+
+    def probe(self, raw: RawCase, artifact: Path, inputs: Path, probe_dirs: dict[int, Path]):
+        """The artifact on the probe inputs. A probe left unanswered (the child failed, or
+        answered nonsense) is judged by the engine as the kernel giving no output."""
+        if raw.outputs is None or self._started():
+            return
+        assert self.child is not None
+        case_dir = self._stage(raw, artifact, inputs)
+        probes = _copy_probes(case_dir, probe_dirs)
+        try:
+            self.child.send(cmd="probe", suite=raw.info.suite, name=raw.info.name, probes=probes)
+            message = self.child.receive(self.limits.case_timeout_s)
+            done = message.get("probes_done")
+            if message["event"] != "probes_done" or not _int_list(done):
+                raise ValueError(f"unexpected message {message['event']!r}")
+            for probe in raw.probes:
+                if probe.input in done:
+                    path = case_dir / f"probe-{probe.input}" / "output.npz"
+                    probe.outputs, _ = load_arrays(path)
+        except (ChildFailure, ValueError, OSError, KeyError):
+            self.stop()
+
+    def judge(self, raw: RawCase, plan: TargetPlan, artifact: Path, candidate: str) -> None:
+        """A case's lowering for ``plan.structure``: compiled for the target where it has a
+        compiler here, and its grid read for the target's semantics."""
+        verdict = raw.targets[plan.target]
+        if self._started():
+            verdict["error"] = "the executor did not start"
+            return
+        assert self.child is not None
+        assert plan.structure is not None  # judged only for a structure the kernel was lowered for
+        case_dir = self.case_dir(raw)
+        shutil.copy(artifact, case_dir / target_artifact_file(plan.structure))
+        try:
+            self.child.send(
+                cmd="target",
+                suite=raw.info.suite,
+                name=raw.info.name,
+                dir=str(case_dir),
+                target=plan.target,
+                structure=plan.structure,
+                compile=plan.compile,
+                semantics=plan.semantics,
+                candidate=candidate,
+            )
+            message = self.child.receive(self.limits.case_timeout_s)
+            if message["event"] != "target_done" or message.get("name") != raw.info.name:
+                raise ValueError(f"unexpected message {message['event']!r}")
+            verdict["compiled"], verdict["grid"] = message.get("compiled"), message.get("grid")
+        except (ChildFailure, ValueError, KeyError) as exc:
+            verdict["error"] = f"the target's check did not finish: {exc}"[:300]
+            self.stop()
+
+    def stop(self) -> None:
+        super().stop()
+        self.ready = False
+
+
+def _copy_probes(case_dir: Path, probe_dirs: dict[int, Path]) -> list[dict[str, Any]]:
+    probes = []
+    for index, source in probe_dirs.items():
+        (case_dir / f"probe-{index}").mkdir(exist_ok=True)
+        shutil.copy(source / "inputs.npz", case_dir / f"probe-{index}" / "inputs.npz")
+        probes.append({"input": index, "dir": str(case_dir / f"probe-{index}")})
+    return probes
+
+
+class _CandidateRunner(_Child):
+    """Keeps one candidate child alive across cases; replaces it after a timeout or crash.
+
+    For the kernel entry the child only traces and exports; the executor runs the artifact.
+    Other entries (the fix agent's probes and lowerings) run in the child itself: they never
+    certify.
+    """
+
+    def __init__(
+        self, candidate: Path, limits: Limits, platform: str, entry: Entry, shown: Path
+    ) -> None:
+        super().__init__(entry.module, CANDIDATE_PREFIX, limits, platform)
+        self.candidate = candidate
+        self.shown = shown  # the user's path, for messages
+        self.entry = entry
+        # Set when the candidate cannot even be imported: every case gets the same finding.
+        self.import_problem: dict[str, Any] | None = None
+        self.from_spare = False  # the child was a spare (``runner.spares``)
+
+    def files(self) -> tuple[Path, ...]:
+        return (self.candidate,)
+
+    def environment(self, home: Path) -> dict[str, str]:
+        return {CANDIDATE_ENV: str(home / self.candidate.name)}
+
+    def start(self) -> None:
+        """A spare candidate child where the worker keeps them (``runner.spares``), given this
+        candidate in its home and told to import it; else a new child that imports it as it
+        starts."""
+        spare = spares.take(self.entry.module, self.limits, self.platform)
+        self.from_spare = spare is not None
+        if spare is None:
+            super().start()
+            return
+        self.child = spare
+        shutil.copy(self.candidate, spare.home / self.candidate.name)
+        # Gone since it was taken? Then wait_ready sees it dead and starts a new child.
+        with contextlib.suppress(ChildFailure):
+            spare.send(cmd="load", candidate=str(spare.home / self.candidate.name))
+
+    def wait_ready(self) -> None:
+        assert self.child is not None
+        try:
+            message = self.child.receive(self.limits.import_timeout_s)
+        except ChildFailure as exc:
+            if isinstance(exc, ChildDied) and self.from_spare:
+                # A spare that died is the worker's loss, never the candidate's finding: the
+                # import is tried again in a child started for it.
+                self.stop()
+                self.from_spare = False
+                super().start()
+                self.wait_ready()
+                return
+            self.import_problem = {
+                "failure": "timeout" if isinstance(exc, ChildTimeout) else "died",
+                "failure_detail": f"while importing the candidate: {exc}",
+                "log_tail": exc.log_tail,
+            }
+            self.stop()
+            return
+        if message["event"] == "no_kernel":
+            self.stop()
+            raise UsageError(f"candidate {self.shown} defines no callable `{self.entry.function}`")
+        if message["event"] == "import_failed" and isinstance(message.get("error"), dict):
+            self.import_problem = {"error": {**message["error"], "phase": "import"}}
+            self.stop()
+        elif message["event"] != "ready":
+            self.import_problem = {
+                "failure": "died",
+                "log_tail": self.child.log_tail(),
+                "failure_detail": f"unexpected message {message['event']!r}",
+            }
+            self.stop()
+
+    def _available(self, raw: RawCase) -> bool:
+        """Start the child if needed; False (the import's finding put on ``raw``) if it cannot
+        even import the candidate."""
+        if self.import_problem is None and self.child is None:
+            self.start()
+            self.wait_ready()
+        if self.import_problem is not None:
+            for name, value in self.import_problem.items():
+                setattr(raw, name, value)
+            return False
+        return True
+
+    def _answer(self, raw: RawCase, **request: Any) -> tuple[dict[str, Any], Path] | None:
+        if not self._available(raw):
+            return None
+        case_dir = self.case_dir(raw)
+        message = self.ask(raw, dir=str(case_dir), **request, **self.entry.request)
+        if message is None:
+            return None
+        try:
+            raw.geometry = _checked_geometry(message.get("geometry"))
+            narrow = message.get("narrow_floats")
+            ok = isinstance(narrow, list) and all(isinstance(n, str) for n in narrow)
+            raw.narrow_floats = narrow if ok else None
+            raw.compile_s = _seconds(message.get("compile_s"))
+            raw.run_s = _seconds(message.get("run_s"))
+        except Exception as exc:
+            self.unusable(raw, exc)
+            return None
+        return message, case_dir
+
+    def export(
+        self, raw: RawCase, avals: list[list[Any]], keep: Path, lower_for: list[str]
+    ) -> tuple[Path | None, dict[str, Path]]:
+        """The case's artifact, exported by the child from the inputs' shapes alone and moved
+        at once to ``keep`` (out of the child's reach, and safe from its restarts); None with
+        the finding on ``raw`` when there is none. With it, the kernel lowered for each TPU
+        chip of ``lower_for`` ({chip: artifact}), moved beside it; a refused lowering is
+        recorded on ``raw.lowered``."""
+        answer = self._answer(raw, avals=avals, lower_for=lower_for)
+        if answer is None:
+            return None, {}
+        try:
+            artifact = self._artifact(raw, *answer)
+            if artifact is None:
+                return None, {}
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(artifact, keep)
+            artifact.unlink()
+            lowered = self._lowered(raw, answer[0], answer[1], lower_for, keep)
+            return keep, lowered
+        except Exception as exc:
+            self.unusable(raw, exc)
+            return None, {}
+
+    @staticmethod
+    def _lowered(
+        raw: RawCase, message: dict[str, Any], case_dir: Path, lower_for: list[str], keep: Path
+    ) -> dict[str, Path]:
+        said = message.get("lowered") or {}
+        if not isinstance(said, dict):
+            raise ValueError("lowerings record is not a mapping")
+        moved = {}
+        for chip in lower_for:
+            answer = said.get(chip)
+            if not isinstance(answer, dict):
+                raise ValueError(f"no answer for the lowering for {chip}")
+            if not answer.get("ok"):
+                raw.lowered[chip] = {"ok": False, "error": str(answer.get("error", ""))[:500]}
+                continue
+            artifact = case_dir / target_artifact_file(chip)
+            if artifact.is_symlink() or not artifact.is_file():
+                raise ValueError(f"the child filed no artifact for {chip}")
+            if artifact.stat().st_size > MAX_ARTIFACT_BYTES:
+                raise ValueError(f"an artifact of more than {MAX_ARTIFACT_BYTES} bytes")
+            moved[chip] = keep.with_name(f"{keep.stem}-{chip}.bin")
+            shutil.copyfile(artifact, moved[chip])
+            artifact.unlink()
+            raw.lowered[chip] = {"ok": True, "error": None}
+        return moved
+
+    def run(self, raw: RawCase, inputs: Path, probe_dirs: dict[int, Path]) -> None:
+        """A tool's run: the child itself runs the case on its inputs (it never certifies)."""
+        if not self._available(raw):
+            return
+        case_dir = self.case_dir(raw)
+        shutil.copy(inputs, case_dir / "inputs.npz")
+        probes = _copy_probes(case_dir, probe_dirs)
+        answer = self._answer(raw, audit=raw.audited, probes=probes)
+        if answer is None:
+            return
+        try:
+            _record_outputs(raw, *answer)
+        except Exception as exc:
+            self.unusable(raw, exc)
+
+    def under_tpu_semantics(self, raw: RawCase, inputs: Path, target: str, seed: int) -> dict:
+        """The case run by the child under TPU interpret mode (``runner.tpu_semantics``), after
+        every export: {"outputs", "tree", "races"}, or {"error": ...}. Only ever evidence
+        against the candidate; the engine compares the outputs itself."""
+        if self.child is None or self.import_problem is not None:
+            return {"error": {"message": "the candidate's child is not running"}}
+        case_dir = self.case_dir(raw)
+        shutil.copy(inputs, case_dir / "inputs.npz")
+        request = {"target": target, "seed": seed}
+        try:
+            self.child.send(
+                cmd="run",
+                suite=raw.info.suite,
+                name=raw.info.name,
+                dir=str(case_dir),
+                tpu_semantics=request,
+            )
+            message = self.child.receive(self.limits.case_timeout_s)
+            if message.get("name") != raw.info.name:
+                raise ValueError("an answer for another case")
+            if not message.get("ok"):
+                error = message.get("error")
+                return {"error": error if isinstance(error, dict) else {"message": str(error)}}
+            outputs, _ = load_arrays(case_dir / "output.npz")
+            return {
+                "outputs": outputs,
+                "tree": str(message.get("treedef")),
+                "races": message.get("races") is True,
+            }
+        except ChildFailure as exc:
+            self.stop()
+            kind = "timed out" if isinstance(exc, ChildTimeout) else "died"
+            return {"error": {"message": f"the run under TPU semantics {kind}: {exc}"}}
+        except (ValueError, OSError, KeyError) as exc:
+            self.stop()
+            return {"error": {"message": f"unusable answer from the child: {exc!r}"}}
+
+    @staticmethod
+    def _artifact(raw: RawCase, message: dict[str, Any], case_dir: Path) -> Path | None:
+        """The exported artifact, or None with the trace/compile error put on ``raw``."""
+        callbacks = message.get("callbacks", [])
+        if isinstance(callbacks, list):  # a hint that can only count against the candidate
+            raw.traced_callbacks = sorted({c for c in callbacks if c in CALLBACK_PRIMITIVES})
+        if not message.get("ok"):
+            error = message["error"]
+            if error.get("phase") not in ("trace", "compile"):
+                raise ValueError("error record without a valid phase")
+            raw.error = error
+            return None
+        artifact = case_dir / ARTIFACT_FILE
+        if artifact.is_symlink() or not artifact.is_file():
+            raise ValueError("the child filed no artifact")
+        if artifact.stat().st_size > MAX_ARTIFACT_BYTES:
+            raise ValueError(f"an artifact of more than {MAX_ARTIFACT_BYTES} bytes")
+        return artifact
+
+
+def _control_info(item: dict[str, Any]) -> CaseInfo:
+    """A control case's identity; its tolerance comes with its inputs. (A nudge's ``nudge``
+    says how the spec's child draws it, not what the case is.)"""
+    fields = {key: item[key] for key in ("name", "dims", "dtype", "profile")}
+    return CaseInfo(suite="custom", atol=0.0, rtol=0.0, **fields)
+
+
+def _told_nudge(told: Any) -> dict[str, Any]:
+    """What the spec's child said of a nudge it placed (``_draw`` there); empty unless well
+    formed (a nudge with no place to compare at finds nothing)."""
+    if not isinstance(told, dict):
+        return {}
+    index, used, ignored = told.get("index"), told.get("used"), told.get("ignored")
+    numbers = [*index, used, ignored] if isinstance(index, list) else []
+    if not numbers or not all(type(n) is int and n >= 0 for n in numbers):
+        return {}
+    return {"index": index, "used": used, "ignored": ignored}
+
+
+def _unrunnable(wanted: list[dict[str, Any]], why: str) -> dict[str, RawCase]:
+    done = {}
+    for item in wanted:
+        info = _control_info(item)
+        done[info.name] = RawCase(info, [], "", failure="unrunnable", failure_detail=why)
+    return done
+
+
+def _control_round(
+    wanted: list[dict[str, Any]],
+    feed: _ReferenceFeed,
+    runner: _CandidateRunner,
+    executor: _Executor,
+    workdir: Path,
+) -> dict[str, RawCase]:
+    """The control cases through the suite's children: the spec's child draws and computes
+    them, the candidate's child exports each, the executor runs the artifact. A control the
+    spec cannot serve — or any failure of the spec's child now — leaves it unrunnable."""
+    done: dict[str, RawCase] = {}
+
+    def give_up(raw: RawCase, why: str) -> None:
+        raw.failure, raw.failure_detail = "unrunnable", why
+
+    def next_for(raw: RawCase, expected: str) -> dict[str, Any] | None:
+        message = feed.messages.get()  # the feed always ends with "done" or "spec_error"
+        if message["event"] in ("spec_error", "done"):
+            give_up(raw, str(message.get("message") or "the spec's child stopped answering"))
+            feed.messages.put(message)  # every later control is unrunnable too
+            return None
+        if message.get("name") != raw.info.name:
+            give_up(raw, f"the spec's child answered for another case: {message.get('name')!r}")
+            return None
+        if message["event"] == "case_unrunnable":
+            give_up(raw, str(message.get("message", "")))
+            return None
+        if message["event"] != expected:
+            give_up(raw, f"unexpected message from the spec's child: {message['event']}")
+            return None
+        return message
+
+    exported = []
+    for item in wanted:
+        raw = RawCase(_control_info(item), reference=[], reference_tree="")
+        done[raw.info.name] = raw
+        filed = next_for(raw, "case_inputs")
+        if filed is None:
+            continue
+        raw.info.atol, raw.info.rtol = (float(t) for t in filed["tolerance"])
+        raw.nudged = _told_nudge(filed.get("nudged"))
+        keep = workdir / "artifacts" / f"{raw.info.key}.bin"
+        artifact, _ = runner.export(raw, filed["avals"], keep, [])
+        if artifact is not None:
+            inputs = Path(filed["dir"]) / "inputs.npz"
+            executor.submit(partial(executor.run, raw, artifact, inputs))
+        exported.append(raw)
+    for raw in exported:
+        ready = next_for(raw, "case_ready")
+        if ready is None:
+            continue
+        raw.reference, extra = load_arrays(Path(ready["dir"]) / "reference.npz")
+        raw.reference_tree = extra["treedef"]
+        raw.input_arrays = _kept_inputs(Path(ready["dir"]) / "inputs.npz")
+    executor.finish()
+    return done
+
+
+def describe_spec(spec: Path, limits: Limits | None = None) -> dict[str, Any]:
+    """The spec's ``name``, ``category``, ``description`` and ``targets``, read in the spec's
+    sandboxed child: the engine never runs spec code itself. UsageError (one line) for a spec
+    that does not load."""
+    workdir = scratch_dir(REFERENCE_PREFIX)
+    child = None
+    try:
+        child = start_spec_child(workdir, limits or Limits(), "cpu")
+        child.send(
+            cmd="prepare",
+            seed=0,
+            suite="compact",
+            describe_only=True,
+            **spec_request(workdir, spec.resolve()),
+        )
+        try:
+            message = child.receive(child.limits.reference_timeout_s)
+        except ChildFailure as exc:
+            raise UsageError(f"the spec's child failed: {exc}") from exc
+        if message["event"] == "spec_error":
+            raise UsageError(str(message.get("message", "the spec does not load")))
+        if message["event"] != "spec":
+            raise UsageError(f"unexpected message from the spec's child: {message['event']}")
+        return {key: message.get(key) for key in ("name", "category", "description", "targets")}
+    finally:
+        if child is not None:
+            child.kill()
+            child.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_sandboxed(
+    spec: Path,
+    candidate: Path,
+    suite: str,
+    seed: int,
+    limits: Limits,
+    platform: str = "cpu",
+    audit: bool = True,
+    execute: bool = True,
+    select: dict[str, Any] | None = None,
+    entry: Entry = KERNEL,
+    source: str | None = None,
+    targets: tuple[str, ...] | None = None,
+    controls: ControlPlanner | None = None,
+    inputs_to: Path | None = None,
+) -> RawRun:
+    """Run the spec's cases of ``suite`` against the candidate, each side in its own child.
+
+    With ``audit`` the run also gathers integrity evidence: the reference's work per case, the
+    candidate's jaxpr audit, whether inputs survive the call, and input-independence probes on
+    the first case. Without ``execute`` only the spec is read: the candidate never starts.
+    ``select`` picks one named or custom case instead of the suite (see ``selection``; a request
+    the spec does not allow is a UsageError saying what it allows); ``entry`` says what the
+    untrusted child does with each case — run the kernel by default. ``source`` is the
+    candidate's text as admitted; every child that runs it gets that text (or, without it, one
+    copy of the file taken now), never the path again, which could have changed since.
+    ``targets`` (else the spec's own, else interpret only) adds each target's checks
+    (``runner.target_plan``): their evidence is on each case's ``targets``. ``controls``, once
+    the suite's cases are in, names control cases to run in one more round of the same
+    children (no audit, no targets), and once more for what those call for: their raw results
+    are the run's ``controls``. ``inputs_to``: each case's inputs file is copied there, under
+    the case's key (``runner.edit_screen`` runs edits of the kernel on them).
+    """
+    spec, candidate = spec.resolve(), candidate.resolve()
+    reference = spares.take(REFERENCE_MODULE, limits, platform)
+    workdir = spares.root(reference) if reference is not None else scratch_dir(REFERENCE_PREFIX)
+    snapshot = workdir / "candidate" / candidate.name
+    shown, candidate = candidate, snapshot
+    executor = _Executor(limits, platform)
+    # Target compiles take seconds; they get their own executor, to overlap with the runs.
+    judge = _Executor(limits, platform)
+    runner = _CandidateRunner(candidate, limits, platform, entry, shown)
+    feed: _ReferenceFeed | None = None
+    try:
+        snapshot.parent.mkdir()
+        if source is None:
+            shutil.copyfile(shown, snapshot)
+        else:
+            snapshot.write_text(source)
+        restart = partial(start_spec_child, workdir, limits, platform)
+        from_spare = reference is not None
+        if reference is None:
+            reference = restart()
+        request = dict(
+            cmd="prepare",
+            seed=seed,
+            suite=suite,
+            integrity=audit,
+            select=select,
+            controls=controls is not None and execute and entry.artifact,
+            **spec_request(workdir, spec),
+        )
+        feed = _ReferenceFeed(reference, request, restart if from_spare else None)
+        if execute:
+            runner.start()  # overlaps the candidates's JAX import with the reference's work
+        described = feed.next("spec")
+        reference = feed.child  # a new one if the spare died
+        chosen = choose_targets(targets, described.get("targets"))
+        plans = plan_targets(chosen) if entry.artifact else []
+        lower_for = lowerings(plans)
+        if execute:
+            runner.wait_ready()
+            if entry.artifact:  # now, not with the others: three JAX start-ups on two cores
+                executor.start()  # would slow all three; the first artifact is a while off
+        cases, artifacts = [], []
+        # The spec's child files every case's inputs before any reference: the candidate child
+        # exports each case from its shapes while the references are computed.
+        for item in described["cases"] if execute else []:
+            atol, rtol = item.pop("tolerance")
+            filed = feed.next("case_inputs")
+            raw = RawCase(
+                CaseInfo(atol=atol, rtol=rtol, **item),
+                reference=[],
+                reference_tree="",
+                inputs=list(filed.get("inputs", [])),
+                audited=audit,
+            )
+            cases.append(raw)
+            artifact = None
+            if entry.artifact:
+                keep = workdir / "artifacts" / f"{raw.info.key}.bin"
+                artifact, lowered = runner.export(raw, filed["avals"], keep, lower_for)
+                if artifact is not None:  # runs at once: an artifact needs no reference
+                    inputs = Path(filed["dir"]) / "inputs.npz"
+                    executor.submit(partial(executor.run, raw, artifact, inputs))
+                    for plan in plans:
+                        raw.targets[plan.target] = {}
+                        if plan.structure in lowered:
+                            found = lowered[plan.structure]
+                            judge.submit(partial(judge.judge, raw, plan, found, shown.name))
+            artifacts.append(artifact)
+        for raw, artifact in zip(cases, artifacts, strict=True):
+            ready = feed.next("case_ready")
+            raw.reference, extra = load_arrays(Path(ready["dir"]) / "reference.npz")
+            raw.reference_tree = extra["treedef"]
+            probe_dirs = {}
+            if audit:
+                raw.reference_work = ready.get("reference_work")
+                for probe in ready.get("probes", []):
+                    probe_dir = Path(probe["dir"])
+                    probe_ref, _ = load_arrays(probe_dir / "reference.npz")
+                    raw.probes.append(Probe(probe["input"], probe_ref))
+                    probe_dirs[probe["input"]] = probe_dir
+            inputs = Path(ready["dir"]) / "inputs.npz"
+            raw.input_arrays = _kept_inputs(inputs)
+            if inputs_to is not None:
+                (inputs_to / raw.info.key).mkdir(parents=True, exist_ok=True)
+                shutil.copy(inputs, inputs_to / raw.info.key / "inputs.npz")
+            if artifact is not None:  # every export is done: the child may see values now
+                for plan in plans:
+                    if plan.compile:
+                        raw.targets[plan.target]["semantics"] = runner.under_tpu_semantics(
+                            raw, inputs, plan.target, seed
+                        )
+            if not entry.artifact:
+                runner.run(raw, inputs, probe_dirs)
+            elif artifact is not None and probe_dirs:
+                executor.submit(partial(executor.probe, raw, artifact, inputs, probe_dirs))
+        executor.finish()
+        judge.finish()
+        run = RawRun(
+            op=described["name"],
+            category=described["category"],
+            description=described["description"],
+            platform=described["platform"],
+            jax_version=described["jax_version"],
+            cases=cases,
+            targets=chosen,
+        )
+        for _ in range(
+            CONTROL_ROUNDS if controls is not None and execute and entry.artifact else 0
+        ):
+            assert controls is not None  # no rounds without a planner
+            wanted = controls(cases, dict(run.controls))
+            if not wanted:
+                break
+            feed.thread.join()  # a feed ends at "done"; each round gets its own
+            try:
+                reference.send(cmd="controls", cases=wanted)
+            except ChildFailure as exc:  # the spec's child is gone: no control can run
+                run.controls |= _unrunnable(wanted, f"the spec's child failed: {exc}")
+                break
+            feed = _ReferenceFeed(reference)
+            run.controls |= _control_round(wanted, feed, runner, executor, workdir)
+        return run
+    finally:
+        runner.stop()
+        for stage in (executor, judge):
+            stage.work.put(None)  # an early exit: let the thread end before its child goes
+            if stage.thread is not None:
+                stage.thread.join(timeout=60)
+            stage.stop()
+        if feed is not None:
+            # The reference child may still be working (an early return or a usage error). Kill
+            # it and let the feed thread see the end of its pipe *before* the pipe is closed:
+            # a thread left reading a closed descriptor would read whatever reuses the number.
+            feed.child.kill()
+            feed.thread.join(timeout=30)
+            reference = feed.child  # the thread may have replaced a dead spare meanwhile
+        if reference is not None:
+            reference.kill()
+            reference.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+        spares.refill(limits, platform)  # for the next check, while this one's result is used
+
+
+__all__ = [
+    "KERNEL",
+    "Entry",
+    "Limits",
+    "RawCase",
+    "RawRun",
+    "UsageError",
+    "describe_spec",
+    "run_sandboxed",
+]

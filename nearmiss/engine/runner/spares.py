@@ -1,0 +1,144 @@
+"""Children started ahead of the checks that will use them, on a busy worker.
+
+Every check starts fresh children, and each imports JAX before it can work (about 0.7 s here,
+seconds of backend start-up on accelerator hosts). Two kinds hold nothing of a candidate when
+they start, so a worker can start them between checks, while the fix step or the workflow runs,
+and hand each to exactly one check:
+
+- the executors (``executor_child``: the artifact runner and the target judge): empty homes, the
+  candidate never imported there;
+- the candidate child (``candidate_child``), started without a candidate: JAX imported, interpret
+  mode forced, ``pallas_call`` labelling installed, and nothing else; the check copies its
+  candidate into the child's home and names it in the first message, and the child imports it
+  then, exactly as a fresh one does at start;
+- the spec's child (``reference_child``), started with its work directory's ``spec/`` (empty
+  until the check copies its spec in), ``cases/`` and the compile cache bound in
+  (``runner.spec_sandbox``), and JAX imported.
+
+Isolation is what it was: one child of each kind per check, the same sandbox, limits and
+namespaces, each closed (and its home removed) when its check ends; a spare is only started
+earlier.
+
+Off unless ``enable()`` is called (long-lived workers, the benchmark): a one-shot
+``nearmiss check`` would only start children nobody uses.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import threading
+from pathlib import Path
+
+from nearmiss.engine.errors import UsageError
+from nearmiss.engine.runner.compile_cache import reference_cache_dir
+from nearmiss.engine.runner.sandbox import Limits, SandboxChild
+from nearmiss.engine.runner.scratch import scratch_dir
+from nearmiss.engine.runner.spec_sandbox import REFERENCE_MODULE, REFERENCE_PREFIX, start_spec_child
+
+EXECUTOR_MODULE = "nearmiss.engine.runner.executor_child"
+EXECUTOR_PREFIX = "nearmiss-executor-"
+CANDIDATE_MODULE = "nearmiss.engine.runner.candidate_child"
+CANDIDATE_PREFIX = "nearmiss-candidate-"
+# What one check uses: two executors (the runs and the target judge), one candidate child and
+# one spec's child.
+DEPTH = {EXECUTOR_MODULE: 2, CANDIDATE_MODULE: 1, REFERENCE_MODULE: 1}
+PREFIX = {EXECUTOR_MODULE: EXECUTOR_PREFIX, CANDIDATE_MODULE: CANDIDATE_PREFIX}
+
+_lock = threading.Lock()
+_spares: dict[tuple[str, int, str, str], list[SandboxChild]] = {}
+_enabled = False
+
+
+def enable() -> None:
+    """Keep spare children from now on in this process (closed at exit)."""
+    global _enabled
+    with _lock:
+        if not _enabled:
+            _enabled = True
+            atexit.register(close_all)
+
+
+def disable() -> None:
+    """Keep none from now on, and close those waiting."""
+    global _enabled
+    with _lock:
+        _enabled = False
+    close_all()
+
+
+def _key(module: str, limits: Limits, platform: str) -> tuple[str, int, str, str]:
+    # What a child is started with (sandbox.SandboxChild): its module, memory limit, platform
+    # and (the spec's child) the compile cache bound in; the time limits are the engine's side
+    # and apply to whoever takes it.
+    return (module, limits.memory_mb, platform, str(reference_cache_dir() or ""))
+
+
+def _start(module: str, limits: Limits, platform: str) -> SandboxChild:
+    if module != REFERENCE_MODULE:
+        return SandboxChild(module, scratch_dir(PREFIX[module]), limits, platform)
+    workdir = scratch_dir(REFERENCE_PREFIX)
+    try:
+        return start_spec_child(workdir, limits, platform)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+
+
+def root(child: SandboxChild) -> Path:
+    """The directory that goes with a spare: its home, or the spec's child's work directory."""
+    return child.home.parent if child.module == REFERENCE_MODULE else child.home
+
+
+def take(module: str, limits: Limits, platform: str) -> SandboxChild | None:
+    """A started child of ``module`` for these limits, handed out once; None when there is
+    none."""
+    found, dead = None, []
+    with _lock:
+        waiting = _spares.get(_key(module, limits, platform), [])
+        while waiting and found is None:
+            child = waiting.pop(0)
+            alive = child.process is not None and child.process.poll() is None
+            if alive:
+                found = child
+            else:
+                dead.append(child)
+    for child in dead:  # died while waiting: never handed to a check
+        _discard(child)
+    return found
+
+
+def refill(limits: Limits, platform: str) -> None:
+    """Start children until what one check uses waits for these limits (a check has just
+    ended). A spare that cannot start is no failure of the check that ended: the next check
+    starts its own."""
+    if not _enabled:
+        return
+    with _lock:
+        for module, depth in DEPTH.items():
+            waiting = _spares.setdefault(_key(module, limits, platform), [])
+            while len(waiting) < depth:
+                try:
+                    waiting.append(_start(module, limits, platform))
+                except (UsageError, OSError):
+                    return
+
+
+def waiting_pids() -> list[int]:
+    """The process ids of the spares now waiting, for tests."""
+    with _lock:
+        return [c.process.pid for cs in _spares.values() for c in cs if c.process is not None]
+
+
+def close_all() -> None:
+    """Close every waiting spare and remove its home."""
+    with _lock:
+        children = [child for waiting in _spares.values() for child in waiting]
+        _spares.clear()
+    for child in children:
+        _discard(child)
+
+
+def _discard(child: SandboxChild) -> None:
+    child.close()
+    shutil.rmtree(root(child), ignore_errors=True)

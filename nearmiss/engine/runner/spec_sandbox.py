@@ -1,0 +1,58 @@
+"""Starting the spec's child (``reference_child``): the sandboxed process where a spec's code runs.
+
+Besides the engine it sees three host paths, all inside its work directory but the cache, bound
+when it starts:
+
+- ``spec/``, read-only: the engine copies the spec file in when it names it (a snapshot, as the
+  candidate's is: the file is read once, never again by path);
+- ``cases/``, writable: each case's inputs and reference, read by the engine and the executors;
+- the reference compile cache (``compile_cache``), writable, when it is on.
+
+Knowing them before the spec is known lets a busy worker start the child ahead of its check
+(``runner.spares``): the spec's JAX start-up then overlaps the previous check too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Any
+
+from nearmiss.engine.runner.compile_cache import reference_cache_dir
+from nearmiss.engine.runner.sandbox import Limits, SandboxChild
+
+REFERENCE_MODULE = "nearmiss.engine.runner.reference_child"
+REFERENCE_PREFIX = "nearmiss-reference-"
+
+
+def start_spec_child(workdir: Path, limits: Limits, platform: str) -> SandboxChild:
+    """The spec's child for ``workdir`` (made by ``scratch_dir``; removed by the caller), its
+    home ``workdir/home``."""
+    (workdir / "spec").mkdir(exist_ok=True)
+    (workdir / "cases").mkdir(exist_ok=True)
+    cache = reference_cache_dir()
+    return SandboxChild(
+        REFERENCE_MODULE,
+        workdir / "home",
+        limits,
+        platform,
+        read_only=(workdir / "spec",),
+        writable=(workdir / "cases",) + ((cache,) if cache else ()),
+    )
+
+
+def spec_request(workdir: Path, spec: Path) -> dict[str, Any]:
+    """The first request's fields that name the spec and the child's directories, the spec
+    copied in now. ``shown`` is the user's path, the one the child's messages name."""
+    copy = workdir / "spec" / spec.name
+    # A spec that cannot be read is left out: the child reports it missing, under its own name.
+    with contextlib.suppress(OSError):
+        shutil.copyfile(spec, copy)
+    cache = reference_cache_dir()
+    return {
+        "spec": str(copy),
+        "shown": str(spec),
+        "workdir": str(workdir / "cases"),
+        "cache": str(cache or ""),
+    }

@@ -1,0 +1,71 @@
+"""What a check does for each target beyond the CPU interpret run.
+
+- ``interpret``: nothing more; the numbers come from the interpret-mode artifact, as always.
+- a TPU target: the candidate child also lowers the kernel for that chip (Mosaic), and the
+  executor compiles that artifact with libtpu (compile-only) and reads its grid for TPU
+  semantics (a reduction axis declared ``parallel``, an output block left and re-entered).
+- ``gpu``: without a GPU, judged by grid semantics only: the kernel's BlockSpecs are read from a
+  TPU lowering (GPU lowering needs a GPU), and two grid programs writing one output block are a
+  race, because GPU grid programs run concurrently. That lowering is its own (``GPU_GRID``):
+  every pallas_call with its grid, BlockSpecs, scratch and aliases but an empty body and no GPU
+  compiler parameters (``TracedProgram.function(grid_only=True)``), so a Triton-style kernel
+  (``plgpu.CompilerParams``, a body Mosaic cannot lower) still has its grid read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nearmiss.engine.targets.registry import DEFAULT_TARGETS, GPU, TARGETS, parse_targets
+
+# The chip whose lowering gives the GPU target its grid when no TPU target is asked for: any
+# chip's lowering has the same BlockSpecs; v5e's is the most permissive common one.
+STRUCTURE_CHIP = "tpu-v5e"
+# The lowering the gpu target's grid is read from: STRUCTURE_CHIP's, of the kernels' grids only.
+GPU_GRID = "gpu-grid"
+
+
+@dataclass(frozen=True)
+class TargetPlan:
+    target: str
+    structure: str | None = None  # the TPU lowering its grid is read from (None: interpret)
+    compile: bool = False  # compiled by the target's own compiler (libtpu)
+    semantics: str | None = None  # "tpu" or "gpu": whose grid rules apply
+
+    @property
+    def verified_by(self) -> str:
+        """What stands behind this target's verdict, in words for the report."""
+        if self.compile:
+            return "compiled by the target's compiler (compile-only) and its grid checked"
+        if self.semantics == GPU:
+            return "judged by grid semantics only (no GPU here)"
+        return "numbers checked in CPU interpret mode"
+
+
+def choose_targets(
+    requested: tuple[str, ...] | None, declared: list[str] | None
+) -> tuple[str, ...]:
+    """The CLI's targets win; else the spec's; else the interpret target."""
+    if requested:
+        return parse_targets(requested)
+    if declared:
+        return parse_targets(declared)
+    return DEFAULT_TARGETS
+
+
+def plan_targets(targets: tuple[str, ...]) -> list[TargetPlan]:
+    plans = []
+    for name in targets:
+        if TARGETS[name].is_tpu:
+            plans.append(TargetPlan(name, name, compile=True, semantics="tpu"))
+        elif name == GPU:
+            plans.append(TargetPlan(name, GPU_GRID, semantics="gpu"))
+        else:
+            plans.append(TargetPlan(name))
+    return plans
+
+
+def lowerings(plans: list[TargetPlan]) -> list[str]:
+    """The TPU lowerings the candidate child must export for these plans, each once (a chip's
+    name, or ``GPU_GRID``)."""
+    return list(dict.fromkeys(p.structure for p in plans if p.structure))

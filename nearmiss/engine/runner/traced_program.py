@@ -1,0 +1,144 @@
+"""One trace per shape: every artifact of a case is derived from the same traced program.
+
+A check needs the candidate's kernel three ways: built for CPU interpret mode (the artifact whose
+numbers are compared), lowered for a TPU chip (the artifact libtpu compiles and ``integrity.grid``
+reads) and run under TPU interpret mode (the chip's semantics). Tracing the candidate's Python
+once for each would let it tell the traces apart — a counter in a module-level list is enough —
+and show the compiler one kernel and the comparison another
+(``tests/forgeries/target_trace_counter.py``). So the candidate's Python runs once per input
+shape: ``TracedProgram.trace`` keeps the jaxpr, and each use re-evaluates that jaxpr with every
+``pallas_call``'s execution mode set by the engine (its ``interpret`` parameter, which is all
+that Pallas' lowering reads to choose between the interpreter, an ``InterpretParams``
+simulation and the chip's compiler). Re-evaluating a jaxpr runs no candidate code: kernel bodies
+are jaxprs too, and source locations travel with the equations, so errors still name the
+candidate's lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nearmiss.engine.runner.geometry import iter_eqns
+
+PALLAS_CALL = "pallas_call"
+
+
+class RetargetError(Exception):
+    """A pallas_call the engine could not set the execution mode of (the candidate's fault)."""
+
+
+@dataclass(frozen=True)
+class TracedProgram:
+    """The candidate's kernel traced once on one list of input shapes."""
+
+    jaxpr: Any  # ClosedJaxpr of the jitted kernel
+    out_tree: Any
+
+    @classmethod
+    def trace(cls, kernel: Any, avals: list[Any]) -> TracedProgram:
+        import jax
+
+        traced = jax.jit(kernel).trace(*avals)
+        return cls(traced.jaxpr, traced.out_tree)
+
+    def kernels(self) -> int:
+        return sum(e.primitive.name == PALLAS_CALL for e in iter_eqns(self.jaxpr.jaxpr))
+
+    def function(self, interpret: Any = None, *, grid_only: bool = False):
+        """A function of the inputs that evaluates this program; with ``interpret`` (``False``
+        for the chip's compiler, an ``InterpretParams``...) every pallas_call runs that way.
+
+        ``grid_only``: every pallas_call keeps its grid, BlockSpecs (index maps), scratch and
+        aliases but gets an empty body and no other platform's compiler parameters — what the
+        ``gpu`` target's grid is read from through a TPU lowering, without a GPU: the body and
+        a Triton kernel's ``plgpu.CompilerParams`` say nothing about which grid point writes
+        which block, and the TPU lowering would refuse them for reasons no GPU has."""
+        import jax
+        from jax._src import core
+
+        rewrite = _grid_only if grid_only else None
+        closed = (
+            self.jaxpr
+            if interpret is None and rewrite is None
+            else retargeted(self.jaxpr, interpret, rewrite)
+        )
+        out_tree = self.out_tree
+
+        def program(*args: Any) -> Any:
+            flat = core.eval_jaxpr(closed.jaxpr, closed.consts, *args)
+            return jax.tree_util.tree_unflatten(out_tree, flat)
+
+        return program
+
+
+def _grid_only(params: dict[str, Any]) -> dict[str, Any]:
+    """A pallas_call's parameters with an empty kernel body (its refs kept, no equation) and
+    compiler parameters only where they are Mosaic TPU's (others: the TPU default)."""
+    from jax._src.pallas.mosaic import core as tpu_core
+
+    body = params["jaxpr"]
+    stub = body.replace(eqns=[], outvars=[], effects=set())
+    compiler = params.get("compiler_params")
+    if compiler is not None and not isinstance(compiler, tpu_core.CompilerParams):
+        compiler = None
+    return {**params, "jaxpr": stub, "compiler_params": compiler}
+
+
+def retargeted(closed: Any, interpret: Any, rewrite: Any = None) -> Any:
+    """``closed`` with every pallas_call's ``interpret`` parameter set to ``interpret`` (and
+    its parameters passed through ``rewrite``, where given), checked: a pallas_call the
+    rewrite did not reach is refused, never left as traced."""
+    jaxpr, _ = _retarget(closed.jaxpr, interpret, rewrite)
+    result = closed if jaxpr is closed.jaxpr else closed.replace(jaxpr=jaxpr)
+    calls = [e for e in iter_eqns(result.jaxpr) if e.primitive.name == PALLAS_CALL]
+    before = sum(e.primitive.name == PALLAS_CALL for e in iter_eqns(closed.jaxpr))
+    if len(calls) != before or any(e.params.get("interpret") is not interpret for e in calls):
+        raise RetargetError("a pallas_call is nested where the engine cannot set how it runs")
+    return result
+
+
+# Each rewrite returns the new object and the effects it added. How a pallas_call runs decides
+# its effects (the TPU interpreter calls back into the host in order), and every enclosing
+# equation and jaxpr (a labelled jit, a cond branch) must declare them, as tracing would have.
+
+
+def _retarget(jaxpr: Any, interpret: Any, rewrite: Any = None) -> tuple[Any, set]:
+    """``jaxpr`` itself where it holds no pallas_call (so untouched jaxprs keep their caches)."""
+    eqns, added = [], set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == PALLAS_CALL:
+            params = {**eqn.params, "interpret": interpret}
+            if rewrite is not None:
+                params = rewrite(params)
+            _, effects = eqn.primitive.abstract_eval(*(v.aval for v in eqn.invars), **params)
+            new = set(effects) - set(eqn.effects)
+            eqn = eqn.replace(params=params, effects=set(eqn.effects) | new)
+        else:
+            params, new = {}, set()
+            for name, value in eqn.params.items():
+                params[name], more = _retarget_value(value, interpret, rewrite)
+                new |= more
+            if any(params[name] is not eqn.params[name] for name in params):
+                eqn = eqn.replace(params=params, effects=set(eqn.effects) | new)
+        added |= new
+        eqns.append(eqn)
+    if all(new is old for new, old in zip(eqns, jaxpr.eqns, strict=True)):
+        return jaxpr, set()
+    return jaxpr.replace(eqns=eqns, effects=set(jaxpr.effects) | added), added
+
+
+def _retarget_value(value: Any, interpret: Any, rewrite: Any = None) -> tuple[Any, set]:
+    from jax._src import core
+
+    if isinstance(value, tuple | list):
+        pairs = [_retarget_value(item, interpret, rewrite) for item in value]
+        if all(new is old for (new, _), old in zip(pairs, value, strict=True)):
+            return value, set()
+        return type(value)(new for new, _ in pairs), set().union(*(a for _, a in pairs))
+    if isinstance(value, core.ClosedJaxpr):
+        inner, added = _retarget(value.jaxpr, interpret, rewrite)
+        return (value if inner is value.jaxpr else value.replace(jaxpr=inner)), added
+    if isinstance(value, core.Jaxpr):
+        return _retarget(value, interpret, rewrite)
+    return value, set()

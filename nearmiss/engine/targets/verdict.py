@@ -1,0 +1,149 @@
+"""A target's verdict over a check's cases: the evidence the executor gathered, judged.
+
+Per case the run holds the candidate child's lowering for the target's chip (a refusal counts
+against the candidate; an artifact proves nothing by itself), the target compiler's verdict on
+that artifact and its grid report (``integrity.grid``). A target accepts the kernel when every
+case lowered, compiled where it has a compiler here, and kept the target's grid semantics with
+nothing left undetermined. Pure: plain dicts in, a ``TargetResult`` out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nearmiss.engine.models import FailureClass, TargetResult
+from nearmiss.engine.targets.vmem import close_to_limit
+
+MAX_FINDINGS = 5
+
+
+def judge_target(
+    target: str,
+    verified_by: str,
+    structure: str | None,
+    compiles: bool,
+    cases: list[dict[str, Any]],
+) -> TargetResult:
+    """``cases``: per case ``{"key", "exported" (bool), "lowered", "compiled", "grid", "error"}``.
+
+    ``structure`` None: the interpret target, whose verdict is the numbers'; the caller says so.
+    """
+    result = TargetResult(ok=True, verified_by=verified_by)
+    if structure is None:
+        return result
+    seen_findings: set[tuple] = set()
+    compile_s = 0.0
+    for case in cases:
+        key = case["key"]
+        if not case.get("exported"):
+            _unverified(result, f"{key}: the kernel did not export")
+            continue
+        lowered = case.get("lowered") or {}
+        if not lowered.get("ok"):
+            why = lowered.get("error") or "the lowering failed without saying why"
+            if structure != target:
+                # A lowering borrowed to read the grid (the gpu target's, through a TPU
+                # lowering without a GPU): its refusal is that lowering's, not the target's.
+                _unverified(
+                    result,
+                    f"{key}: its grid could not be read without a {target.upper()}: the TPU "
+                    f"lowering it is read from failed: {why}",
+                )
+            else:
+                _refused(result, f"{target} refuses the kernel ({key}): {why}")
+            continue
+        if case.get("error"):
+            _unverified(result, f"{key}: {case['error']}")
+            continue
+        compiled = case.get("compiled")
+        if compiles:
+            if not isinstance(compiled, dict):
+                _unverified(result, f"{key}: the target's compiler gave no verdict")
+                continue
+            compile_s += float(compiled.get("compile_s") or 0.0)
+            memory = compiled.get("memory") or {}
+            if _footprint(memory) >= _footprint(result.memory):
+                result.memory = {k: int(v) for k, v in memory.items() if isinstance(v, int)}
+            warning = close_to_limit(memory, target) if compiled.get("ok") else None
+            if warning and not any(n.startswith("VMEM close") for n in result.notes):
+                result.notes.append(warning)
+            if not compiled.get("ok"):
+                why = compiled.get("error") or "the compiler failed without saying why"
+                _refused(result, f"{target} refuses the kernel ({key}): {why}")
+                continue
+        grid = case.get("grid")
+        if not isinstance(grid, dict):
+            _unverified(result, f"{key}: the kernel's grid could not be read")
+            continue
+        for finding in grid.get("findings", []):
+            signature = (finding.get("kind"), finding.get("kernel"), finding.get("output"))
+            if signature in seen_findings:
+                continue
+            seen_findings.add(signature)
+            if len(result.findings) < MAX_FINDINGS:
+                result.findings.append(dict(finding) | {"case": key})
+            result.ok = False
+            result.failure_class = result.failure_class or "grid_race"
+            result.error = result.error or f"{target}: {finding.get('detail', '')}"
+        for item in grid.get("undetermined", []):
+            _unverified(result, f"{key}: {item.get('reason') or 'undetermined'}")
+        for note in grid.get("notes", []):
+            if note not in result.notes and len(result.notes) < MAX_FINDINGS:
+                result.notes.append(str(note)[:300])
+        _judge_semantics(result, target, key, case.get("semantics"), seen_findings)
+    if compiles:
+        result.compile_s = round(compile_s, 3)
+    return result
+
+
+def _judge_semantics(
+    result: TargetResult, target: str, key: str, run: dict | None, seen: set[tuple]
+) -> None:
+    """The case under the target's interpreter (TPU interpret mode): a race, an exception (an
+    out-of-bounds read) or numbers that differ from program order's are findings."""
+    if run is None or (run.get("passed") and not run.get("races")):
+        return
+    if run.get("races"):
+        kind, text = (
+            "race_detected",
+            (
+                "TPU interpret mode's race detector saw two unordered accesses to one buffer: "
+                "TensorCores sharing a block along an axis declared 'parallel', or a DMA used "
+                "before its wait"
+            ),
+        )
+    elif run.get("error"):
+        kind, text = "interpreter_error", f"it raised under TPU semantics: {run['error']}"
+    else:
+        kind, text = (
+            "order_dependent",
+            (
+                f"under TPU semantics ('parallel' axes in a random order, fresh buffers NaN) "
+                f"{run.get('detail') or 'its output differs'}, though it is right in program order"
+            ),
+        )
+    result.ok = False
+    if (kind, key) not in seen and len(result.findings) < MAX_FINDINGS:
+        seen.add((kind, key))
+        result.findings.append({"kind": kind, "case": key, "detail": text})
+    failure: FailureClass = "runtime_error" if kind == "interpreter_error" else "grid_race"
+    if result.failure_class != "compile_error":
+        result.failure_class = result.failure_class or failure
+    result.error = result.error or f"{target} ({key}): {text}"
+
+
+def _footprint(memory: dict[str, Any]) -> int:
+    return sum(int(memory.get(k) or 0) for k in ("argument_bytes", "output_bytes", "temp_bytes"))
+
+
+def _refused(result: TargetResult, error: str) -> None:
+    result.ok = False
+    result.failure_class = "compile_error"
+    if result.error is None:
+        result.error = error[:600]
+
+
+def _unverified(result: TargetResult, reason: str) -> None:
+    result.ok = False
+    if reason not in result.undetermined and len(result.undetermined) < MAX_FINDINGS:
+        result.undetermined.append(reason[:300])

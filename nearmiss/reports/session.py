@@ -1,0 +1,199 @@
+"""Everything a report shows about one repair session, gathered from the event store.
+
+The event stream is the whole truth of a session: what was checked, retrieved, proposed and
+decided. The blobs it points at give the texts (original and final source) and the full check
+reports (for the mismatch maps).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from pydantic import ValidationError
+
+from kb.events import EventStore, StoredEvent
+from nearmiss.engine.models import CheckReport, MismatchMap
+from nearmiss.reports.heatmap import render_heatmap_png
+from nearmiss.reports.timeline import describe_event, short_hash
+from workflows.models import TokenUsage
+
+
+class UnknownSession(LookupError):
+    """No repair session with that id in the event store."""
+
+
+@dataclass
+class TimelineRow:
+    offset_s: float  # since the session's first event
+    round: int  # 0: before the first fix
+    kind: str  # the event type
+    text: str
+
+
+class RoundTokens(TokenUsage):
+    """The tokens of one round's fix."""
+
+    round: int
+
+
+@dataclass
+class HeatmapFigure:
+    label: str  # round, candidate, case and output leaf, in words
+    diagnosis: str
+    heatmap: MismatchMap
+
+    @cached_property
+    def png(self) -> bytes:
+        """The picture, encoded once for both the HTML and the Markdown report."""
+        return render_heatmap_png(self.heatmap)
+
+
+@dataclass
+class SessionView:
+    session_id: str
+    kernel: str
+    candidate_name: str
+    model: str
+    finished: bool
+    certified: bool
+    rounds: int
+    stop_reason: str
+    stop_detail: str
+    tokens: TokenUsage  # over the whole session
+    failure_class: str | None  # of the original candidate
+    original_hash: str
+    final_hash: str
+    diff: str  # unified, original → final; "" when unchanged or unfinished
+    timeline: list[TimelineRow] = field(default_factory=list)
+    round_tokens: list[RoundTokens] = field(default_factory=list)
+    heatmaps: list[HeatmapFigure] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        if not self.finished:
+            return "unfinished"
+        return "certified" if self.certified else "not certified"
+
+
+@dataclass
+class FleetRow:
+    """One session in a fleet's summary table."""
+
+    session_id: str
+    kernel: str
+    candidate: str
+    verdict: str
+    rounds: int
+    stop: str
+    tokens: int  # input + output
+    uncached_tokens: int
+
+
+async def _report(store: EventStore, event: StoredEvent) -> CheckReport | None:
+    """The full check report behind an EvidenceCollected, when it can still be read."""
+    digest = event.payload.get("report_hash")
+    if not digest:
+        return None
+    try:
+        return CheckReport.model_validate_json(await store.get_blob(digest))
+    except (KeyError, ValidationError):  # pruned blob, or a report of an older schema
+        return None
+
+
+def _figure(report: CheckReport, round_: int, candidate: str) -> HeatmapFigure | None:
+    for case in report.cases:
+        loc = case.localisation
+        if not case.passed and loc is not None and loc.heatmap is not None:
+            label = (
+                f"round {round_} · candidate {short_hash(candidate)} · "
+                f"{case.suite}/{case.name} · output {loc.leaf}"
+            )
+            return HeatmapFigure(label=label, diagnosis=case.diagnosis, heatmap=loc.heatmap)
+    return None
+
+
+async def _text(store: EventStore, digest: str) -> str | None:
+    try:
+        return (await store.get_blob(digest)).decode("utf-8", errors="replace")
+    except KeyError:
+        return None
+
+
+async def _diff(store: EventStore, name: str, original: str, final: str) -> str:
+    before, after = await _text(store, original), await _text(store, final)
+    if before is None or after is None or before == after:
+        return ""
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        fromfile=f"a/{name}",
+        tofile=f"b/{name}",
+    )
+    # A last line without a newline would run into the next one in a <pre>.
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+async def load_session(store: EventStore, session_id: str) -> SessionView:
+    """Read the session's stream and blobs; raises UnknownSession when there is no such repair."""
+    events = await store.read_stream(session_id)
+    if not events or events[0].type != "RepairStarted":
+        raise UnknownSession(f"no repair session {session_id!r} in the event store")
+    started = events[0].payload
+    view = SessionView(
+        session_id=session_id,
+        kernel=started.get("kernel", "?"),
+        candidate_name=started.get("candidate_name", "kernel.py"),
+        model=started.get("model", "?"),
+        finished=False,
+        certified=False,
+        rounds=0,
+        stop_reason="",
+        stop_detail="",
+        tokens=TokenUsage(),
+        failure_class=None,
+        original_hash=started.get("candidate_hash", ""),
+        final_hash="",
+        diff="",
+    )
+    t0, round_ = events[0].recorded_at, 0
+    for event in events:
+        p, report = event.payload, None
+        if event.type == "FixProposed":
+            round_ = p.get("round", round_ + 1)
+            view.round_tokens.append(RoundTokens(round=round_, **(p.get("tokens") or {})))
+        elif event.type == "EvidenceCollected":
+            report = await _report(store, event)
+            if view.failure_class is None and p.get("phase") == "forensics":
+                view.failure_class = p.get("failure_class")
+            figure = report and _figure(report, round_, p.get("candidate_hash", ""))
+            if figure:
+                view.heatmaps.append(figure)
+        elif event.type == "RepairFinished":
+            view.finished, view.certified = True, bool(p.get("certified"))
+            view.rounds = p.get("rounds", 0)
+            view.tokens = TokenUsage.model_validate(p.get("tokens") or {})
+            view.stop_reason, view.stop_detail = p.get("stop_reason", ""), p.get("stop_detail", "")
+            view.final_hash = p.get("final_hash", "")
+        offset = (event.recorded_at - t0).total_seconds()
+        text = describe_event(event.type, p, report)
+        view.timeline.append(TimelineRow(offset, p.get("round", round_), event.type, text))
+    if not view.finished:
+        view.rounds = len(view.round_tokens)
+    else:
+        view.diff = await _diff(store, view.candidate_name, view.original_hash, view.final_hash)
+    return view
+
+
+def fleet_row(view: SessionView) -> FleetRow:
+    return FleetRow(
+        session_id=view.session_id,
+        kernel=view.kernel,
+        candidate=view.candidate_name,
+        verdict=view.verdict,
+        rounds=view.rounds,
+        stop=view.stop_reason or "-",
+        tokens=view.tokens.total,
+        uncached_tokens=view.tokens.uncached,
+    )
