@@ -10,10 +10,15 @@ benchmarks/event_appends.py measures it against one INSERT per event.
 
 Sources, prompts and other large artifacts go to ``blobs`` by SHA-256 and events carry the
 hash: history stays small and identical artifacts are stored once.
+
+``EventLog`` is what readers and writers of the log need; ``EventStore`` is it on PostgreSQL,
+``kb.memory.MemoryEventStore`` the same behaviour in memory, for tests without a database
+(tests/test_event_store.py runs the log's contract on both).
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import hashlib
 import json
@@ -208,8 +213,70 @@ async def migrate(conn: asyncpg.Connection) -> int:
     return len(MIGRATIONS)
 
 
-class EventStore:
-    """Append and read events and blobs; create with ``await EventStore.connect(dsn)``."""
+class EventLog(abc.ABC):
+    """The event log and blob store as its readers and writers see it."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def append(
+        self, stream_id: str, expected_version: int, events: list[NewEvent]
+    ) -> list[int]:
+        """Append ``events`` as versions expected_version+1...; returns their positions.
+
+        Idempotent: an event identical to the one already at its version is not written again
+        (its existing position is returned). Raises EventConflict on a different event, and
+        then writes none of the batch.
+        """
+
+    @abc.abstractmethod
+    async def read_stream(self, stream_id: str, after_version: int = 0) -> list[StoredEvent]: ...
+
+    @abc.abstractmethod
+    async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """Events of every stream in global order, for projections that tail the log."""
+
+    @abc.abstractmethod
+    async def heads(self, stream_ids: list[str]) -> dict[str, StoredEvent]:
+        """The last event of each of these streams that has any."""
+
+    @abc.abstractmethod
+    async def recent_of_type(self, event_type: str, limit: int = 50) -> list[StoredEvent]:
+        """The newest events of one type across all streams, newest first."""
+
+    @abc.abstractmethod
+    async def stream_version(self, stream_id: str) -> int: ...
+
+    @abc.abstractmethod
+    async def put_blob(self, content: bytes) -> str: ...
+
+    @abc.abstractmethod
+    async def get_blob(self, digest: str) -> bytes:
+        """The blob's content; KeyError when none has that digest."""
+
+    @contextlib.asynccontextmanager
+    async def checkout(
+        self, spec_hash: str, candidate_hash: str, candidate_name: str, purpose: str
+    ) -> AsyncIterator[tuple[Path, Path]]:
+        """(spec path, candidate path): a spec and a candidate from the blob store as files in
+        a private temporary folder, for the engine to check or run; removed afterwards."""
+        spec = await self.get_blob(spec_hash)
+        source = await self.get_blob(candidate_hash)
+        # A scratch directory names its owner: if this worker is killed, the next one sweeps it.
+        tmp = scratch_dir(f"nearmiss-{purpose}-")
+        try:
+            spec_path, candidate_path = tmp / "spec.py", tmp / candidate_name
+            spec_path.write_bytes(spec)
+            candidate_path.write_bytes(source)
+            yield spec_path, candidate_path
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+class EventStore(EventLog):
+    """The log on PostgreSQL; create with ``await EventStore.connect(dsn)``. The knowledge
+    projection (kb.knowledge) reads and writes its own tables through ``pool``."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
@@ -232,11 +299,6 @@ class EventStore:
     async def append(
         self, stream_id: str, expected_version: int, events: list[NewEvent]
     ) -> list[int]:
-        """Append ``events`` as versions expected_version+1...; returns their positions.
-
-        Idempotent: an event identical to the one already at its version is not written again
-        (its existing position is returned). Raises EventConflict on a different event.
-        """
         if not events:
             return []
         async with self.pool.acquire() as conn:
@@ -317,21 +379,3 @@ class EventStore:
         if content is None:
             raise KeyError(digest)
         return bytes(content)
-
-    @contextlib.asynccontextmanager
-    async def checkout(
-        self, spec_hash: str, candidate_hash: str, candidate_name: str, purpose: str
-    ) -> AsyncIterator[tuple[Path, Path]]:
-        """(spec path, candidate path): a spec and a candidate from the blob store as files in
-        a private temporary folder, for the engine to check or run; removed afterwards."""
-        spec = await self.get_blob(spec_hash)
-        source = await self.get_blob(candidate_hash)
-        # A scratch directory names its owner: if this worker is killed, the next one sweeps it.
-        tmp = scratch_dir(f"nearmiss-{purpose}-")
-        try:
-            spec_path, candidate_path = tmp / "spec.py", tmp / candidate_name
-            spec_path.write_bytes(spec)
-            candidate_path.write_bytes(source)
-            yield spec_path, candidate_path
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)

@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 
-from kb.events import EventStore, NewEvent
+from kb.events import EventLog, NewEvent
 from kb.patches import make_diff
 
 PROMOTE_AFTER = 2  # distinct original kernels fixed by the same diff
@@ -32,7 +32,7 @@ def _last(events, kind: str, **match):
     return found[-1] if found else None
 
 
-async def _distil(store: EventStore, session_id: str) -> tuple[dict, str]:
+async def _distil(store: EventLog, session_id: str) -> tuple[dict, str]:
     events = await store.read_stream(session_id)
     started, finished = _last(events, "RepairStarted"), _last(events, "RepairFinished")
     if started is None or finished is None:
@@ -90,7 +90,7 @@ async def _distil(store: EventStore, session_id: str) -> tuple[dict, str]:
     return entry, original
 
 
-async def learn_from_session(store: EventStore, session_id: str) -> str:
+async def learn_from_session(store: EventLog, session_id: str) -> str:
     """Learn from one session; returns what happened in words (never raises for a refusal)."""
     try:
         entry, original = await _distil(store, session_id)

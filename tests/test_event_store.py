@@ -1,4 +1,5 @@
-"""The event log on a real PostgreSQL: ordered, idempotent under retries, conflicts refused."""
+"""The event log: ordered, idempotent under retries, conflicts refused — the contract run on a
+real PostgreSQL and on the in-memory log the fast tests use, so the two cannot drift apart."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncpg
 import pytest
 
 from kb.events import EventConflict, EventStore, NewEvent, content_hash
+from kb.memory import MemoryEventStore
 from nearmiss.client.faults import INFRASTRUCTURE, as_activity_error, is_infrastructure_error
 
 
@@ -17,82 +19,90 @@ def stream() -> str:
     return f"repair-{uuid.uuid4()}"
 
 
-async def test_events_append_in_order_with_global_positions(store):
+@pytest.fixture(params=["postgres", "memory"])
+def log(request):
+    """The event log under test: PostgreSQL's (this test's own database) or the memory one."""
+    if request.param == "memory":
+        return MemoryEventStore()
+    return request.getfixturevalue("store")
+
+
+async def test_events_append_in_order_with_global_positions(log):
     sid = stream()
-    positions = await store.append(
+    positions = await log.append(
         sid, 0, [NewEvent("RepairStarted", {"kernel": "k"}), NewEvent("EvidenceCollected", {})]
     )
     assert positions == sorted(positions) and len(set(positions)) == 2
-    events = await store.read_stream(sid)
+    events = await log.read_stream(sid)
     assert [(e.version, e.type) for e in events] == [(1, "RepairStarted"), (2, "EvidenceCollected")]
     assert events[0].payload == {"kernel": "k"}
-    assert await store.stream_version(sid) == 2
+    assert await log.stream_version(sid) == 2
 
 
-async def test_a_retried_append_records_nothing_twice(store):
+async def test_a_retried_append_records_nothing_twice(log):
     sid = stream()
     event = NewEvent("FixProposed", {"model": "playbook", "tokens": {"input": 0}})
-    first = await store.append(sid, 0, [event])
-    again = await store.append(sid, 0, [event])  # an activity retried after its append landed
+    first = await log.append(sid, 0, [event])
+    again = await log.append(sid, 0, [event])  # an activity retried after its append landed
     assert first == again
-    assert len(await store.read_stream(sid)) == 1
+    assert len(await log.read_stream(sid)) == 1
 
 
-async def test_a_different_event_at_a_taken_version_is_a_conflict(store):
+async def test_a_different_event_at_a_taken_version_is_a_conflict(log):
     sid = stream()
-    await store.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "a"})])
+    await log.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "a"})])
     with pytest.raises(EventConflict):
-        await store.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "b"})])
+        await log.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "b"})])
     # The failed append left nothing half-written.
-    assert [e.payload for e in await store.read_stream(sid)] == [{"kernel": "a"}]
+    assert [e.payload for e in await log.read_stream(sid)] == [{"kernel": "a"}]
 
 
-async def test_concurrent_writers_commit_positions_in_order(store):
+async def test_concurrent_writers_commit_positions_in_order(log):
     streams = [stream() for _ in range(8)]
 
     async def write(sid: str) -> None:
         for version in range(5):
-            await store.append(sid, version, [NewEvent("CandidateValidated", {"v": version})])
+            await log.append(sid, version, [NewEvent("CandidateValidated", {"v": version})])
 
     await asyncio.gather(*(write(s) for s in streams))
-    mine = [e for e in await store.read_all(limit=100_000) if e.stream_id in streams]
+    mine = [e for e in await log.read_all(limit=100_000) if e.stream_id in streams]
     assert len(mine) == 40
     for sid in streams:
         assert [e.payload["v"] for e in mine if e.stream_id == sid] == list(range(5))
 
 
-async def test_a_batch_is_written_in_version_order_and_a_retried_one_only_adds_what_is_new(store):
+async def test_a_batch_is_written_in_version_order_and_a_retried_one_only_adds_what_is_new(log):
     sid = stream()
     batch = [NewEvent("ToolCalled", {"n": n, "text": "é" * n}) for n in range(50)]
-    positions = await store.append(sid, 0, batch)
+    positions = await log.append(sid, 0, batch)
     assert positions == sorted(positions) and len(set(positions)) == 50
     # A retry of the last 10 with one more event: the 10 keep their positions, one is added.
     more = batch[40:] + [NewEvent("ToolCalled", {"n": 50})]
-    again = await store.append(sid, 40, more)
+    again = await log.append(sid, 40, more)
     assert again[:10] == positions[40:] and again[10] > positions[-1]
-    events = await store.read_stream(sid)
+    events = await log.read_stream(sid)
     assert [e.payload["n"] for e in events] == list(range(51))
     assert [e.position for e in events] == sorted(e.position for e in events)
 
 
-async def test_a_batch_with_one_conflicting_event_writes_none_of_it(store):
+async def test_a_batch_with_one_conflicting_event_writes_none_of_it(log):
     sid = stream()
-    await store.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "a"})])
+    await log.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "a"})])
     batch = [NewEvent("RepairStarted", {"kernel": "a"}), NewEvent("EvidenceCollected", {})]
     batch.append(NewEvent("FixProposed", {}))
     with pytest.raises(EventConflict, match="v1 holds RepairStarted"):
-        await store.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "b"}), *batch[1:]])
-    assert len(await store.read_stream(sid)) == 1
-    assert len(await store.append(sid, 0, batch)) == 3  # the same batch, right, goes in whole
+        await log.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "b"}), *batch[1:]])
+    assert len(await log.read_stream(sid)) == 1
+    assert len(await log.append(sid, 0, batch)) == 3  # the same batch, right, goes in whole
 
 
-async def test_blobs_are_stored_once_by_content_hash(store):
+async def test_blobs_are_stored_once_by_content_hash(log):
     source = b"def kernel(x):\n    return x\n"
-    digest = await store.put_blob(source)
-    assert digest == content_hash(source) == await store.put_blob(source)
-    assert await store.get_blob(digest) == source
+    digest = await log.put_blob(source)
+    assert digest == content_hash(source) == await log.put_blob(source)
+    assert await log.get_blob(digest) == source
     with pytest.raises(KeyError):
-        await store.get_blob(content_hash(b"never stored"))
+        await log.get_blob(content_hash(b"never stored"))
 
 
 def test_unknown_event_types_are_refused():
@@ -100,9 +110,9 @@ def test_unknown_event_types_are_refused():
         NewEvent("SomethingHappened", {})
 
 
-async def test_a_checkout_lives_in_a_scratch_directory_that_names_its_owner_and_goes(store):
-    spec, candidate = await store.put_blob(b"SPEC = 1\n"), await store.put_blob(b"k = 2\n")
-    async with store.checkout(spec, candidate, "kernel.py", "check") as (spec_path, cand_path):
+async def test_a_checkout_lives_in_a_scratch_directory_that_names_its_owner_and_goes(log):
+    spec, candidate = await log.put_blob(b"SPEC = 1\n"), await log.put_blob(b"k = 2\n")
+    async with log.checkout(spec, candidate, "kernel.py", "check") as (spec_path, cand_path):
         folder = spec_path.parent
         assert cand_path.read_text() == "k = 2\n" and cand_path.parent == folder
         assert folder.name.startswith(f"nearmiss-check-p{os.getpid()}s")
@@ -147,3 +157,24 @@ def test_activity_failures_are_sorted_retry_for_the_infrastructure_at_once_for_b
     )
     assert policy.maximum_attempts == INFRA_ATTEMPTS and 600 <= waited <= 660  # ten minutes
     assert policy.non_retryable_error_types == ["UsageError"]
+
+
+async def test_what_a_reader_gets_is_a_copy_and_heads_and_types_read_the_newest(log):
+    sid, other = stream(), stream()
+    payload = {"kernel": "k", "cases": [1, 2]}
+    await log.append(sid, 0, [NewEvent("RepairStarted", payload)])
+    payload["kernel"] = "changed after the append"
+    read = await log.read_stream(sid)
+    read[0].payload["cases"].append(3)
+    assert (await log.read_stream(sid))[0].payload == {"kernel": "k", "cases": [1, 2]}
+    await log.append(sid, 1, [NewEvent("RepairFinished", {"certified": True})])
+    await log.append(other, 0, [NewEvent("RepairFinished", {"certified": False})])
+    heads = await log.heads([sid, other, stream()])
+    assert {k: (e.version, e.payload) for k, e in heads.items()} == {
+        sid: (2, {"certified": True}),
+        other: (1, {"certified": False}),
+    }
+    newest = await log.recent_of_type("RepairFinished", limit=2)
+    assert [e.stream_id for e in newest] == [other, sid]
+    assert [e.version for e in await log.read_stream(sid, after_version=1)] == [2]
+    assert await log.stream_version(stream()) == 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kb.events import EventStore
+from kb.events import EventLog
 from nearmiss.reports.pages import (
     render_fleet_html,
     render_fleet_markdown,
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 
-async def write_session_report(store: EventStore, session_id: str, out_dir: Path) -> Path:
+async def write_session_report(store: EventLog, session_id: str, out_dir: Path) -> Path:
     """Write ``<session>.html`` and ``<session>.md`` (with its PNGs) to ``out_dir``; returns the
     HTML path. Raises UnknownSession when the store has no such repair."""
     view = await load_session(store, session_id)
@@ -51,7 +51,7 @@ def _missing_row(session_id: str) -> FleetRow:
 
 
 async def write_fleet_report(
-    store: EventStore, title: str, session_ids: list[str], out_dir: Path
+    store: EventLog, title: str, session_ids: list[str], out_dir: Path
 ) -> Path:
     """Write ``index.html`` and ``index.md`` for these sessions to ``out_dir``; returns the HTML
     path. A session with no record still gets a table row, so a fleet's gaps stay visible."""

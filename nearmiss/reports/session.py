@@ -13,7 +13,7 @@ from functools import cached_property
 
 from pydantic import ValidationError
 
-from kb.events import EventStore, StoredEvent
+from kb.events import EventLog, StoredEvent
 from nearmiss.engine.models import CheckReport, MismatchMap
 from nearmiss.reports.heatmap import render_heatmap_png
 from nearmiss.reports.timeline import describe_event, short_hash
@@ -91,7 +91,7 @@ class FleetRow:
     uncached_tokens: int
 
 
-async def _report(store: EventStore, event: StoredEvent) -> CheckReport | None:
+async def _report(store: EventLog, event: StoredEvent) -> CheckReport | None:
     """The full check report behind an EvidenceCollected, when it can still be read."""
     digest = event.payload.get("report_hash")
     if not digest:
@@ -114,14 +114,14 @@ def _figure(report: CheckReport, round_: int, candidate: str) -> HeatmapFigure |
     return None
 
 
-async def _text(store: EventStore, digest: str) -> str | None:
+async def _text(store: EventLog, digest: str) -> str | None:
     try:
         return (await store.get_blob(digest)).decode("utf-8", errors="replace")
     except KeyError:
         return None
 
 
-async def _diff(store: EventStore, name: str, original: str, final: str) -> str:
+async def _diff(store: EventLog, name: str, original: str, final: str) -> str:
     before, after = await _text(store, original), await _text(store, final)
     if before is None or after is None or before == after:
         return ""
@@ -135,7 +135,7 @@ async def _diff(store: EventStore, name: str, original: str, final: str) -> str:
     return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
 
-async def load_session(store: EventStore, session_id: str) -> SessionView:
+async def load_session(store: EventLog, session_id: str) -> SessionView:
     """Read the session's stream and blobs; raises UnknownSession when there is no such repair."""
     events = await store.read_stream(session_id)
     if not events or events[0].type != "RepairStarted":
