@@ -27,12 +27,13 @@ CANDIDATE_ENV = "NEARMISS_CANDIDATE"
 CANDIDATE_MODULE = "nearmiss_candidate"
 
 
-def import_candidate(path: str):
-    loader_spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, path)
+def import_candidate(path: str, name: str = CANDIDATE_MODULE):
+    """The module at ``path`` imported as ``name`` (the screening child names each edit)."""
+    loader_spec = importlib.util.spec_from_file_location(name, path)
     if loader_spec is None or loader_spec.loader is None:  # the engine always names a .py file
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[CANDIDATE_MODULE] = module
+    sys.modules[name] = module
     loader_spec.loader.exec_module(module)
     return module
 

@@ -14,7 +14,6 @@ lines only hides them from its own repair.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import itertools
 import os
 import sys
@@ -22,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from nearmiss.engine.runner.candidate_child import Stages
+from nearmiss.engine.runner.candidate_child import Stages, import_candidate
 from nearmiss.engine.runner.child import describe_exception, start_child
 
 OUTPUT_FILE = "output.npz"  # where the executor files a case's outputs: one reader for both
@@ -30,14 +29,7 @@ CLEAR_EVERY = 16  # edits between clearing JAX's caches: the child's memory stay
 
 
 def _import_edit(path: str, index: int):
-    name = f"nearmiss_edit_{index}"
-    loader_spec = importlib.util.spec_from_file_location(name, path)
-    if loader_spec is None or loader_spec.loader is None:  # the engine always names a .py file
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[name] = module
-    loader_spec.loader.exec_module(module)
-    return module
+    return import_candidate(path, f"nearmiss_edit_{index}")
 
 
 def _run_case(kernel, case_dir: Path) -> dict:
