@@ -37,9 +37,9 @@ class MemoryEventStore(EventLog):
     ) -> list[int]:
         # No await until the end: the batch is checked and written in one step, as the
         # statement's own transaction does.
+        payloads = [json.loads(json.dumps(e.payload)) for e in events]
         positions: list[int | None] = []
-        for i, event in enumerate(events, start=1):
-            payload = json.loads(json.dumps(event.payload))
+        for i, (event, payload) in enumerate(zip(events, payloads, strict=True), start=1):
             old = self.by_version.get((stream_id, expected_version + i))
             if old is None:
                 positions.append(None)
@@ -50,7 +50,9 @@ class MemoryEventStore(EventLog):
             else:
                 positions.append(old.position)
         written = []
-        for i, (event, position) in enumerate(zip(events, positions, strict=True), start=1):
+        for i, (event, payload, position) in enumerate(
+            zip(events, payloads, positions, strict=True), start=1
+        ):
             if position is None:
                 position = len(self.events) + 1
                 stored = StoredEvent(
@@ -58,7 +60,7 @@ class MemoryEventStore(EventLog):
                     stream_id,
                     expected_version + i,
                     event.type,
-                    json.loads(json.dumps(event.payload)),
+                    payload,
                     datetime.now(UTC),
                 )
                 self.events.append(stored)

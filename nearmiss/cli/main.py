@@ -316,7 +316,3 @@ def _dispatch(args) -> int:
     from nearmiss.cli.demo import run_demo
 
     return run_demo(seed=args.seed, everything=args.all)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
