@@ -166,3 +166,56 @@ def test_spares_die_with_a_worker_killed_outright(tmp_path):
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(pid) for pid in pids)
+
+
+async def test_a_repair_commands_own_worker_keeps_spares_and_closes_them_when_done(
+    temporal_address, postgres_dsn, tmp_path, monkeypatch, capsys
+):
+    """`nearmiss repair` (and fleet, demo) runs its own worker: the session's later checks run
+    on children started while the earlier ones' results were used, and when the command ends
+    nothing of its spares is left running or on disk."""
+    from nearmiss.client.service import repair
+    from nearmiss.client.settings import Settings
+    from workflows.loop import Guards
+
+    taken: list[int] = []
+    original = spares.take
+
+    def take(module, limits, platform):
+        child = original(module, limits, platform)
+        if child is not None:
+            taken.append(child.process.pid)
+        return child
+
+    started: list[int] = []
+    original_start = spares._start
+
+    def start(module, limits, platform):
+        child = original_start(module, limits, platform)
+        started.append(child.process.pid)
+        return child
+
+    monkeypatch.setattr(spares, "take", take)
+    monkeypatch.setattr(spares, "_start", start)
+    candidate = tmp_path / "floor_grid.py"
+    candidate.write_text((OPS / "softmax_rows" / "variants" / "floor_grid.py").read_text())
+    settings = Settings.from_env(
+        {"TEMPORAL_ADDRESS": temporal_address, "NEARMISS_DATABASE_URL": postgres_dsn}
+    )
+    homes_before = my_spare_homes()
+    code = await repair(
+        OPS / "softmax_rows" / "spec.py",
+        candidate,
+        model="playbook",
+        guards=Guards(),
+        out=None,
+        as_json=True,
+        settings=settings,
+        use_kb=False,
+    )
+    assert code == 0, capsys.readouterr()
+    assert taken and set(taken) <= set(started)  # a check after the first ran on spares
+    assert len(started) > len(taken)  # some were still waiting when the command ended...
+    assert spares.waiting_pids() == []  # ...and were closed with it
+    assert not any(alive(pid) for pid in started)
+    assert my_spare_homes() == homes_before  # ...and every home removed

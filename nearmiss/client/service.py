@@ -300,8 +300,11 @@ async def services(settings: Settings, quiet: bool = False):
             targets = available_targets()
             if settings.embedded and GPU not in targets:
                 targets += (GPU,)
-            async with serving(client, store, settings, targets):
-                yield client, store
+            # Spares as `nearmiss worker` keeps them: a repair's next round, a fleet's next
+            # member, starts its children while the fix step or the workflow runs.
+            with spares.kept():
+                async with serving(client, store, settings, targets):
+                    yield client, store
         finally:
             await store.close()
             gc.collect()  # the SDK's client crashes at interpreter exit now and then otherwise

@@ -19,13 +19,15 @@ Isolation is what it was: one child of each kind per check, the same sandbox, li
 namespaces, each closed (and its home removed) when its check ends; a spare is only started
 earlier.
 
-Off unless ``enable()`` is called (long-lived workers, the benchmark): a one-shot
+Off unless ``enable()`` is called or ``kept()`` entered (workers: ``nearmiss worker`` and the
+worker a ``repair``/``fleet``/``demo`` command runs for itself; the benchmark): a one-shot
 ``nearmiss check`` would only start children nobody uses.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import shutil
 import threading
 from pathlib import Path
@@ -65,6 +67,19 @@ def disable() -> None:
     with _lock:
         _enabled = False
     close_all()
+
+
+@contextlib.contextmanager
+def kept():
+    """Spares on while the block runs (a command's own worker), then off and closed, unless
+    they were on before it."""
+    was = _enabled
+    enable()
+    try:
+        yield
+    finally:
+        if not was:
+            disable()
 
 
 def _key(module: str, limits: Limits, platform: str) -> tuple[str, int, str, str]:
