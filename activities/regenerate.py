@@ -23,7 +23,7 @@ from activities.fixers.openai_fixer import complete, make_client, prompt_text
 from activities.repair import stored_outcome, with_heartbeats
 from kb.events import EventStore
 from nearmiss.engine.inputs import parse_source
-from workflows.models import FixResult, is_chat_model
+from workflows.models import FixResult, is_kind, model_argument
 from workflows.regenerate import GeneratedKernel, GenerateInput
 
 
@@ -97,9 +97,9 @@ class OpenAIKernelGenerator:
 
 def make_generator(model: str) -> OpenAIKernelGenerator:
     """``openai:MODEL``, the endpoint and key found as for fixes (NEARMISS_OPENAI_* on top)."""
-    if not is_chat_model(model):
+    if not is_kind(model, chat=True):
         raise ValueError(f"model {model!r} cannot write a kernel: regenerate needs openai:MODEL")
-    return OpenAIKernelGenerator(model.split(":", 1)[1])  # endpoint and key: make_client
+    return OpenAIKernelGenerator(model_argument(model))  # endpoint and key: make_client
 
 
 class RegenerateActivities:

@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 from activities.agent import AgentActivities
 from activities.evidence import evidence_from_report
 from activities.fixers.base import Fixer, FixerError, to_activity_error
+from activities.fixers.registry import make_fixer
 from activities.fixers.replay import recorded_fix
 from activities.placement import Placement
 from kb.events import EventStore, NewEvent
@@ -33,30 +34,10 @@ from workflows.models import (
     RecordInput,
     RetrieveInput,
     RetrieveResult,
-    is_chat_model,
-    is_replay_model,
+    is_kind,
 )
 
 HEARTBEAT_S = 5.0
-
-
-def make_fixer(model: str) -> Fixer:
-    """``playbook``, ``search`` (the playbook, then a screened mutation search) or
-    ``openai:MODEL`` (endpoint and key from OPENAI_BASE_URL / OPENAI_API_KEY, or
-    NEARMISS_OPENAI_BASE_URL / NEARMISS_OPENAI_API_KEY on top)."""
-    if model == "playbook":
-        from activities.fixers.playbook import PlaybookFixer
-
-        return PlaybookFixer()
-    if model == "search":
-        from activities.fixers.search import SearchFixer
-
-        return SearchFixer()
-    if is_chat_model(model):
-        from activities.fixers.openai_fixer import OpenAIFixer
-
-        return OpenAIFixer(model=model.split(":", 1)[1])  # endpoint and key: make_client
-    raise ValueError(f"unknown model {model!r}: expected playbook, search or openai:MODEL")
 
 
 async def stored_outcome(store: EventStore, result: FixResult, model: str) -> FixOutcome:
@@ -145,7 +126,7 @@ class RepairActivities:
 
     @activity.defn(name="propose_fix")
     async def propose_fix(self, request: FixInput) -> FixOutcome:
-        if is_replay_model(request.model):  # a recorded session's answers, not a model
+        if is_kind(request.model, replay=True):  # a recorded session's answers, not a model
             return await recorded_fix(self.store, request)
         source = (await self.store.get_blob(request.candidate_hash)).decode()
         patched = await self._learned_patch(request, source)

@@ -4,12 +4,15 @@
 
 Runs short sessions on a private dev stack and writes their histories as JSON to
 tests/histories/: three repairs with a scripted fixer (the replay only needs the activities'
-recorded results), a fleet of three playbook repairs over two runs (continue-as-new: both runs'
-histories are kept) and a regenerate session of two trials answered by the fake model endpoint.
+recorded results), a repair whose fix is a tool-using round of a chat model (the fake model
+endpoint runs one experiment, then edits), a fleet of three playbook repairs over two runs
+(continue-as-new: both runs' histories are kept) and a regenerate session of two trials
+answered by the fake model endpoint.
 NAME picks some of them (default: all). Re-run it after an intended change to a workflow's
 command sequence, and keep old histories that must still replay (a change that breaks them needs
 workflow.patched): the *_before_kb.json ones predate knowledge retrieval and learning and replay
-through their patches.
+through their patches; agent_round.json was recorded before the loop decided retrieval, the
+kind of round and learning (the workflow carried those decisions out itself then).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fake_openai import FakeOpenAI, answer
+from fake_openai import FakeOpenAI, answer, call, tool_answer
 from sessions import full_file
 
 from conftest import OPS, ROOT, private_stack
@@ -83,6 +86,35 @@ async def repair(client, store, name: str) -> None:
         await save(name, handle)
 
 
+async def agent_round(client, store) -> None:
+    """A chat model's round, after retrieval: one experiment (run_case), then the edit that
+    certifies; then the knowledge base learns from the session."""
+    softmax = OPS / "softmax_rows"
+    ceil_grid = (
+        "Round the grid up.\n<<<<<<< SEARCH\n        grid=(rows // BLOCK_R,),\n=======\n"
+        "        grid=(pl.cdiv(rows, BLOCK_R),),\n>>>>>>> REPLACE\n"
+    )
+    with FakeOpenAI() as fake:
+        fake.script(
+            tool_answer(call("run_case", {"case": "ragged"}), prompt_tokens=1200),
+            answer(ceil_grid, prompt_tokens=1500),
+        )
+        os.environ["NEARMISS_OPENAI_BASE_URL"] = fake.base_url
+        os.environ["NEARMISS_OPENAI_API_KEY"] = "test-key"
+        async with build_worker(client, store):
+            handle = await start_session(
+                client,
+                store,
+                softmax / "spec.py",
+                softmax / "variants" / "floor_grid.py",
+                "openai:fake-model",
+                Guards(),
+            )
+            result = await handle.result()
+            print("agent_round", result.stop_reason, result.tokens.total)
+            await save("agent_round", handle)
+
+
 def _member(name: str) -> MemberFile:
     kernel, variant = name.split("/")
     return MemberFile(name, OPS / kernel / "spec.py", OPS / kernel / "variants" / f"{variant}.py")
@@ -143,6 +175,7 @@ async def save(name: str, handle) -> None:
 
 
 MAKERS = {name: lambda c, s, n=name: repair(c, s, n) for name in SESSIONS} | {
+    "agent_round": agent_round,
     "fleet": fleet,
     "regenerate": regenerate,
 }

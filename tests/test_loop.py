@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nearmiss.engine.models import Evidence
 from workflows.loop import Guards, LoopState, RepairLoop
-from workflows.models import FixOutcome, TokenUsage
+from workflows.models import FixOutcome, RetrieveResult, TokenUsage
 
 
 def ev(hash_: str, score: float, signature: str = "wrong_values|x|", **kw) -> Evidence:
@@ -220,3 +220,56 @@ def test_a_check_no_worker_took_stops_the_loop_with_no_worker_and_keeps_the_best
     assert step.events == []  # not a guard: nothing tripped
     assert loop.state.stop_detail == "no worker serves target tpu-v5e"
     assert loop.state.best_hash == "h0" and not loop.state.certified
+
+
+def test_the_loop_decides_retrieval_the_kind_of_round_and_learning():
+    """What the workflow carries out is the loop's to decide: retrieve before each fix where the
+    session uses the knowledge base, a tool-using round where the fixer runs experiments, and
+    learning once the session has ended."""
+    state = LoopState(guards=Guards(), use_kb=True, tool_rounds=True, learn=True)
+    loop = RepairLoop(state)
+    step = loop.begin("h0", now=0.0)
+    step = loop.on_evidence(step.action, ev("h0", 0.2, "a"), 1)
+    assert step.action.kind == "retrieve" and step.action.candidate_hash == "h0"
+    found = RetrieveResult(
+        entry_ids=["k1", "k2"], lines=["- round the grid up"], patches=[{"entry_id": "p1"}]
+    )
+    step = loop.on_retrieved(found)
+    assert [(e.type, e.payload) for e in step.events] == [
+        ("KnowledgeRetrieved", {"round": 1, "entry_ids": ["k1", "k2"], "patches": ["p1"]})
+    ]
+    action = step.action
+    assert (action.kind, action.candidate_hash, action.tool_round) == ("fix", "h0", True)
+    assert action.knowledge == found.lines and action.patches == found.patches
+    step = loop.on_fix(fix("h1", 10, tool_calls=3), 2)
+    step = loop.on_evidence(step.action, ev("h1", 0.5, "b"), 3)
+    assert step.action.kind == "retrieve" and step.action.candidate_hash == "h1"
+    # A session from before retrieval existed (its replay): straight to the fix, nothing recorded.
+    step = loop.on_retrieved(None)
+    assert step.events == [] and step.action.kind == "fix" and step.action.knowledge == []
+    step = loop.on_fix(fix("h2", 10, tool_calls=2), 4)
+    assert loop.state.tool_calls == 5
+    step = loop.on_evidence(step.action, ev("h2", 1.0, "ok", compact_passed=True), 5)
+    step = loop.on_evidence(step.action, ev("h2", 1.0, "ok", certified=True, suite="all"), 6)
+    assert step.action.kind == "stop"
+    result = loop.result("repair-1")
+    assert (result.certified, result.rounds, result.final_hash) == (True, 2, "h2")
+    step = loop.finish(result)
+    assert [(e.type, e.payload) for e in step.events] == [
+        ("RepairFinished", result.model_dump(mode="json"))
+    ]
+    assert step.action.kind == "learn"
+
+
+def test_without_the_knowledge_base_tools_or_learning_the_loop_asks_for_none():
+    loop, step = start()
+    step = loop.on_evidence(step.action, ev("h0", 0.2, "a"), 1)
+    assert step.action.kind == "fix" and not step.action.tool_round
+    step = loop.on_fix(fix(None, reason="nothing applies"), 2)
+    step = loop.on_fix(fix(None), 3)
+    while step.action.kind != "stop":
+        step = loop.on_fix(fix(None), 4)
+    result = loop.result("repair-2")
+    assert not result.certified and result.final_hash == "h0" and result.stop_reason
+    assert result.failure_class == "wrong_values"
+    assert loop.finish(result).action.kind == "stop"

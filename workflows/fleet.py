@@ -19,9 +19,9 @@ from temporalio.exceptions import ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.loop import Guards, PlannedEvent
-    from workflows.models import TokenUsage
+    from workflows.models import RepairResult, TokenUsage
     from workflows.recording import record
-    from workflows.repair import TASK_QUEUE, RepairRequest, RepairResult, RepairWorkflow
+    from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
 
 
 class FleetMember(BaseModel):

@@ -7,7 +7,14 @@ loop deterministic under replay and testable without any server.
     begin ─► forensics (compact) ─► compact passes? ─► certify (all suites) ─► certified: stop
                                          │ no                  │ fails
                                          ▼                     ▼
-                          guards ok? ─► fix ─► new candidate? ─► validate (compact) ─► ...
+              guards ok? ─► [retrieve] ─► fix ─► new candidate? ─► validate (compact) ─► ...
+
+    stop ─► finish: RepairFinished ─► [learn]
+
+The loop decides every step the workflow carries out: a check and its suite, whether to
+retrieve from the knowledge base before a fix, whether the fix is a tool-using round (the
+fixer's experiments first) or a single answer, and whether the knowledge base learns from the
+session once it has ended.
 
 Guards, checked before every fix: the wall-clock deadline, max rounds, the token budgets (total
 and uncached), no progress (the same failure signature ``no_progress_rounds`` rounds running).
@@ -22,7 +29,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from nearmiss.engine.models import Evidence
-from workflows.models import FixOutcome, TokenUsage
+from workflows.models import FixOutcome, RepairResult, RetrieveResult, TokenUsage
 
 StopReason = Literal[
     "certified",
@@ -59,11 +66,16 @@ class Guards(BaseModel):
 
 
 class Action(BaseModel):
-    kind: Literal["forensics", "certify", "validate", "fix", "stop"]
+    kind: Literal["forensics", "certify", "validate", "retrieve", "fix", "stop", "learn"]
     candidate_hash: str = ""
     suite: str = ""
     reason: str = ""  # for stop: a StopReason
     detail: str = ""  # for stop: what tripped, in words
+    # For fix: a tool-using round (the fixer runs experiments, then edits) or a single answer,
+    # and what retrieval found for it (prompt lines; learned diffs, tried first at zero tokens).
+    tool_round: bool = False
+    knowledge: list[str] = Field(default_factory=list)
+    patches: list[dict] = Field(default_factory=list)
 
 
 class PlannedEvent(BaseModel):
@@ -95,6 +107,9 @@ class LoopState(BaseModel):
     # Where certification runs: "all" (compact + extended), or "compact" for the ablation
     # without full-coverage evaluation.
     certify_suite: Literal["all", "compact"] = "all"
+    use_kb: bool = False  # retrieve from the knowledge base before each fix
+    tool_rounds: bool = False  # each fix is a tool-using round (a chat model with tools allowed)
+    learn: bool = False  # the knowledge base learns from the session once it has ended
     started_at: float = 0.0
     original_hash: str = ""
     current_hash: str = ""
@@ -105,6 +120,7 @@ class LoopState(BaseModel):
     signatures: list[str] = Field(default_factory=list)  # the failure signature after each round
     rounds: list[Round] = Field(default_factory=list)
     tokens: TokenUsage = Field(default_factory=TokenUsage)
+    tool_calls: int = 0  # the fixer's experiments, all rounds
     tried: list[str] = Field(default_factory=list)
     # Per candidate (hash): how many candidate edits of it a search has screened in rounds
     # that found none (``FixResult.resume_at``); the next round's search goes on from there.
@@ -187,6 +203,21 @@ class RepairLoop:
             )
         return self._next_fix(now, events)
 
+    def on_retrieved(self, retrieved: RetrieveResult | None) -> Step:
+        """What the knowledge base offers for the next fix; None where the session predates
+        retrieval (its replay skips it)."""
+        if retrieved is None:
+            return Step(action=self._fix_action())
+        payload = {
+            "round": len(self.state.rounds) + 1,
+            "entry_ids": retrieved.entry_ids,
+            "patches": [p["entry_id"] for p in retrieved.patches],
+        }
+        return Step(
+            action=self._fix_action(retrieved.lines, retrieved.patches),
+            events=[PlannedEvent(type="KnowledgeRetrieved", payload=payload)],
+        )
+
     def on_no_worker(self, reason: str) -> Step:
         """A check no worker of the session's target took in time: stop, saying which target."""
         return self._stop("no_worker", reason, [])
@@ -194,6 +225,7 @@ class RepairLoop:
     def on_fix(self, outcome: FixOutcome, now: float) -> Step:
         s = self.state
         s.tokens = s.tokens + outcome.tokens
+        s.tool_calls += outcome.tool_calls
         number = len(s.rounds) + 1
         if outcome.summary:
             s.tried.append(outcome.summary)
@@ -252,7 +284,40 @@ class RepairLoop:
             events=events,
         )
 
+    def result(self, session_id: str) -> RepairResult:
+        """What the session came to, once the loop has stopped."""
+        s = self.state
+        evidence = s.current_evidence
+        return RepairResult(
+            session_id=session_id,
+            certified=s.certified,
+            rounds=len(s.rounds),
+            stop_reason=s.stop_reason or "",
+            stop_detail=s.stop_detail,
+            tokens=s.tokens,
+            original_hash=s.original_hash,
+            final_hash=s.best_hash,
+            failure_class=None if s.certified or evidence is None else evidence.failure_class,
+            targets=dict(evidence.targets) if evidence is not None else {},
+        )
+
+    def finish(self, result: RepairResult) -> Step:
+        """The session's last event, then learning from its log where the session learns."""
+        finished = PlannedEvent(type="RepairFinished", payload=result.model_dump(mode="json"))
+        then = Action(kind="learn") if self.state.learn else Action(kind="stop")
+        return Step(action=then, events=[finished])
+
     # --- internals ----------------------------------------------------------------------
+
+    def _fix_action(self, knowledge: list[str] | None = None, patches: list | None = None):
+        s = self.state
+        return Action(
+            kind="fix",
+            candidate_hash=s.current_hash,
+            tool_round=s.tool_rounds,
+            knowledge=knowledge or [],
+            patches=patches or [],
+        )
 
     def _signature(self) -> str:
         evidence = self.state.current_evidence
@@ -334,7 +399,10 @@ class RepairLoop:
             return self._stop(
                 "no_progress", f"the same failure ({recent[0]}) {k} rounds running", events
             )
-        return Step(action=Action(kind="fix", candidate_hash=s.current_hash), events=events)
+        if s.use_kb:
+            retrieve = Action(kind="retrieve", candidate_hash=s.current_hash)
+            return Step(action=retrieve, events=events)
+        return Step(action=self._fix_action(), events=events)
 
     def _stop(self, reason: str, detail: str, events: list) -> Step:
         s = self.state

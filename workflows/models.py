@@ -11,31 +11,63 @@ from pydantic import BaseModel, Field
 from nearmiss.engine.models import Evidence
 
 
-def is_chat_model(model: str) -> bool:
-    """``openai:MODEL``: a chat endpoint, which can write kernels and run experiments (the
-    playbook and the replay of a recording can do neither)."""
-    return model.startswith("openai:") and len(model) > len("openai:")
+class FixerKind(BaseModel, frozen=True):
+    """What a fixer is, which is what the workflows decide by: never from its name.
+
+    A ``--model`` names a kind, with an argument where the kind takes one (``openai:MODEL``,
+    ``replay:SESSION``); ``fixer_kind`` resolves it. The activities build each kind's fixer
+    (``activities.fixers.registry``); workflows cannot import them, so the table is here.
+    """
+
+    name: str
+    takes_argument: bool = False
+    # Never calls a model: no tokens, and asking again gives the same answer.
+    zero_token: bool = False
+    # Asking again gives the same answer (the zero-token fixers, a recording replayed).
+    deterministic: bool = False
+    # A chat endpoint: writes whole kernels (regenerate, experiments) and runs tool rounds.
+    chat: bool = False
+    # The recorded answers of a past session (``nearmiss replay``), not a fixer at all.
+    replay: bool = False
 
 
-# Fixers that never call a model: the playbook's recipes, and the playbook followed by a
-# screened mutation search (activities.fixers.search). Asking either again gives the same answer.
-ZERO_TOKEN_MODELS = ("playbook", "search")
+FIXER_KINDS = {
+    kind.name: kind
+    for kind in (
+        # The playbook's recipes, and the playbook followed by a screened mutation search.
+        FixerKind(name="playbook", zero_token=True, deterministic=True),
+        FixerKind(name="search", zero_token=True, deterministic=True),
+        FixerKind(name="openai", takes_argument=True, chat=True),
+        FixerKind(name="replay", takes_argument=True, deterministic=True, replay=True),
+    )
+}
 
 
-def is_zero_token_model(model: str) -> bool:
-    return model in ZERO_TOKEN_MODELS
+def fixer_kind(model: str) -> FixerKind:
+    """The kind a ``--model`` names; ValueError for a name no fixer has."""
+    name, colon, argument = model.partition(":")
+    kind = FIXER_KINDS.get(name)
+    if kind is None or kind.takes_argument != bool(argument) or bool(colon) != bool(argument):
+        raise ValueError(f"unknown model {model!r}: expected playbook, search or openai:MODEL")
+    return kind
 
 
-REPLAY_PREFIX = "replay:"
+def is_kind(model: str, **wanted: bool) -> bool:
+    """Whether ``model`` names a fixer with these properties (False for no fixer at all)."""
+    try:
+        kind = fixer_kind(model)
+    except ValueError:
+        return False
+    return all(getattr(kind, key) == value for key, value in wanted.items())
 
 
-def is_replay_model(model: str) -> bool:
-    """``replay:SESSION``: the recorded answers of a past session (``nearmiss replay``)."""
-    return model.startswith(REPLAY_PREFIX)
+def model_argument(model: str) -> str:
+    """What a ``--model`` gives its kind: the chat model's name, the recorded session's id."""
+    return model.partition(":")[2]
 
 
 def replay_model(session_id: str) -> str:
-    return f"{REPLAY_PREFIX}{session_id}"
+    return f"replay:{session_id}"
 
 
 class TokenUsage(BaseModel):
@@ -64,6 +96,21 @@ class TokenUsage(BaseModel):
             cached_input=self.cached_input + other.cached_input,
             output=self.output + other.output,
         )
+
+
+class RepairResult(BaseModel):
+    session_id: str
+    certified: bool
+    rounds: int
+    stop_reason: str
+    stop_detail: str
+    tokens: TokenUsage
+    original_hash: str
+    final_hash: str  # the certified candidate, else the best one seen
+    failure_class: str | None = None
+    # The targets of the last check, each with whether it accepted the kernel: what a
+    # certificate covers ({"interpret": true, "tpu-v5e": true}).
+    targets: dict[str, bool] = Field(default_factory=dict)
 
 
 class FixRequest(BaseModel):

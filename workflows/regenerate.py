@@ -18,7 +18,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from nearmiss.engine.models import Evidence
     from workflows.loop import WORKER_WAIT_S, PlannedEvent, evidence_payload
-    from workflows.models import CheckInput, TokenUsage, is_chat_model
+    from workflows.models import CheckInput, TokenUsage, is_kind
     from workflows.recording import record
     from workflows.repair import (
         CHECK_OPTIONS,
@@ -90,7 +90,7 @@ class RegenerateWorkflow:
 
     @workflow.run
     async def run(self, request: RegenerateRequest) -> RegenerateResult:
-        if not is_chat_model(request.model):
+        if not is_kind(request.model, chat=True):
             raise ApplicationError(
                 f"model {request.model!r} cannot write a kernel: regenerate needs openai:MODEL",
                 type="UsageError",

@@ -19,17 +19,16 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from nearmiss.engine.models import Evidence
     from workflows.agent_round import run_agent_round
-    from workflows.loop import Guards, LoopState, PlannedEvent, RepairLoop
+    from workflows.loop import Action, Guards, LoopState, PlannedEvent, RepairLoop
     from workflows.models import (
         CheckInput,
         FixInput,
         FixOutcome,
+        RepairResult,
         RetrieveInput,
         RetrieveResult,
         TokenUsage,
-        is_chat_model,
-        is_replay_model,
-        is_zero_token_model,
+        is_kind,
     )
     from workflows.recording import record
     from workflows.retries import infra_retry
@@ -79,21 +78,6 @@ class RepairRequest(BaseModel):
     targets: list[str] = Field(default_factory=list)
 
 
-class RepairResult(BaseModel):
-    session_id: str
-    certified: bool
-    rounds: int
-    stop_reason: str
-    stop_detail: str
-    tokens: TokenUsage
-    original_hash: str
-    final_hash: str  # the certified candidate, else the best one seen
-    failure_class: str | None = None
-    # The targets of the last check, each with whether it accepted the kernel: what a
-    # certificate covers ({"interpret": true, "tpu-v5e": true}).
-    targets: dict[str, bool] = Field(default_factory=dict)
-
-
 class Progress(BaseModel):
     phase: str = "starting"
     round: int = 0
@@ -111,7 +95,6 @@ class RepairWorkflow:
         self.loop: RepairLoop | None = None
         self.version = 0  # of this session's event stream
         self.phase = "starting"
-        self.tool_calls = 0  # the agent's experiments in this session
 
     @workflow.query
     def progress(self) -> Progress:
@@ -127,18 +110,22 @@ class RepairWorkflow:
             tokens=state.tokens,
             stop_reason=state.stop_reason,
             events_recorded=self.version,
-            tool_calls=self.tool_calls,
+            tool_calls=state.tool_calls,
         )
 
     @workflow.run
     async def run(self, request: RepairRequest) -> RepairResult:
+        # (A fixer a test plugs in under a name of its own has none of the kinds' properties.)
         state = LoopState(
             guards=request.guards,
-            # Asking again gives the same answer: the zero-token fixers, a recording replayed.
-            deterministic_fixer=(
-                is_zero_token_model(request.model) or is_replay_model(request.model)
-            ),
+            deterministic_fixer=is_kind(request.model, deterministic=True),
             certify_suite=request.certify_suite,
+            use_kb=request.use_kb,
+            # A chat model may run experiments before its edit, where the guards allow any.
+            tool_rounds=(
+                is_kind(request.model, chat=True) and request.guards.max_tool_calls_per_round > 0
+            ),
+            learn=request.learn,
         )
         self.loop = loop = RepairLoop(state)
         workflow.upsert_search_attributes(
@@ -153,8 +140,11 @@ class RepairWorkflow:
             self.phase = action.kind
             if action.kind == "stop":
                 break
+            if action.kind == "retrieve":
+                step = loop.on_retrieved(await self._retrieve(request))
+                continue  # no tokens spent: the search attribute stays as it is
             if action.kind == "fix":
-                step = loop.on_fix(await self._fix(request), self._now())
+                step = loop.on_fix(await self._fix(request, action), self._now())
             else:
                 check = CheckInput(
                     spec_hash=request.spec_hash,
@@ -182,77 +172,64 @@ class RepairWorkflow:
                     continue
                 step = loop.on_evidence(action, evidence, self._now())
             workflow.upsert_search_attributes([TOKENS_ATTRIBUTE.value_set(state.tokens.total)])
-        evidence = state.current_evidence
-        result = RepairResult(
-            session_id=workflow.info().workflow_id,
-            certified=state.certified,
-            rounds=len(state.rounds),
-            stop_reason=state.stop_reason or "",
-            stop_detail=state.stop_detail,
-            tokens=state.tokens,
-            original_hash=state.original_hash,
-            final_hash=state.best_hash,
-            failure_class=None if state.certified or evidence is None else evidence.failure_class,
-            targets=dict(evidence.targets) if evidence is not None else {},
-        )
+        result = loop.result(workflow.info().workflow_id)
         workflow.upsert_search_attributes(
             [VERDICT_ATTRIBUTE.value_set("certified" if state.certified else result.stop_reason)]
         )
-        finished = result.model_dump(mode="json")
-        await self._record([PlannedEvent(type="RepairFinished", payload=finished)])
+        step = loop.finish(result)
+        await self._record(step.events)
         # The knowledge base learns from the log of this session (quality-gated there).
-        if request.learn and workflow.patched("learn-from-session"):
+        if step.action.kind == "learn" and workflow.patched("learn-from-session"):
             await workflow.execute_activity(
                 "learn_from_session", result.session_id, result_type=str, **RETRIEVE_OPTIONS
             )
         return result
 
-    async def _fix(self, request: RepairRequest) -> FixOutcome:
+    async def _retrieve(self, request: RepairRequest) -> RetrieveResult | None:
+        assert self.loop is not None and self.loop.state.current_evidence is not None
+        # Sessions started before retrieval existed replay without it.
+        if not workflow.patched("retrieve-knowledge"):
+            return None
+        return await workflow.execute_activity(
+            "retrieve_knowledge",
+            RetrieveInput(
+                evidence=self.loop.state.current_evidence,
+                budget_chars=request.knowledge_budget_chars,
+            ),
+            result_type=RetrieveResult,
+            **RETRIEVE_OPTIONS,
+        )
+
+    async def _fix(self, request: RepairRequest, action: Action) -> FixOutcome:
         assert self.loop is not None  # run() made it before the first round
         state = self.loop.state
         evidence = state.current_evidence
         assert evidence is not None  # a fix always follows a check
         fix = FixInput(
             spec_hash=request.spec_hash,
-            candidate_hash=state.current_hash,
+            candidate_hash=action.candidate_hash,
             candidate_name=request.candidate_name,
             evidence=evidence,
             round=len(state.rounds) + 1,
             model=request.model,
             tried=list(state.tried),
+            knowledge=action.knowledge,
+            patches=action.patches,
             skip=state.searched.get(state.current_hash, 0),
         )
-        # Sessions started before retrieval existed replay without it.
-        if request.use_kb and workflow.patched("retrieve-knowledge"):
-            retrieved = await workflow.execute_activity(
-                "retrieve_knowledge",
-                RetrieveInput(evidence=evidence, budget_chars=request.knowledge_budget_chars),
-                result_type=RetrieveResult,
-                **RETRIEVE_OPTIONS,
-            )
-            fix.knowledge, fix.patches = retrieved.lines, retrieved.patches
-            payload = {
-                "round": fix.round,
-                "entry_ids": retrieved.entry_ids,
-                "patches": [p["entry_id"] for p in retrieved.patches],
-            }
-            await self._record([PlannedEvent(type="KnowledgeRetrieved", payload=payload)])
         guards = request.guards
-        # A chat model may run experiments first (sessions from before the agent replay without).
-        agent = is_chat_model(request.model) and guards.max_tool_calls_per_round > 0
-        if agent and workflow.patched("agent-tools"):
+        # Sessions from before the agent replay without its tool rounds.
+        if action.tool_round and workflow.patched("agent-tools"):
             budget = guards.token_budget
-            outcome = await run_agent_round(
+            return await run_agent_round(
                 fix,
                 FIX_OPTIONS,
                 check_options({}, request.targets, guards.worker_wait_s),
                 per_round=guards.max_tool_calls_per_round,
-                tools_left=guards.max_tool_calls - self.tool_calls,
+                tools_left=guards.max_tool_calls - state.tool_calls,
                 tokens_left=None if budget is None else budget - state.tokens.total,
                 record=self._record,
             )
-            self.tool_calls += outcome.tool_calls
-            return outcome
         try:
             return await workflow.execute_activity(
                 "propose_fix", fix, result_type=FixOutcome, **FIX_OPTIONS

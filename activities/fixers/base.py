@@ -13,7 +13,7 @@ from typing import Protocol
 
 from temporalio.exceptions import ApplicationError
 
-from workflows.models import FixRequest, FixResult
+from workflows.models import FixerKind, FixRequest, FixResult
 
 
 class FixerError(Exception):
@@ -32,6 +32,6 @@ def to_activity_error(exc: FixerError) -> ApplicationError:
 
 
 class Fixer(Protocol):
-    name: str
+    kind: FixerKind  # what it is (workflows.models.FIXER_KINDS), which the workflows go by
 
     async def propose(self, request: FixRequest) -> FixResult: ...

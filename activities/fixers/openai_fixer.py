@@ -29,7 +29,7 @@ from activities import prompts
 from activities.fixers.base import FixerError
 from activities.fixers.edits import EditError, apply_answer, summary_line
 from nearmiss.engine.models import Evidence
-from workflows.models import FixRequest, FixResult, TokenUsage
+from workflows.models import FIXER_KINDS, FixRequest, FixResult, TokenUsage
 
 # A keyless local endpoint (vLLM, Ollama) still needs some key for the SDK to start.
 _PLACEHOLDER_KEY = "no-key"
@@ -219,7 +219,7 @@ async def complete(
 class OpenAIFixer:
     """Asks a chat model for a minimal SEARCH/REPLACE edit and applies it."""
 
-    name = "openai"
+    kind = FIXER_KINDS["openai"]
 
     def __init__(
         self,

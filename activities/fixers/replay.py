@@ -10,11 +10,11 @@ with no edit, as a playbook does.
 from __future__ import annotations
 
 from kb.events import EventStore
-from workflows.models import REPLAY_PREFIX, FixInput, FixOutcome
+from workflows.models import FixInput, FixOutcome, model_argument
 
 
 async def recorded_fix(store: EventStore, request: FixInput) -> FixOutcome:
-    session_id = request.model[len(REPLAY_PREFIX) :]
+    session_id = model_argument(request.model)
     fixes = [
         e.payload
         for e in await store.read_stream(session_id)

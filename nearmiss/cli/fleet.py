@@ -101,7 +101,7 @@ async def _out_of_reach(work, fleet: list[str]) -> int:
 
 
 async def run_fleet(args: argparse.Namespace) -> int:
-    from activities.repair import make_fixer
+    from activities.fixers.registry import make_fixer
     from nearmiss.client.fleet import discover
 
     files = discover(args.target)

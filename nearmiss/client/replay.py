@@ -22,8 +22,8 @@ from kb.events import EventStore, StoredEvent
 from nearmiss.client.service import WORKFLOWS
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.models import CheckReport
-from workflows.models import replay_model
-from workflows.repair import TASK_QUEUE, RepairRequest, RepairResult, RepairWorkflow
+from workflows.models import RepairResult, replay_model
+from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
 
 SCORE_TOLERANCE = 0.05  # fresh inputs move a score a little; a change beyond this is behaviour
 

@@ -35,9 +35,10 @@ from temporalio.worker import (
     Worker,
 )
 
+from activities.fixers.registry import make_fixer
 from activities.placement import Placement
 from activities.regenerate import RegenerateActivities
-from activities.repair import RepairActivities, make_fixer
+from activities.repair import RepairActivities
 from infra.devstack import SEARCH_ATTRIBUTES, DevStack
 from kb.events import EventStore
 from kb.knowledge import load_seed
@@ -62,8 +63,9 @@ from nearmiss.engine.targets.registry import (
 )
 from workflows.fleet import FleetWorkflow
 from workflows.loop import Guards
+from workflows.models import RepairResult
 from workflows.regenerate import RegenerateWorkflow
-from workflows.repair import TASK_QUEUE, Progress, RepairRequest, RepairResult, RepairWorkflow
+from workflows.repair import TASK_QUEUE, Progress, RepairRequest, RepairWorkflow
 from workflows.routing import GENERAL_QUEUE, queue_of
 
 # Every workflow a worker runs: the replay of saved sessions needs the same list.

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from nearmiss.engine.errors import UsageError
 from pallas_ops.catalog import operators
 from workflows.loop import Guards
-from workflows.models import is_chat_model, is_zero_token_model
+from workflows.models import is_kind
 
 
 @dataclass(frozen=True)
@@ -194,12 +194,13 @@ class ExperimentConfig(BaseModel):
                 f"unknown arm(s) {', '.join(unknown) or '(none given)'}; "
                 f"expected some of {', '.join(ARMS)}"
             )
-        if "regenerate" in self.arms and not is_chat_model(self.model):
+        if "regenerate" in self.arms and not is_kind(self.model, chat=True):
             raise UsageError(
                 f"the regenerate arm needs --model openai:MODEL: {self.model!r} edits kernels, "
                 "it cannot write one (or leave regenerate out of --arms)"
             )
-        if not is_zero_token_model(self.model) and not is_chat_model(self.model):
+        # A recording (replay:SESSION) answers only the session it was recorded in.
+        if not is_kind(self.model, replay=False):
             raise UsageError(
                 f"unknown model {self.model!r}: expected playbook, search or openai:MODEL"
             )

@@ -28,7 +28,7 @@ from activities.fixers.playbook import (  # noqa: F401
 # isort: on
 from activities.fixers.playbook.registry import RECIPES, Recipe
 from nearmiss.engine.models import Evidence
-from workflows.models import FixRequest, FixResult, TokenUsage
+from workflows.models import FIXER_KINDS, FixRequest, FixResult, TokenUsage
 
 # ----------------------------------------------------------------------------------------------
 # The fixer.
@@ -37,7 +37,7 @@ from workflows.models import FixRequest, FixResult, TokenUsage
 class PlaybookFixer:
     """Tries the recipes that address the evidence's failure classes; zero tokens."""
 
-    name = "playbook"
+    kind = FIXER_KINDS["playbook"]
 
     async def propose(self, request: FixRequest) -> FixResult:
         return propose(request)

@@ -22,7 +22,7 @@ from activities.fixers.playbook import RECIPES
 from activities.fixers.playbook import propose as playbook_propose
 from activities.fixers.search.mutants import Mutant, mutants
 from activities.fixers.search.screen import Budget, Screen, screen
-from workflows.models import FixRequest, FixResult, TokenUsage
+from workflows.models import FIXER_KINDS, FixRequest, FixResult, TokenUsage
 
 MODEL = "search"
 
@@ -38,7 +38,7 @@ class Edit:
 class SearchFixer:
     """Recipes of the evidence's class first; else a screened search; zero tokens."""
 
-    name = MODEL
+    kind = FIXER_KINDS[MODEL]
 
     def __init__(self, budget: Budget | None = None) -> None:
         self.budget = budget or Budget()
