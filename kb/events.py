@@ -33,7 +33,9 @@ import asyncpg
 
 from nearmiss.engine.runner.scratch import scratch_dir
 
-# Each migration runs once, in order, recorded in schema_migrations.
+# The log's own schema: each migration runs once, in order (``migrate``). Projections of the
+# log own theirs (kb/knowledge.py: ``KNOWLEDGE_SCHEMA``), applied the same way under their name.
+LOG = "log"
 MIGRATIONS: list[str] = [
     """
     CREATE TABLE events (
@@ -51,52 +53,6 @@ MIGRATIONS: list[str] = [
         content    BYTEA NOT NULL,
         size       INTEGER NOT NULL,
         created_at TIMESTAMPTZ NOT NULL DEFAULT now()
-    );
-    """,
-    # Projections of the log (kb/knowledge.py): where each one has read up to, and the
-    # knowledge entries with the evidence of their use.
-    """
-    CREATE TABLE projection_checkpoints (
-        name     TEXT PRIMARY KEY,
-        position BIGINT NOT NULL
-    );
-    CREATE TABLE kb_entries (
-        id            TEXT PRIMARY KEY,
-        status        TEXT NOT NULL,
-        source        TEXT NOT NULL,
-        title         TEXT NOT NULL,
-        failure_class TEXT NOT NULL,
-        category      TEXT NOT NULL,
-        platform      TEXT NOT NULL,
-        body          JSONB NOT NULL,
-        uses          INTEGER NOT NULL DEFAULT 0,
-        successes     INTEGER NOT NULL DEFAULT 0,
-        failures      INTEGER NOT NULL DEFAULT 0,
-        updated_at    BIGINT NOT NULL
-    );
-    CREATE INDEX kb_entries_signature ON kb_entries (failure_class, category, platform);
-    CREATE TABLE kb_session_uses (
-        session_id TEXT NOT NULL,
-        entry_id   TEXT NOT NULL,
-        PRIMARY KEY (session_id, entry_id)
-    );
-    """,
-    # Negative knowledge: fixes that did not help a failure (class | category), with counts.
-    """
-    CREATE TABLE kb_failed_attempts (
-        aimed_at TEXT NOT NULL,  -- failure class | category
-        summary  TEXT NOT NULL,  -- what the fix said it did
-        times    INTEGER NOT NULL,
-        PRIMARY KEY (aimed_at, summary)
-    );
-    """,
-    # Negative knowledge about one kernel: learned patches that made it worse, so a later
-    # session on the same kernel does not try them again.
-    """
-    CREATE TABLE kb_harmful_patches (
-        kernel_hash TEXT NOT NULL,  -- the candidate the patch was applied to
-        patch       TEXT NOT NULL,  -- patch:<entry id>
-        PRIMARY KEY (kernel_hash, patch)
     );
     """,
     # An append in one statement, so one round trip however many events (EventStore.append):
@@ -197,20 +153,47 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-async def migrate(conn: asyncpg.Connection) -> int:
-    """Bring the schema up to date; returns the schema version."""
+# Before each part of the schema had an owner, one list numbered 1..5 held them all, recorded
+# in schema_migrations: 1 and 5 were the log's (events and blobs; append_events), 2-4 the
+# knowledge projection's. A database from then is carried over once, nothing applied again.
+_LEGACY = {LOG: (1, 5), "knowledge": (2, 3, 4)}
+
+
+async def migrate(
+    conn: asyncpg.Connection, owner: str = LOG, statements: list[str] | None = None
+) -> int:
+    """Bring ``owner``'s part of the schema up to date (the log's by default); returns its
+    version. Each owner's migrations run once, in order, recorded in schema_versions."""
+    statements = MIGRATIONS if statements is None else statements
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _APPEND_LOCK + 1)
         await conn.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
-            "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+            "CREATE TABLE IF NOT EXISTS schema_versions (owner TEXT PRIMARY KEY, "
+            "version INTEGER NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
         )
-        done = await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations")
-        for version, statement in enumerate(MIGRATIONS, start=1):
+        if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+            done = await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations")
+            for legacy_owner, versions in _LEGACY.items():
+                await conn.execute(
+                    "INSERT INTO schema_versions (owner, version) VALUES ($1, $2)",
+                    legacy_owner,
+                    sum(v <= done for v in versions),
+                )
+            await conn.execute("DROP TABLE schema_migrations")
+        done = await conn.fetchval(
+            "SELECT coalesce(max(version), 0) FROM schema_versions WHERE owner = $1", owner
+        )
+        for version, statement in enumerate(statements, start=1):
             if version > done:
                 await conn.execute(statement)
-                await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", version)
-    return len(MIGRATIONS)
+        if len(statements) > done:
+            await conn.execute(
+                "INSERT INTO schema_versions (owner, version) VALUES ($1, $2) ON CONFLICT (owner) "
+                "DO UPDATE SET version = excluded.version, applied_at = now()",
+                owner,
+                len(statements),
+            )
+    return max(done, len(statements))
 
 
 class EventLog(abc.ABC):
@@ -280,6 +263,15 @@ class EventStore(EventLog):
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
+        self._schemas = {LOG}  # whose schema is known to be up to date on this database
+
+    async def ensure_schema(self, owner: str, statements: list[str]) -> None:
+        """Bring a projection's own tables up to date (``migrate``), once per store."""
+        if owner in self._schemas:
+            return
+        async with self.pool.acquire() as conn:
+            await migrate(conn, owner, statements)
+        self._schemas.add(owner)
 
     @classmethod
     async def connect(cls, dsn: str, *, min_size: int = 0, max_size: int = 4) -> EventStore:

@@ -25,6 +25,54 @@ from nearmiss.engine.models import Evidence
 
 SEED_DIR = Path(__file__).resolve().parent / "seed"
 PROJECTION = "knowledge"
+# The projection's own tables, migrated under its name (kb.events.migrate), in order, each once.
+KNOWLEDGE_SCHEMA: list[str] = [
+    # Where the projection has read the log up to, and the entries with the evidence of use.
+    """
+    CREATE TABLE projection_checkpoints (
+        name     TEXT PRIMARY KEY,
+        position BIGINT NOT NULL
+    );
+    CREATE TABLE kb_entries (
+        id            TEXT PRIMARY KEY,
+        status        TEXT NOT NULL,
+        source        TEXT NOT NULL,
+        title         TEXT NOT NULL,
+        failure_class TEXT NOT NULL,
+        category      TEXT NOT NULL,
+        platform      TEXT NOT NULL,
+        body          JSONB NOT NULL,
+        uses          INTEGER NOT NULL DEFAULT 0,
+        successes     INTEGER NOT NULL DEFAULT 0,
+        failures      INTEGER NOT NULL DEFAULT 0,
+        updated_at    BIGINT NOT NULL
+    );
+    CREATE INDEX kb_entries_signature ON kb_entries (failure_class, category, platform);
+    CREATE TABLE kb_session_uses (
+        session_id TEXT NOT NULL,
+        entry_id   TEXT NOT NULL,
+        PRIMARY KEY (session_id, entry_id)
+    );
+    """,
+    # Negative knowledge: fixes that did not help a failure (class | category), with counts.
+    """
+    CREATE TABLE kb_failed_attempts (
+        aimed_at TEXT NOT NULL,  -- failure class | category
+        summary  TEXT NOT NULL,  -- what the fix said it did
+        times    INTEGER NOT NULL,
+        PRIMARY KEY (aimed_at, summary)
+    );
+    """,
+    # Negative knowledge about one kernel: learned patches that made it worse, so a later
+    # session on the same kernel does not try them again.
+    """
+    CREATE TABLE kb_harmful_patches (
+        kernel_hash TEXT NOT NULL,  -- the candidate the patch was applied to
+        patch       TEXT NOT NULL,  -- patch:<entry id>
+        PRIMARY KEY (kernel_hash, patch)
+    );
+    """,
+]
 BATCH = 500
 DEMOTE_AFTER_FAILURES = 3
 # Validation outcomes that mean a fix did not help the failure it aimed at.
@@ -115,10 +163,14 @@ async def load_seed(store: EventStore, seed_dir: Path = SEED_DIR) -> int:
 
 
 class KnowledgeProjection:
+    """The knowledge entries as the log says they are now, in tables of the projection's own
+    (``KNOWLEDGE_SCHEMA``, created on first use)."""
+
     def __init__(self, store: EventStore) -> None:
         self.store = store
 
     async def checkpoint(self) -> int:
+        await _own_tables(self.store)
         async with self.store.pool.acquire() as conn:
             value = await conn.fetchval(
                 "SELECT position FROM projection_checkpoints WHERE name = $1", PROJECTION
@@ -225,6 +277,7 @@ class KnowledgeProjection:
             )
 
     async def entries(self, status: str | None = None) -> list[Entry]:
+        await _own_tables(self.store)
         query = "SELECT * FROM kb_entries"
         args: list[Any] = []
         if status:
@@ -235,6 +288,7 @@ class KnowledgeProjection:
 
     async def harmful_patches(self, kernel_hash: str) -> set[str]:
         """The learned patches (``patch:<id>``) that made this kernel worse before."""
+        await _own_tables(self.store)
         async with self.store.pool.acquire() as conn:
             rows = await conn.fetch(
                 "SELECT patch FROM kb_harmful_patches WHERE kernel_hash = $1", kernel_hash
@@ -242,9 +296,14 @@ class KnowledgeProjection:
         return {row["patch"] for row in rows}
 
     async def entry(self, entry_id: str) -> Entry | None:
+        await _own_tables(self.store)
         async with self.store.pool.acquire() as conn:
             row = await conn.fetchrow("SELECT * FROM kb_entries WHERE id = $1", entry_id)
         return _entry(row) if row else None
+
+
+async def _own_tables(store: EventStore) -> None:
+    await store.ensure_schema(PROJECTION, KNOWLEDGE_SCHEMA)
 
 
 def _entry(row) -> Entry:
@@ -303,6 +362,7 @@ def rank(entries: list[Entry], evidence: Evidence, budget_chars: int) -> list[En
 
 async def failed_attempts(store: EventStore, evidence: Evidence) -> list[str]:
     """Negative knowledge: what was tried against this failure before and did not help."""
+    await _own_tables(store)
     async with store.pool.acquire() as conn:
         rows = await conn.fetch(
             "SELECT summary, times FROM kb_failed_attempts WHERE aimed_at = $1 "

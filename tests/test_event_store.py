@@ -178,3 +178,59 @@ async def test_what_a_reader_gets_is_a_copy_and_heads_and_types_read_the_newest(
     assert [e.stream_id for e in newest] == [other, sid]
     assert [e.version for e in await log.read_stream(sid, after_version=1)] == [2]
     assert await log.stream_version(stream()) == 0
+
+
+# --- each part of the schema has an owner -----------------------------------------------------
+
+
+async def test_the_knowledge_projection_owns_its_tables(store):
+    """The log's schema is the log's; the projection's tables appear when it is first used."""
+    from kb.knowledge import KnowledgeProjection
+
+    async with store.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT to_regclass('kb_entries')") is None
+        await store.append(stream(), 0, [NewEvent("RepairStarted", {"kernel": "k"})])
+        assert await KnowledgeProjection(store).catch_up() == 1
+        assert await conn.fetchval("SELECT to_regclass('kb_entries')") is not None
+        owners = dict(await conn.fetch("SELECT owner, version FROM schema_versions"))
+    assert owners == {"log": 2, "knowledge": 3}
+
+
+@pytest.mark.parametrize("old_version", [4, 5])
+async def test_a_database_from_before_owners_is_carried_over_without_reapplying(
+    postgres_dsn, old_version
+):
+    """One numbered list held every table once (schema_migrations 1..5: events, knowledge,
+    failed attempts, harmful patches, append_events). Such a database keeps its data, nothing
+    is created twice (that would fail), and what it lacked is added."""
+    from kb.events import MIGRATIONS
+    from kb.knowledge import KNOWLEDGE_SCHEMA, KnowledgeProjection
+
+    old_order = [MIGRATIONS[0], *KNOWLEDGE_SCHEMA, MIGRATIONS[1]][:old_version]
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        for statement in old_order:
+            await conn.execute(statement)
+        await conn.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY)")
+        for version in range(1, old_version + 1):
+            await conn.execute("INSERT INTO schema_migrations VALUES ($1)", version)
+        await conn.execute(
+            "INSERT INTO events (stream_id, version, type, payload) "
+            "VALUES ('repair-old', 1, 'RepairStarted', '{}')"
+        )
+    finally:
+        await conn.close()
+    store = await EventStore.connect(postgres_dsn)
+    try:
+        await store.append("repair-old", 1, [NewEvent("RepairFinished", {"certified": True})])
+        assert [e.type for e in await store.read_stream("repair-old")] == [
+            "RepairStarted",
+            "RepairFinished",
+        ]
+        assert await KnowledgeProjection(store).catch_up() == 2
+        async with store.pool.acquire() as conn:
+            owners = dict(await conn.fetch("SELECT owner, version FROM schema_versions"))
+            assert await conn.fetchval("SELECT to_regclass('schema_migrations')") is None
+    finally:
+        await store.close()
+    assert owners == {"log": 2, "knowledge": 3}
