@@ -43,9 +43,8 @@ def my_spare_homes() -> set[str]:
     }
 
 
-@pytest.fixture
-def handed_out(monkeypatch):
-    """Spares on for one test; the pid of every spare handed to a check."""
+def record_handed_out(monkeypatch) -> list[int]:
+    """The pid of every spare handed to a check from now on (in this test)."""
     taken: list[int] = []
     original = spares.take
 
@@ -56,6 +55,13 @@ def handed_out(monkeypatch):
         return child
 
     monkeypatch.setattr(spares, "take", take)
+    return taken
+
+
+@pytest.fixture
+def handed_out(monkeypatch):
+    """Spares on for one test; the pid of every spare handed to a check."""
+    taken = record_handed_out(monkeypatch)
     spares.enable()
     try:
         yield taken
@@ -178,15 +184,7 @@ async def test_a_repair_commands_own_worker_keeps_spares_and_closes_them_when_do
     from nearmiss.client.settings import Settings
     from workflows.loop import Guards
 
-    taken: list[int] = []
-    original = spares.take
-
-    def take(module, limits, platform):
-        child = original(module, limits, platform)
-        if child is not None:
-            taken.append(child.process.pid)
-        return child
-
+    taken = record_handed_out(monkeypatch)  # spares stay off: the command turns them on
     started: list[int] = []
     original_start = spares._start
 
@@ -195,7 +193,6 @@ async def test_a_repair_commands_own_worker_keeps_spares_and_closes_them_when_do
         started.append(child.process.pid)
         return child
 
-    monkeypatch.setattr(spares, "take", take)
     monkeypatch.setattr(spares, "_start", start)
     candidate = tmp_path / "floor_grid.py"
     candidate.write_text((OPS / "softmax_rows" / "variants" / "floor_grid.py").read_text())

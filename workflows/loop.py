@@ -157,7 +157,8 @@ def evidence_payload(evidence: Evidence, phase: str) -> dict:
 
 
 class RepairLoop:
-    """Drive with ``begin`` then ``on_evidence`` / ``on_fix`` as the actions complete."""
+    """Drive with ``begin``, then ``on_evidence`` / ``on_retrieved`` / ``on_fix`` as the
+    actions complete; once it stops, ``result`` and ``finish``."""
 
     def __init__(self, state: LoopState) -> None:
         self.state = state
