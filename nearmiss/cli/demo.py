@@ -132,6 +132,7 @@ async def run_repairs() -> int:
         )
         await follow(client, handle)
         summary = await fleet_summary(store, handle.id)
+        assert summary is not None  # (the fleet's first act was to record its start)
         sessions = [r["session_id"] for r in summary["results"]]
         out = settings.stack.home / "reports" / handle.id
         report = await write_fleet_report(store, f"nearmiss demo fleet {handle.id}", sessions, out)

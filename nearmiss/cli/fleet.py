@@ -129,6 +129,7 @@ async def _run_fleet(args, files, settings: Settings, started: list[str]) -> int
         _say(f"fleet {handle.id}: {len(files)} kernels, {args.model}, {args.concurrency} at a time")
         await follow(client, handle, quiet=args.json, reconnect_s=settings.reconnect_s)
         summary = await fleet_summary(store, handle.id)
+        assert summary is not None  # (the fleet's first act was to record its start)
         report = await _write_report(store, summary, _report_dir(settings, handle.id, args.report))
     _print_summary(summary, report, args.json)
     return EXIT_DONE if summary["state"] == "finished" else EXIT_NOT_DONE
@@ -165,6 +166,7 @@ async def _follow_fleet(args: argparse.Namespace, settings: Settings) -> int:
         quiet = args.json or args.cancel
         await follow(client, handle, quiet=quiet, reconnect_s=settings.reconnect_s)
         summary = await fleet_summary(store, args.fleet_id)
+        assert summary is not None  # (it was there before it was followed)
         out = _report_dir(settings, args.fleet_id, args.report)
         report = await _write_report(store, summary, out)
     _print_summary(summary, report, args.json)

@@ -51,6 +51,7 @@ async def open_event_store(settings: Settings):
     finally:
         await store.close()
         if started:
+            assert postgres is not None  # started only when there is one to start
             postgres.stop()
 
 

@@ -135,6 +135,7 @@ def outcome(result: RepairResult) -> str:
 
 def _step_changes(number: int, old: Step | None, new: Step | None) -> list[str]:
     if old is None:
+        assert new is not None  # (a check is in the recording, the re-run or both)
         return [f"check {number}: only in the re-run ({new.phase}, {verdict(new)})"]
     if new is None:
         return [f"check {number}: only in the recording ({old.phase}, {verdict(old)})"]

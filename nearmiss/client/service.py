@@ -26,6 +26,7 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError
 from temporalio.worker import (
@@ -117,7 +118,7 @@ class _ClassifiedFailures(ActivityInboundInterceptor):
             failure = as_activity_error(exc, info.attempt)
             if failure is exc:
                 raise
-            if getattr(failure, "type", None) == INFRASTRUCTURE:
+            if isinstance(failure, ApplicationError) and failure.type == INFRASTRUCTURE:
                 _log.warning(
                     "%s of %s, attempt %d: %s; Temporal tries it again",
                     info.activity_type,
@@ -151,11 +152,11 @@ class WorkerGroup:
         """Run all until shut down; when one fails, the others are shut down and it is raised."""
         tasks = [asyncio.ensure_future(w.run()) for w in self.workers]
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+        failed = [e for t in done if not t.cancelled() and (e := t.exception()) is not None]
         if failed:
             await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
             await asyncio.gather(*pending, return_exceptions=True)
-            raise failed[0].exception()
+            raise failed[0]
         await asyncio.gather(*pending)
 
     async def shutdown(self) -> None:
@@ -450,8 +451,8 @@ async def _serve(
     client: Client,
     store: EventStore,
     settings: Settings,
-    stopping,
-    current: list,
+    stopping: asyncio.Event,
+    current: list[WorkerGroup],
     targets: tuple[str, ...] | None = None,
     general: bool = True,
 ):
@@ -478,8 +479,10 @@ async def serving(
     """A worker in the background for the duration of the block (``_serve``), serving
     ``targets`` (default: what this machine can serve); a worker that fails for a reason other
     than the infrastructure cancels the block and is raised."""
-    stopping, current = asyncio.Event(), []
+    stopping = asyncio.Event()
+    current: list[WorkerGroup] = []
     body = asyncio.current_task()
+    assert body is not None  # (a coroutine's code runs in a task)
 
     async def supervise() -> None:
         try:
@@ -511,7 +514,8 @@ async def run_worker(settings: Settings, targets: tuple[str, ...], general: bool
     if targets:
         spares.enable()
     store = await _open_store(settings)
-    stopping, current = asyncio.Event(), []
+    stopping = asyncio.Event()
+    current: list[WorkerGroup] = []
 
     def stop() -> None:
         stopping.set()

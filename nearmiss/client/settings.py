@@ -11,6 +11,7 @@ come back before it gives up (default 300 s).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from infra.devstack import StackConfig
@@ -41,15 +42,15 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
-        env = os.environ if env is None else env
-        stack = StackConfig.from_env(env)
-        address = env.get("TEMPORAL_ADDRESS")
-        dsn = env.get("NEARMISS_DATABASE_URL")
+        stack = StackConfig.from_env(env)  # (which reads os.environ too when env is None)
+        values: Mapping[str, str] = os.environ if env is None else env
+        address = values.get("TEMPORAL_ADDRESS")
+        dsn = values.get("NEARMISS_DATABASE_URL")
         return cls(
             temporal_address=address or stack.temporal_address,
             database_url=dsn or stack.connect_dsn,
             embedded=not (address and dsn),
             stack=stack,
-            namespace=env.get("TEMPORAL_NAMESPACE", "default"),
-            reconnect_s=float(env.get("NEARMISS_RECONNECT_S", DEFAULT_RECONNECT_S)),
+            namespace=values.get("TEMPORAL_NAMESPACE", "default"),
+            reconnect_s=float(values.get("NEARMISS_RECONNECT_S", DEFAULT_RECONNECT_S)),
         )

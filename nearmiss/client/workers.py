@@ -47,6 +47,8 @@ async def list_workers(client) -> list[dict]:
             seen[key] = min(age, seen.get(key, age))
     rows = []
     for queue, target in queues.items():
+        # (a queue no worker polls has one row, with no worker and no poll)
+        workers: list[tuple[str | None, float | None]]
         workers = sorted((w, age) for (q, w), age in seen.items() if q == queue)
         for worker, age in workers or [(None, None)]:
             last = None if age is None else round(max(age, 0.0), 1)

@@ -59,8 +59,10 @@ async def audit(store: EventStore, target: AuditTarget) -> dict:
             )
         except UsageError as exc:  # it was checked before; unusable now means not certifiable
             return verdict | {"rejected": True, "certified": False, "error": str(exc)}
+    recheck = ARMS[target.arm].recheck
+    assert recheck is not None  # only arms with a re-check are audited (runner.audit_targets)
     return verdict | {
-        "rejected": ARMS[target.arm].recheck.rejects(report),
+        "rejected": recheck.rejects(report),
         "certified": report.certified,
         "integrity_ok": report.integrity.ok,
         "violations": sorted({v.rule for v in report.integrity.violations}),

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -38,8 +39,8 @@ class Arm:
     name: str
     kind: str  # "debug": RepairWorkflow sessions; "regenerate": one RegenerateWorkflow
     use_kb: bool = True
-    integrity: str = "enforce"
-    certify_suite: str = "all"
+    integrity: Literal["enforce", "report", "off"] = "enforce"  # as RepairRequest takes them
+    certify_suite: Literal["all", "compact"] = "all"
     what: str = ""
     recheck: Recheck | None = None  # an ablation whose successes the experiment audits
 

@@ -46,7 +46,9 @@ def markdown(table: Table) -> str:
             f"none): {len(table.only_debug)} ({names})"
         )
     for audit in table.audits:
-        what = ARMS[audit.arm].recheck.label
+        recheck = ARMS[audit.arm].recheck
+        assert recheck is not None  # compute_table audits only the arms with a re-check
+        what = recheck.label
         lines.append(
             f"- {audit.arm}: {what} (re-checked: {audit.check}): "
             f"{audit.rejected} of {audit.audited}"
@@ -127,8 +129,8 @@ def bar_chart(
     """
     width, height, left, top, bottom = 120 + 110 * len(categories), 380, 70, 60, 100
     plot_h = height - top - bottom
-    values = [v for _, vs, _ in series for v in vs if v is not None]
-    peak = y_max or max(values + [0]) or 1.0
+    drawn = [v for _, vs, _ in series for v in vs if v is not None]
+    peak = y_max or max(drawn + [0]) or 1.0
     group = (width - left - 20) / max(len(categories), 1)
     bar = group * 0.7 / max(len(series), 1)
     out = [
@@ -140,11 +142,11 @@ def bar_chart(
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#333"/>',
     ]
     for tick in range(5):  # gridlines at quarters of the highest value
-        value = peak * tick / 4
+        level = peak * tick / 4
         y = top + plot_h - plot_h * tick / 4
         out.append(
             f'<line x1="{left}" y1="{y:.1f}" x2="{width - 20}" y2="{y:.1f}" stroke="#ddd"/>'
-            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(fmt(value))}</text>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(fmt(level))}</text>'
         )
     for i, category in enumerate(categories):
         x0 = left + group * i + group * 0.15

@@ -22,8 +22,8 @@ from kb.events import EventStore, NewEvent
 from nearmiss.engine.inputs import read_source
 from nearmiss.experiments.audit import AuditTarget, run_audits
 from nearmiss.experiments.config import ARMS, Arm, ExperimentConfig, NearMiss
-from workflows.models import TokenUsage
-from workflows.regenerate import RegenerateRequest, RegenerateWorkflow
+from workflows.models import RepairResult, TokenUsage
+from workflows.regenerate import RegenerateRequest, RegenerateResult, RegenerateWorkflow
 from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
 
 Say = Callable[[str], None]
@@ -39,7 +39,7 @@ class Job:
     near_miss: NearMiss
     trial: int | None  # None: a regenerate session, which runs all trials itself
     session_id: str
-    result: object = None  # RepairResult | RegenerateResult once finished
+    result: RepairResult | RegenerateResult | None = None  # once finished without an error
     error: str = ""
     spec_hash: str = ""
     candidate_hash: str = ""  # debug sessions only: regenerate starts from the spec
@@ -89,6 +89,7 @@ def _request(config: ExperimentConfig, job: Job):
             temperature=config.temperature,
             targets=config.targets,
         )
+    assert job.trial is not None  # plan gives every debug job its trial
     return RepairWorkflow.run, RepairRequest(
         spec_hash=job.spec_hash,
         candidate_hash=job.candidate_hash,
@@ -109,9 +110,10 @@ def _outcome(job: Job) -> str:
     if job.error:
         return f"FAILED: {job.error}"
     r = job.result
-    if job.arm.kind == "regenerate":
+    if isinstance(r, RegenerateResult):  # the regenerate arm's; the debug arms' RepairResult
         certified = sum(t.certified for t in r.trials)
         return f"{certified}/{len(r.trials)} trials certified · {r.tokens.total:,} tokens"
+    assert r is not None  # run_sessions gives every job a result or an error
     verdict = "certified" if r.certified else f"not certified ({r.stop_reason})"
     return f"{verdict} · {r.rounds} round(s) · {r.tokens.total:,} tokens"
 
@@ -154,7 +156,10 @@ def audit_targets(jobs: list[Job], targets: list[str]) -> list[AuditTarget]:
             tuple(targets),
         )
         for job in jobs
-        if job.arm.recheck is not None and job.result is not None and job.result.certified
+        # (The audited ablations are debug arms, so their results are RepairResults.)
+        if job.arm.recheck is not None
+        and isinstance(job.result, RepairResult)
+        and job.result.certified
     ]
 
 
@@ -168,10 +173,11 @@ def finished_payload(config: ExperimentConfig, jobs: list[Job], audits: list, wa
         cell["sessions"].append(job.session_id)
         if job.error:
             cell["errors"].append({"session_id": job.session_id, "error": job.error})
-        elif job.arm.kind == "regenerate":
+        elif isinstance(job.result, RegenerateResult):  # the regenerate arm's
             cell["successes"] += sum(t.certified for t in job.result.trials)
             cell["tokens"] += job.result.tokens
         else:
+            assert job.result is not None  # run_sessions gives every job a result or an error
             cell["successes"] += int(job.result.certified)
             cell["tokens"] += job.result.tokens
     for target, verdict in audits:

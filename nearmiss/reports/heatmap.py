@@ -42,7 +42,7 @@ def row_edges(heatmap: MismatchMap) -> list[int]:
     tile, slab = heatmap.tile_rows, heatmap.slab_rows
     if not tile or tile < heatmap.cell_rows or slab < heatmap.cell_rows:
         return []
-    edges = set()
+    edges: set[int] = set()
     for start in range(0, heatmap.rows, slab):
         edges.update(range(start, min(start + slab, heatmap.rows), tile))
     edges.discard(0)
@@ -87,6 +87,8 @@ def describe_heatmap(heatmap: MismatchMap) -> str:
     if heatmap.tile_cols is None:
         parts.append("No tile edges: the kernel's output block shape is not known.")
         return " ".join(parts)
+    # localise sets both tile sizes from the kernel's block, or neither.
+    assert heatmap.tile_rows is not None
     block = f"{heatmap.tile_rows} × {heatmap.tile_cols}"
     parts.append(f"Dark lines: edges of the kernel's {block} output tiles")
     if heatmap.collapsed_axes:
