@@ -125,7 +125,7 @@ async def fixer_error(fixer: OpenAIFixer) -> FixerError:
 async def test_a_good_edit_is_applied_with_exact_tokens(fake, fixers):
     fake.script(answer(GOOD, prompt_tokens=1234, completion_tokens=56, cached_tokens=1024))
     fixer = fixers(fake.base_url)
-    assert fixer.name == "openai"
+    assert fixer.kind.name == "openai"
     result = await fixer.propose(make_request())
     assert result.source == SOURCE.replace("rows // BLOCK_R", "pl.cdiv(rows, BLOCK_R)")
     assert result.summary.startswith("The grid rounds down and skips the ragged tail")

@@ -236,9 +236,9 @@ async def repair_planted(spec: Path, source: str, candidate: Path, fixer=None):
                 skip=searched.get(source, 0),
             )
         )
-        assert result.tokens.total == 0 and result.model == fixer.name
+        assert result.tokens.total == 0 and result.model == fixer.kind.name
         if result.source is None:
-            steps.append("no recipe" if fixer.name == "playbook" else result.reason)
+            steps.append("no recipe" if fixer.kind.name == "playbook" else result.reason)
             if result.resume_at > searched.get(source, 0):
                 searched[source] = result.resume_at
                 continue
