@@ -1496,7 +1496,7 @@ async def test_propose_returns_the_first_applicable_recipe_at_zero_tokens():
     assert result.summary == "max_subtraction" and result.model == "playbook"
     assert result.source == RECIPES["max_subtraction"].apply(UNSTABLE_SOFTMAX, evidence())
     assert result.tokens.total == 0 and result.tokens.uncached == 0
-    assert PlaybookFixer.name == "playbook"
+    assert PlaybookFixer.kind.name == "playbook" and PlaybookFixer.kind.zero_token
 
 
 async def test_propose_skips_tried_recipes_and_says_why_none_applies():
