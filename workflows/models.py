@@ -43,12 +43,17 @@ FIXER_KINDS = {
 }
 
 
+def unknown_model(model: str) -> str:
+    """What a ``--model`` no fixer answers to is told (a recording is not one to choose)."""
+    return f"unknown model {model!r}: expected playbook, search or openai:MODEL"
+
+
 def fixer_kind(model: str) -> FixerKind:
     """The kind a ``--model`` names; ValueError for a name no fixer has."""
     name, colon, argument = model.partition(":")
     kind = FIXER_KINDS.get(name)
     if kind is None or kind.takes_argument != bool(argument) or bool(colon) != bool(argument):
-        raise ValueError(f"unknown model {model!r}: expected playbook, search or openai:MODEL")
+        raise ValueError(unknown_model(model))
     return kind
 
 

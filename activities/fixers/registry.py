@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from activities.fixers.base import Fixer
-from workflows.models import fixer_kind, model_argument
+from workflows.models import fixer_kind, model_argument, unknown_model
 
 
 def _playbook(argument: str) -> Fixer:
@@ -46,5 +46,5 @@ def make_fixer(model: str) -> Fixer:
     NEARMISS_OPENAI_BASE_URL / NEARMISS_OPENAI_API_KEY on top); ValueError for anything else."""
     build = BUILDERS.get(fixer_kind(model).name)
     if build is None:
-        raise ValueError(f"unknown model {model!r}: expected playbook, search or openai:MODEL")
+        raise ValueError(unknown_model(model))
     return build(model_argument(model))

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from nearmiss.engine.errors import UsageError
 from pallas_ops.catalog import operators
 from workflows.loop import Guards
-from workflows.models import is_kind
+from workflows.models import is_kind, unknown_model
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,4 @@ class ExperimentConfig(BaseModel):
             )
         # A recording (replay:SESSION) answers only the session it was recorded in.
         if not is_kind(self.model, replay=False):
-            raise UsageError(
-                f"unknown model {self.model!r}: expected playbook, search or openai:MODEL"
-            )
+            raise UsageError(unknown_model(self.model))
