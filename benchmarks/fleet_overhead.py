@@ -11,7 +11,12 @@ The fleet's worker keeps spare children (``runner.spares``), as every worker doe
 checks run twice: one-shot, as ``nearmiss check`` runs them (no spares), then with spares kept
 as the fleet had them; each ratio is printed.
 
-    .venv/bin/python benchmarks/fleet_overhead.py [--members 10] [--lanes 2]
+``--profile`` also prints where the fleet's time went, read from its members' Temporal
+histories: the checks' own run time, their wait for a worker slot, every other activity, and
+the time a member spent in none (workflow turns and the server's dispatch); then how much of
+the lanes' time no check ran in, and why. ``--fleet-only`` skips the bare runs.
+
+    .venv/bin/python benchmarks/fleet_overhead.py [--members 10] [--lanes 2] [--profile]
 """
 
 from __future__ import annotations
@@ -25,7 +30,81 @@ import time
 from throwaway import embedded_stack_home
 
 
-async def fleet_then_bare(members, lanes: int) -> tuple[float, dict[str, float], int, int]:
+def member_timeline(history) -> tuple[float, float, list[tuple[str, float, float, float]]]:
+    """A member's (start, close, activities) from its Temporal history, in epoch seconds; each
+    activity as (name, scheduled, started, completed)."""
+    from temporalio.api.enums.v1 import EventType
+
+    def at(event) -> float:
+        return event.event_time.ToMicroseconds() / 1e6
+
+    scheduled: dict[int, tuple[str, float]] = {}
+    started: dict[int, float] = {}
+    activities = []
+    for event in history.events:
+        kind = event.event_type
+        if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            name = event.activity_task_scheduled_event_attributes.activity_type.name
+            scheduled[event.event_id] = (name, at(event))
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            started[event.activity_task_started_event_attributes.scheduled_event_id] = at(event)
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            key = event.activity_task_completed_event_attributes.scheduled_event_id
+            name, queued = scheduled[key]
+            activities.append((name, queued, started[key], at(event)))
+    return at(history.events[0]), at(history.events[-1]), activities
+
+
+def print_profile(fleet, timelines, lanes: int, fleet_s: float) -> None:
+    """Where the fleet's time went, summed over its members (see the module's docstring);
+    ``fleet``: the fleet workflow's own timeline."""
+    totals: dict[str, list[float]] = {}
+    outside = 0.0
+    runs = []
+    for start, close, activities in timelines:
+        busy = 0.0
+        for name, queued, began, done in activities:
+            label = "check (running)" if name == "check_candidate" else name
+            totals.setdefault(label, []).append(done - began)
+            if name == "check_candidate":
+                totals.setdefault("check (waiting for a slot)", []).append(began - queued)
+                runs.append((began, done))
+            else:
+                totals.setdefault(f"{name} (dispatch)", []).append(began - queued)
+            busy += done - queued
+        outside += (close - start) - busy
+    print("member time by activity (count, total s, mean ms):")
+    for label, seconds in sorted(totals.items(), key=lambda kv: -sum(kv[1])):
+        mean_ms = 1000 * sum(seconds) / len(seconds)
+        print(f"  {label:34s} {len(seconds):4d} {sum(seconds):8.1f} {mean_ms:8.0f}")
+    print(f"  {'in no activity (workflow turns)':34s} {'':4s} {outside:8.1f}")
+    first = min(start for start, _, _ in timelines)
+    last = max(close for _, close, _ in timelines)
+    fleet_start, fleet_close, _ = fleet
+    print(
+        f"the fleet's workflow: {first - fleet_start:.1f} s before its first member started, "
+        f"{fleet_close - last:.1f} s after its last closed"
+    )
+    running = sum(done - began for began, done in runs)
+    print(
+        f"lanes: {lanes} x {last - first:.1f} s of members (fleet wall {fleet_s:.1f} s); "
+        f"checks ran {running:.1f} lane-s, none ran in {lanes * (last - first) - running:.1f}"
+    )
+    # The tail: lane-seconds after the last check began in which fewer than ``lanes`` ran.
+    edges = sorted([(t, 1) for t, _ in runs] + [(t, -1) for _, t in runs])
+    idle_tail, level, previous = 0.0, 0, first
+    last_start = max(began for began, _ in runs)
+    for moment, step in edges:
+        if previous >= last_start:
+            idle_tail += (lanes - level) * (moment - previous)
+        level, previous = level + step, moment
+    idle_tail += lanes * (last - previous)
+    print(f"  of which after the last check began (the fleet's tail): {idle_tail:.1f} lane-s")
+
+
+async def fleet_then_bare(
+    members, lanes: int, profile: bool, bare: bool
+) -> tuple[float, dict[str, float], int, int]:
     """(fleet seconds, bare seconds by how they ran, checks, certified members)."""
     from nearmiss.client.fleet import start_fleet
     from nearmiss.client.service import services
@@ -41,6 +120,13 @@ async def fleet_then_bare(members, lanes: int) -> tuple[float, dict[str, float],
         )
         result = await handle.result()
         fleet_s = time.perf_counter() - began
+        if profile:
+            histories = [
+                await client.get_workflow_handle(m.session_id).fetch_history()
+                for m in result.results
+            ]
+            fleet = member_timeline(await handle.fetch_history())
+            print_profile(fleet, [member_timeline(h) for h in histories], lanes, fleet_s)
         checks = []
         for member in result.results:
             events = await store.read_stream(member.session_id)
@@ -61,10 +147,13 @@ async def fleet_then_bare(members, lanes: int) -> tuple[float, dict[str, float],
 
         async def run(spec_hash, candidate_hash, name, suite, seed) -> None:
             async with lane, store.checkout(spec_hash, candidate_hash, name, "bench") as paths:
+                began = time.perf_counter()
                 await asyncio.to_thread(check, paths[0], paths[1], suite, seed)
+                one_check.append(time.perf_counter() - began)
 
         bare_s = {}
-        for how in ("one-shot", "with spares"):
+        one_check: list[float] = []
+        for how in ("one-shot", "with spares") if bare else ():
             if how == "one-shot":
                 spares.disable()
             else:
@@ -72,6 +161,10 @@ async def fleet_then_bare(members, lanes: int) -> tuple[float, dict[str, float],
             began = time.perf_counter()
             await asyncio.gather(*(run(*c) for c in checks))
             bare_s[how] = time.perf_counter() - began
+            if profile:
+                mean = sum(one_check) / len(one_check)
+                print(f"bare, {how}: {mean:.2f} s a check")
+                one_check.clear()
     return fleet_s, bare_s, len(checks), result.certified
 
 
@@ -79,6 +172,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--members", type=int, default=10)
     parser.add_argument("--lanes", type=int, default=2)
+    parser.add_argument("--profile", action="store_true", help="where the fleet's time went")
+    parser.add_argument("--fleet-only", action="store_true", help="skip the bare checks")
     args = parser.parse_args()
     for name in ("TEMPORAL_ADDRESS", "NEARMISS_DATABASE_URL"):
         os.environ.pop(name, None)  # a stack of its own, so nothing learned before helps
@@ -87,7 +182,9 @@ def main() -> None:
 
     members = fleet_members()[: args.members]
     with embedded_stack_home("nearmiss-fleet-overhead-"):
-        fleet_s, bare_s, checks, certified = asyncio.run(fleet_then_bare(members, args.lanes))
+        fleet_s, bare_s, checks, certified = asyncio.run(
+            fleet_then_bare(members, args.lanes, args.profile, not args.fleet_only)
+        )
     print(f"{len(members)} members ({certified} certified), {checks} checks, {args.lanes} lanes")
     print(f"fleet: {fleet_s:.1f} s")
     for how, seconds in bare_s.items():
