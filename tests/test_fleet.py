@@ -16,7 +16,14 @@ from temporalio.exceptions import CancelledError
 from test_worker_crash import start_worker, stop_workers, wait_for_event
 
 from conftest import OPS, ROOT, run_cli
-from nearmiss.client.fleet import MemberFile, discover, fleet_summary, list_fleets, start_fleet
+from nearmiss.client.fleet import (
+    MemberFile,
+    describe_specs,
+    discover,
+    fleet_summary,
+    list_fleets,
+    start_fleet,
+)
 from nearmiss.client.service import build_worker
 from nearmiss.engine.errors import UsageError
 from workflows.fleet import FleetWorkflow
@@ -96,6 +103,20 @@ def test_a_malformed_manifest_entry_is_named_not_a_traceback(tmp_path, entry, me
     ran = run_cli("fleet", manifest, env=dict(os.environ, NEARMISS_HOME=str(tmp_path / "home")))
     assert ran.returncode == 2, ran.stderr
     assert ran.stderr.strip().splitlines() == [f"nearmiss: error: {manifest}: {message}"]
+
+
+async def test_a_fleets_specs_are_described_together_and_a_broken_one_is_named(tmp_path):
+    specs = [MATMUL.spec, GELU.spec, LAYER_NORM.spec]
+    described = await describe_specs(specs)
+    assert {path: d["name"] for path, d in described.items()} == {
+        MATMUL.spec: "matmul",
+        GELU.spec: "gelu_tanh",
+        LAYER_NORM.spec: "layer_norm",
+    }
+    broken = tmp_path / "spec.py"
+    broken.write_text("raise RuntimeError('no spec here')\n")
+    with pytest.raises(UsageError, match="no spec here"):
+        await describe_specs([*specs, broken])
 
 
 async def test_a_fleet_runs_every_member_under_its_limit_and_continues_as_new(client, seeded_store):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import uuid
@@ -140,6 +141,20 @@ def _manifest_member(path: Path, number: int, entry) -> MemberFile:
     return MemberFile(name, files["spec"], files["candidate"], path.parent, targets or ())
 
 
+async def describe_specs(specs: list[Path]) -> dict[Path, dict]:
+    """Each spec's description (``describe_spec``), a core's worth at a time: each starts a
+    sandboxed child that imports JAX, a second or so that the fleet would otherwise wait for
+    once per spec before its first member starts. The first spec that does not load fails all
+    (a UsageError naming it), as one at a time would."""
+    cores = asyncio.Semaphore(os.cpu_count() or 1)
+
+    async def one(spec: Path) -> dict:
+        async with cores:
+            return await asyncio.to_thread(describe_spec, spec)
+
+    return dict(zip(specs, await asyncio.gather(*(one(s) for s in specs)), strict=True))
+
+
 async def start_fleet(
     client: Client,
     store: EventStore,
@@ -154,11 +169,9 @@ async def start_fleet(
     targets: list[str] | None = None,
 ) -> WorkflowHandle:
     """Store every spec and candidate by hash and start the FleetWorkflow."""
-    described: dict[Path, dict] = {}
+    described = await describe_specs(sorted({f.spec for f in files}))
     members = []
     for f in files:
-        if f.spec not in described:
-            described[f.spec] = await asyncio.to_thread(describe_spec, f.spec)
         spec = described[f.spec]
         members.append(
             FleetMember(
