@@ -19,7 +19,7 @@ import pytest
 from conftest import OPS
 from nearmiss.engine.check import check
 from nearmiss.engine.runner import spares
-from nearmiss.engine.runner.sandbox import _process_tree
+from nearmiss.engine.runner.sandbox import Limits, _process_tree
 
 MATMUL = OPS / "matmul"
 
@@ -130,6 +130,24 @@ def test_a_spare_that_dies_once_handed_out_costs_a_restart_not_a_finding(monkeyp
         spares.disable()
     assert len(killed) == 1
     assert report.certified, report.diagnosis
+
+
+def test_a_check_that_ends_while_others_keep_the_cores_busy_starts_no_spares(monkeypatch):
+    """Spares started while other checks run would slow them by what they save (two cores
+    here): a check refills only when a check's worth of cores is free."""
+    monkeypatch.setattr(spares, "cores", lambda: 2)
+    spares.enable()
+    try:
+        spares.check_began()
+        spares.check_began()  # two checks in flight in this process
+        spares.refill_after(Limits(), "cpu")  # one ends; the other keeps both cores busy
+        assert spares.waiting_pids() == []
+        spares.refill_after(Limits(), "cpu")  # the last one ends: the cores are free
+        waiting = spares.waiting_pids()
+        assert len(waiting) == sum(spares.DEPTH.values()) and all(alive(p) for p in waiting)
+    finally:
+        spares.disable()
+    assert not any(alive(pid) for pid in waiting)
 
 
 KEEPER = r"""

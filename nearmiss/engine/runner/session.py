@@ -882,6 +882,7 @@ def run_sandboxed(
     judge = _Executor(limits, platform)
     runner = _CandidateRunner(candidate, limits, platform, entry, shown)
     feed: _ReferenceFeed | None = None
+    spares.check_began()
     try:
         snapshot.parent.mkdir()
         if source is None:
@@ -1012,7 +1013,7 @@ def run_sandboxed(
             reference.kill()
             reference.close()
         shutil.rmtree(workdir, ignore_errors=True)
-        spares.refill(limits, platform)  # for the next check, while this one's result is used
+        spares.refill_after(limits, platform)  # for the next check, if cores are free
 
 
 __all__ = [
