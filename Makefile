@@ -31,7 +31,7 @@ test: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/pytest -n 2 --durations=15
+	$(BIN)/pytest -n 2 --durations=40
 
 # The engine's own tests: no Temporal, no PostgreSQL, no corpus sweep.
 FAST_TESTS := tests/test_integrity_static.py tests/test_integrity_dynamic.py tests/test_inputs.py \
