@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import sys
 import uuid
@@ -33,6 +32,7 @@ from kb.events import EventStore
 from nearmiss.client.faults import describe, is_infrastructure_error
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.inputs import read_source
+from nearmiss.engine.runner import spares
 from nearmiss.engine.runner.session import describe_spec
 from nearmiss.engine.targets.registry import parse_targets
 from nearmiss.reports.text import table
@@ -146,7 +146,7 @@ async def describe_specs(specs: list[Path]) -> dict[Path, dict]:
     sandboxed child that imports JAX, a second or so that the fleet would otherwise wait for
     once per spec before its first member starts. The first spec that does not load fails all
     (a UsageError naming it), as one at a time would."""
-    cores = asyncio.Semaphore(os.cpu_count() or 1)
+    cores = asyncio.Semaphore(spares.cores())
 
     async def one(spec: Path) -> dict:
         async with cores:
