@@ -78,6 +78,8 @@ def evidence_from_report(report: CheckReport, candidate_hash: str, report_hash: 
         targets={name: result.ok for name, result in report.targets.items()},
         controls=controls(report),
         triggers={f"{c.suite}/{c.name}": c.trigger for c in report.cases if c.trigger},
+        speedup=report.speedup,
+        slowest_case=report.slowest_case,
     )
 
 

@@ -67,6 +67,11 @@ def render_evidence(ev: Evidence) -> str:
     ]
     if ev.structure_problem:
         lines.append(f"- Output structure: {ev.structure_problem}")
+    if ev.speedup:
+        lines.append(
+            f"- Speed on the device: {ev.speedup:.2f}x the XLA reference's (geometric mean of the "
+            f"cases; least in {ev.slowest_case}); a fix should not make it slower"
+        )
     if ev.integrity_ok and not ev.violations:
         lines.append("- Integrity: ok")
     else:

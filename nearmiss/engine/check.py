@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import ast
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.forensics import reach
@@ -46,6 +47,7 @@ from nearmiss.engine.models import (
 from nearmiss.engine.runner.environment import isolation_level
 from nearmiss.engine.runner.session import Limits, RawCase, RawRun, run_sandboxed
 from nearmiss.engine.runner.target_plan import plan_targets
+from nearmiss.engine.runner.timing import speedup
 from nearmiss.engine.targets.verdict import judge_target
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,9 @@ def case_evidence(
         rtol=info.rtol,
         compile_s=raw.compile_s,
         run_s=raw.run_s,
+        kernel_s=raw.kernel_warm_s,
+        reference_s=raw.reference_warm_s,
+        profile_error=raw.profile_error,
         kernel_grid=grid,
     )
     if raw.outputs is None:
@@ -241,6 +246,7 @@ def check(
     integrity: str = "enforce",
     targets: tuple[str, ...] | None = None,
     controls: bool = True,
+    profile_runs: int | None = None,
 ) -> CheckReport:
     """Run the spec's ``suite`` on the candidate in the sandbox and return the full report.
 
@@ -250,7 +256,9 @@ def check(
     interpret): certified means right numbers *and* every target accepts the kernel.
     ``controls``: failing numeric cases get control experiments (``forensics.controls``), run
     in the same children after the suite; they name the trigger and settle the class, never
-    the verdict.
+    the verdict. ``profile_runs``: warm runs timed per case, kernel and reference
+    (``runner.timing``; default: some on a device, none in emulation, whose times are never
+    compared).
     """
     started = time.perf_counter()
     spec, candidate = Path(spec), Path(candidate)
@@ -298,6 +306,7 @@ def check(
         source=source,
         targets=targets,
         controls=planner if plan is not None else None,
+        profile_runs=profile_runs,
     )
     verdict = judge(static, raw.cases, integrity)
     if integrity != "off":
@@ -314,6 +323,9 @@ def check(
         + [t.failure_class for t in on_targets.values() if t.failure_class]
     )
     primary = classes[0] if classes else None
+    times: Literal["emulated", "device"] = "emulated" if raw.platform == "cpu" else "device"
+    for case in cases:
+        case.speedup = speedup(case.kernel_s, case.reference_s, times)
     compact = [c.passed for c in cases if c.suite == "compact"]
     extended = [c.passed for c in cases if c.suite == "extended"]
     return CheckReport(
@@ -340,9 +352,21 @@ def check(
         compact_passed=all(compact) if compact else None,
         extended_passed=all(extended) if extended else None,
         wall_s=time.perf_counter() - started,
-        times="emulated" if raw.platform == "cpu" else "device",
+        times=times,
         targets=on_targets,
+        **overall_speedup(cases),
     )
+
+
+def overall_speedup(cases: list[CaseResult]) -> dict[str, Any]:
+    """The report's speedup: the geometric mean of the cases' (each a ratio, so no case of a
+    few microseconds weighs less than one of milliseconds) and the case that gains least."""
+    timed = [c for c in cases if c.speedup]
+    if not timed:
+        return {}
+    mean = math.exp(sum(math.log(cast(float, c.speedup)) for c in timed) / len(timed))
+    least = min(timed, key=lambda c: cast(float, c.speedup))
+    return {"speedup": mean, "slowest_case": f"{least.suite}/{least.name}"}
 
 
 def target_results(raw: RawRun, cases: list[CaseResult]) -> dict[str, TargetResult]:

@@ -196,6 +196,13 @@ class CaseResult(BaseModel):
     tolerance_used: float | None = None
     compile_s: float | None = None
     run_s: float | None = None
+    # The median of warm runs (``runner.timing``) of the kernel and of the reference compiled
+    # by XLA on the same device, and reference_s / kernel_s. Times are recorded when asked for;
+    # the speedup only on a device (``CheckReport.times``), never between emulated times.
+    kernel_s: float | None = None
+    reference_s: float | None = None
+    speedup: float | None = None
+    profile_error: str = ""  # why a time asked for is missing
     # A failing numeric case's control experiments, and the sentence they support (``trigger``:
     # "fails iff C is not a multiple of 128 (aligned C=256 passes); ..."); empty otherwise.
     controls: list[ControlResult] = Field(default_factory=list)
@@ -260,6 +267,10 @@ class CheckReport(BaseModel):
     # compared with a reference's time), "device" where they ran on an accelerator.
     times: Literal["emulated", "device"] = "emulated"
     targets: dict[str, TargetResult] = Field(default_factory=dict)
+    # On a device: the geometric mean of the cases' speedups over the XLA reference, and the
+    # case where the kernel gains least (``nearmiss.engine.runner.timing``); else None.
+    speedup: float | None = None
+    slowest_case: str | None = None
 
 
 # What the loop, the fixers and the knowledge base see of a check: the report condensed
@@ -320,3 +331,7 @@ class Evidence(BaseModel):
     # "fails iff C is not a multiple of 128 (aligned C=256 passes); ...").
     controls: list[ControlFinding] = Field(default_factory=list)
     triggers: dict[str, str] = Field(default_factory=dict)
+    # On a device: the kernel's speed over the XLA reference's (CheckReport.speedup), so a fix
+    # that makes it right does not make it slower unseen; None in emulation.
+    speedup: float | None = None
+    slowest_case: str | None = None

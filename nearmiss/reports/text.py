@@ -126,6 +126,30 @@ def control_lines(report: CheckReport) -> list[str]:
     return lines
 
 
+def profile_lines(report: CheckReport) -> list[str]:
+    """The cases' kernel and reference times where they were measured (``runner.timing``): on
+    a device each case's and the speedup; in emulation one line saying they are not compared."""
+    timed = [c for c in report.cases if c.kernel_s is not None or c.profile_error]
+    if not timed:
+        return []
+    if report.times == "emulated":
+        return ["profile: times emulated (CPU interpret mode), never compared with the reference"]
+    lines = ["profile (median of warm runs; reference compiled by XLA on the same device):"]
+    for case in timed:
+        if case.speedup is not None and case.kernel_s and case.reference_s:
+            lines.append(
+                f"  {case.suite}/{case.name}: kernel {case.kernel_s * 1e3:.3f} ms, "
+                f"reference {case.reference_s * 1e3:.3f} ms ({case.speedup:.2f}x)"
+            )
+        else:
+            lines.append(f"  {case.suite}/{case.name}: not compared ({case.profile_error or '?'})")
+    if report.speedup is not None:
+        lines.append(
+            f"  speedup {report.speedup:.2f}x (geometric mean); least in {report.slowest_case}"
+        )
+    return lines
+
+
 def render_report(report: CheckReport) -> str:
     head = (
         f"{report.op} ({report.category}) — candidate {report.candidate}\n"
@@ -172,6 +196,7 @@ def render_report(report: CheckReport) -> str:
     tolerance = tolerance_line(report)
     if tolerance:
         lines.append(tolerance)
+    lines += profile_lines(report)
     if not report.certified:
         lines.append(f"diagnosis: {report.diagnosis}")
         lines += control_lines(report)

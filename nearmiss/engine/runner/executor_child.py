@@ -94,6 +94,18 @@ class _Prepared:
 _PREPARED: dict[str, _Prepared] = {}
 
 
+def _profile(prepared: _Prepared, args: list, runs: int) -> dict:
+    """The compiled artifact's time (``runner.timing``), after its outputs are saved: a kernel
+    that fails only when run again costs its profile, never its verdict. The artifact is called
+    without donation, so the same inputs serve every run."""
+    from nearmiss.engine.runner.timing import warm_median_s
+
+    try:
+        return {"kernel_warm_s": warm_median_s(lambda: prepared.compiled(*args), runs)}
+    except Exception as exc:
+        return {"profile_error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
 def run_artifact(request: dict) -> dict:
     import hashlib
 
@@ -125,6 +137,8 @@ def run_artifact(request: dict) -> dict:
         leaves, treedef = jax.tree_util.tree_flatten(output)
         save_arrays(case_dir / "output.npz", [np.asarray(leaf) for leaf in leaves])
         result.update(ok=True, treedef=str(treedef))
+        if request.get("profile_runs"):
+            result.update(_profile(prepared, args, int(request["profile_runs"])))
     except ArtifactRejected as exc:
         result.update(ok=False, error={**describe_exception(exc, phase), "frames": []})
         return result

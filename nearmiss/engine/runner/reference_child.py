@@ -68,6 +68,21 @@ def write_probes(jax, np, spec, case, key, arrays, reference, case_dir: Path) ->
     return probes
 
 
+def _profile_reference(jax, spec, inputs, runs: int) -> dict:
+    """The reference compiled by XLA on this child's device, timed as the executor times the
+    kernel (``runner.timing``); nothing when no runs are asked for. A reference that will not
+    jit costs the comparison only: its values were already computed eagerly."""
+    if runs < 1:
+        return {}
+    from nearmiss.engine.runner.timing import warm_median_s
+
+    try:
+        compiled = jax.jit(spec.reference)
+        return {"reference_warm_s": warm_median_s(lambda: compiled(*inputs), runs)}
+    except Exception as exc:
+        return {"reference_profile_error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
 def parameter_names(spec) -> list[str]:
     """The reference's positional parameter names, in order (none where it has no signature)."""
     import inspect
@@ -220,6 +235,7 @@ def prepare(channel: Channel, request: dict) -> None:
             reference_s=reference_s,
             reference_work=work,
             probes=probes,
+            **_profile_reference(jax, spec, inputs, int(request.get("profile_runs") or 0)),
         )
     channel.send(event="done")
     if request.get("controls"):

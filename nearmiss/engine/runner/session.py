@@ -50,6 +50,7 @@ from nearmiss.engine.runner.spec_sandbox import (
     start_spec_child,
 )
 from nearmiss.engine.runner.target_plan import TargetPlan, choose_targets, lowerings, plan_targets
+from nearmiss.engine.runner.timing import profile_runs_for
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,11 @@ class RawCase:
     narrow_floats: list[str] | None = None
     compile_s: float | None = None
     run_s: float | None = None
+    # Asked for with ``profile_runs`` (``runner.timing``): the median of warm runs of the
+    # candidate's compiled artifact and of the reference compiled by XLA, on the same device.
+    kernel_warm_s: float | None = None
+    reference_warm_s: float | None = None
+    profile_error: str = ""  # why a time asked for is missing
     # Integrity evidence (only when the run audits): the artifact's audit — None when the
     # executor sent none or a malformed one — the reference's work, inputs changed by the call,
     # probes, and host callbacks the tracing child saw (they leave no artifact to audit).
@@ -412,13 +418,15 @@ class _Executor(_Child):
             shutil.copy(inputs, case_dir / "inputs.npz")
         return case_dir
 
-    def run(self, raw: RawCase, artifact: Path, inputs: Path) -> None:
+    def run(self, raw: RawCase, artifact: Path, inputs: Path, profile_runs: int = 0) -> None:
         problem = self._started()
         if problem:
             raw.failure, raw.failure_detail = "died", problem
             return
         case_dir = self._stage(raw, artifact, inputs)
-        message = self.ask(raw, dir=str(case_dir), audit=raw.audited, probes=[])
+        message = self.ask(
+            raw, dir=str(case_dir), audit=raw.audited, probes=[], profile_runs=profile_runs
+        )
         if message is None:
             return
         try:
@@ -426,6 +434,9 @@ class _Executor(_Child):
             if compile_s is not None:
                 raw.compile_s = (raw.compile_s or 0.0) + compile_s
             raw.run_s = _seconds(message.get("run_s"))
+            raw.kernel_warm_s = _seconds(message.get("kernel_warm_s"))
+            if profile_runs and raw.kernel_warm_s is None:
+                raw.profile_error = str(message.get("profile_error") or "no kernel time")[:200]
             _record_outputs(raw, message, case_dir)
         except Exception as exc:
             self.unusable(raw, exc)
@@ -854,6 +865,7 @@ def run_sandboxed(
     targets: tuple[str, ...] | None = None,
     controls: ControlPlanner | None = None,
     inputs_to: Path | None = None,
+    profile_runs: int | None = None,
 ) -> RawRun:
     """Run the spec's cases of ``suite`` against the candidate, each side in its own child.
 
@@ -870,9 +882,12 @@ def run_sandboxed(
     the suite's cases are in, names control cases to run in one more round of the same
     children (no audit, no targets), and once more for what those call for: their raw results
     are the run's ``controls``. ``inputs_to``: each case's inputs file is copied there, under
-    the case's key (``runner.edit_screen`` runs edits of the kernel on them).
+    the case's key (``runner.edit_screen`` runs edits of the kernel on them). ``profile_runs``:
+    warm runs timed per suite case, of the kernel and of the reference (``runner.timing``;
+    default: some on a device, none in CPU emulation).
     """
     spec, candidate = spec.resolve(), candidate.resolve()
+    profile_runs = profile_runs_for(platform, profile_runs) if entry.artifact else 0
     reference = spares.take(REFERENCE_MODULE, limits, platform)
     workdir = spares.root(reference) if reference is not None else scratch_dir(REFERENCE_PREFIX)
     snapshot = workdir / "candidate" / candidate.name
@@ -900,6 +915,7 @@ def run_sandboxed(
             integrity=audit,
             select=select,
             controls=controls is not None and execute and entry.artifact,
+            profile_runs=profile_runs if execute else 0,
             **spec_request(workdir, spec),
         )
         feed = _ReferenceFeed(reference, request, restart if from_spare else None)
@@ -934,7 +950,7 @@ def run_sandboxed(
                 artifact, lowered = runner.export(raw, filed["avals"], keep, lower_for)
                 if artifact is not None:  # runs at once: an artifact needs no reference
                     inputs = Path(filed["dir"]) / "inputs.npz"
-                    executor.submit(partial(executor.run, raw, artifact, inputs))
+                    executor.submit(partial(executor.run, raw, artifact, inputs, profile_runs))
                     for plan in plans:
                         raw.targets[plan.target] = {}
                         if plan.structure in lowered:
@@ -945,6 +961,10 @@ def run_sandboxed(
             ready = feed.next("case_ready")
             raw.reference, extra = load_arrays(Path(ready["dir"]) / "reference.npz")
             raw.reference_tree = extra["treedef"]
+            raw.reference_warm_s = _seconds(ready.get("reference_warm_s"))
+            if profile_runs and raw.reference_warm_s is None:
+                why = ready.get("reference_profile_error") or "no reference time"
+                raw.profile_error = f"reference: {why}"[:200]
             probe_dirs = {}
             if audit:
                 raw.reference_work = ready.get("reference_work")
