@@ -28,6 +28,7 @@ PAYLOAD = {
     "phase": "validate",
     "candidate_hash": "sha256:" + "ab" * 32,
     "suite": "compact",
+    "certified": False,
     "failure_class": "numerical_mismatch",
     "score": 0.42,
     "signature": "numerical_mismatch|compact/base|",
@@ -60,7 +61,8 @@ async def rate(store: EventStore, append, writers: int, events: int, batch: int)
     async def write() -> None:
         sid = f"bench-{uuid.uuid4().hex}"
         for start in range(0, events, batch):
-            chunk = [NewEvent("EvidenceCollected", {**PAYLOAD, "n": n}) for n in range(batch)]
+            # Built here, as a writer does: each is checked against its model (nearmiss.events).
+            chunk = [NewEvent("EvidenceCollected", {**PAYLOAD, "score": n}) for n in range(batch)]
             await append(store, sid, start, chunk)
 
     began = time.perf_counter()

@@ -23,6 +23,16 @@ from throwaway import private_postgres
 from kb.events import EventStore, NewEvent
 from kb.knowledge import KnowledgeProjection, failed_attempts, load_seed, retrieve
 from nearmiss.engine.models import Evidence
+from nearmiss.events import (
+    CandidateValidated,
+    Event,
+    EvidenceCollected,
+    FixProposed,
+    GuardTripped,
+    KnowledgeRetrieved,
+    RepairFinished,
+    RepairStarted,
+)
 from nearmiss.reports.text import table
 
 SESSION_EVENTS = 20
@@ -33,24 +43,58 @@ CATEGORIES = ("elementwise", "reduction", "matmul", "attention")
 def session_events(n: int) -> list[NewEvent]:
     """A playbook-like session: 20 events, every fourth validation failing."""
     failure, category = CLASSES[n % len(CLASSES)], CATEGORIES[n % len(CATEGORIES)]
-    check = {"phase": "validate", "failure_class": failure, "category": category, "score": 0.5}
-    events = [NewEvent("RepairStarted", {"kernel": f"k{n}", "model": "playbook"})]
+    base, edited = f"sha256:{n:064x}", f"sha256:{n + 1:064x}"
+    check = EvidenceCollected(
+        phase="validate",
+        candidate_hash=edited,
+        suite="compact",
+        certified=False,
+        failure_class=failure,
+        category=category,
+        score=0.5,
+    )
+    started = RepairStarted(
+        spec_hash=base, candidate_hash=base, candidate_name="k.py", kernel=f"k{n}"
+    )
+    events: list[Event] = [started]
     for round_ in range(1, 5):
-        events.append(NewEvent("EvidenceCollected", {**check, "round": round_}))
-        events.append(NewEvent("KnowledgeRetrieved", {"round": round_, "entry_ids": []}))
-        events.append(NewEvent("FixProposed", {"round": round_, "summary": f"edit {n % 97}"}))
-        outcome = "same" if round_ % 4 == 0 else "improved"
-        validated = {
-            "round": round_,
-            "outcome": outcome,
-            "summary": f"edit {n % 97}",
-            "aimed_at": f"{failure}|{category}",
-            "base_hash": f"sha256:{n:064x}",
-        }
-        events.append(NewEvent("CandidateValidated", validated))
-    events += [NewEvent("EvidenceCollected", check), NewEvent("GuardTripped", {"guard": "x"})]
-    events.append(NewEvent("RepairFinished", {"certified": n % 3 == 0}))
-    return events[:SESSION_EVENTS]
+        summary = f"edit {n % 97}"
+        events += [
+            check,
+            KnowledgeRetrieved(round=round_, entry_ids=[], patches=[]),
+            FixProposed(
+                round=round_,
+                model="playbook",
+                summary=summary,
+                reason="",
+                base_hash=base,
+                candidate_hash=edited,
+            ),
+            CandidateValidated(
+                round=round_,
+                candidate_hash=edited,
+                outcome="same" if round_ % 4 == 0 else "improved",
+                score=0.5,
+                best_hash=edited,
+                summary=summary,
+                aimed_at=f"{failure}|{category}",
+                base_hash=base,
+            ),
+        ]
+    events += [check, GuardTripped(guard="no_progress", detail="the same failure 3 rounds")]
+    events.append(
+        RepairFinished(
+            session_id=f"repair-{n}",
+            certified=n % 3 == 0,
+            rounds=4,
+            stop_reason="no_progress",
+            stop_detail="",
+            tokens={},
+            original_hash=base,
+            final_hash=edited,
+        )
+    )
+    return [NewEvent.of(event) for event in events[:SESSION_EVENTS]]
 
 
 def learned_entry(n: int) -> NewEvent:

@@ -32,6 +32,7 @@ from typing import Any
 import asyncpg
 
 from nearmiss.engine.runner.scratch import scratch_dir
+from nearmiss.events import Event, parse
 
 # The log's own schema: each migration runs once, in order (``migrate``). Projections of the
 # log own theirs (kb/knowledge.py: ``KNOWLEDGE_SCHEMA``), applied the same way under their name.
@@ -89,33 +90,6 @@ MIGRATIONS: list[str] = [
     END $$;
     """,
 ]
-EVENT_TYPES = (
-    "RepairStarted",
-    "EvidenceCollected",
-    "KnowledgeRetrieved",
-    "FixProposed",
-    "CandidateValidated",
-    "IntegrityViolated",
-    "GuardTripped",
-    "RepairFinished",
-    "KnowledgeAdded",
-    "KnowledgeRevised",
-    "KnowledgeConfirmed",
-    "KnowledgePromoted",
-    # A regenerate-baseline session: the model writes the kernel from the spec, k trials.
-    "RegenerateStarted",
-    "KernelGenerated",
-    "RegenerateFinished",
-    # A fleet: many repair sessions under one id (members finish in any order).
-    "FleetStarted",
-    "FleetMemberFinished",
-    "FleetFinished",
-    # An experiment: which sessions make up each arm's numbers.
-    "ExperimentStarted",
-    "ExperimentFinished",
-    # A tool the fix agent called during a round (run_case, probe, error_map, ...).
-    "ToolCalled",
-)
 # Any constant would do; it only has to be the same for every writer of this database (the
 # append_events function of MIGRATIONS holds it too).
 _APPEND_LOCK = 0x6E6D6973
@@ -131,8 +105,14 @@ class NewEvent:
     payload: dict[str, Any]
 
     def __post_init__(self) -> None:
-        if self.type not in EVENT_TYPES:
-            raise ValueError(f"unknown event type {self.type!r}")
+        # Every write is checked against its type's model (nearmiss.events): a renamed or
+        # missing field fails here, at the writer, not in a reader of the log.
+        parse(self.type, self.payload)
+
+    @classmethod
+    def of(cls, event: Event) -> NewEvent:
+        """The typed event, to append."""
+        return cls(event.TYPE, event.payload())
 
 
 @dataclass(frozen=True)

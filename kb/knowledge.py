@@ -20,8 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kb.events import EventStore, NewEvent
+from kb.events import EventStore, NewEvent, StoredEvent
+from kb.learning import teachers
 from nearmiss.engine.models import Evidence
+from nearmiss.events import (
+    CandidateValidated,
+    KnowledgeAdded,
+    KnowledgePromoted,
+    KnowledgeRetrieved,
+    KnowledgeRevised,
+    RepairFinished,
+    parse,
+)
 
 SEED_DIR = Path(__file__).resolve().parent / "seed"
 PROJECTION = "knowledge"
@@ -77,6 +87,18 @@ BATCH = 500
 DEMOTE_AFTER_FAILURES = 3
 # Validation outcomes that mean a fix did not help the failure it aimed at.
 FAILED_OUTCOMES = ("regression_reverted", "same")
+# The event types the projection reads; it passes over the others without parsing them.
+APPLIED = {
+    model.TYPE
+    for model in (
+        KnowledgeAdded,
+        KnowledgeRevised,
+        CandidateValidated,
+        KnowledgePromoted,
+        KnowledgeRetrieved,
+        RepairFinished,
+    )
+}
 HARMFUL = ("regression_reverted",)  # made the kernel worse: never tried on that kernel again
 MAX_FAILED_ATTEMPTS = 5
 _WORD = re.compile(r"[a-z_][a-z0-9_]{2,}")
@@ -147,12 +169,13 @@ async def load_seed(store: EventStore, seed_dir: Path = SEED_DIR) -> int:
     recorded = 0
     for entry in entries:
         stream = f"kb-{entry['id']}"
-        payload = {"entry": entry, "source": "seed", "status": "promoted"}
         head = heads.get(stream)
         if head is None:
-            await store.append(stream, 0, [NewEvent("KnowledgeAdded", payload)])
+            added = KnowledgeAdded(entry=entry, source="seed", status="promoted")
+            await store.append(stream, 0, [NewEvent.of(added)])
         elif head.payload["entry"] != entry:
-            await store.append(stream, head.version, [NewEvent("KnowledgeRevised", payload)])
+            revised = KnowledgeRevised(entry=entry, source="seed", status="promoted")
+            await store.append(stream, head.version, [NewEvent.of(revised)])
         else:
             continue
         recorded += 1
@@ -204,10 +227,12 @@ class KnowledgeProjection:
             read += len(events)
 
     @staticmethod
-    async def _apply(conn, event) -> None:
-        payload = event.payload
-        if event.type in ("KnowledgeAdded", "KnowledgeRevised"):
-            entry = payload["entry"]
+    async def _apply(conn, event: StoredEvent) -> None:
+        if event.type not in APPLIED:
+            return
+        typed = parse(event.type, event.payload)
+        if isinstance(typed, KnowledgeAdded | KnowledgeRevised):
+            entry = typed.entry
             signature = entry["signature"]
             await conn.execute(
                 "INSERT INTO kb_entries (id, status, source, title, failure_class, category, "
@@ -217,8 +242,8 @@ class KnowledgeProjection:
                 " platform = excluded.platform, body = excluded.body,"
                 " updated_at = excluded.updated_at",
                 entry["id"],
-                payload["status"],
-                payload["source"],
+                typed.status,
+                typed.source,
                 entry["title"],
                 signature["failure_class"],
                 signature["category"],
@@ -226,30 +251,30 @@ class KnowledgeProjection:
                 entry,
                 event.position,
             )
-        elif event.type == "CandidateValidated" and payload.get("outcome") in FAILED_OUTCOMES:
-            summary, kernel = payload.get("summary", ""), payload.get("base_hash")
-            if summary.startswith("patch:") and kernel and payload["outcome"] in HARMFUL:
+        elif isinstance(typed, CandidateValidated) and typed.outcome in FAILED_OUTCOMES:
+            summary, kernel = typed.summary, typed.base_hash
+            if summary.startswith("patch:") and kernel and typed.outcome in HARMFUL:
                 await conn.execute(
                     "INSERT INTO kb_harmful_patches (kernel_hash, patch) VALUES ($1, $2) "
                     "ON CONFLICT DO NOTHING",
                     kernel,
                     summary,
                 )
-            if payload.get("summary") and payload.get("aimed_at"):
+            if summary and typed.aimed_at:
                 await conn.execute(
                     "INSERT INTO kb_failed_attempts (aimed_at, summary, times) "
                     "VALUES ($1, $2, 1) ON CONFLICT (aimed_at, summary) "
                     "DO UPDATE SET times = kb_failed_attempts.times + 1",
-                    payload["aimed_at"],
-                    payload["summary"][:300],
+                    typed.aimed_at,
+                    summary[:300],
                 )
-        elif event.type == "KnowledgePromoted":
+        elif isinstance(typed, KnowledgePromoted):
             await conn.execute(
                 "UPDATE kb_entries SET status = 'promoted' WHERE id = $1",
                 event.stream_id.removeprefix("kb-"),
             )
-        elif event.type == "KnowledgeRetrieved":
-            for entry_id in payload.get("entry_ids", []):
+        elif isinstance(typed, KnowledgeRetrieved):
+            for entry_id in typed.entry_ids:
                 inserted = await conn.fetchval(
                     "INSERT INTO kb_session_uses (session_id, entry_id) VALUES ($1, $2) "
                     "ON CONFLICT DO NOTHING RETURNING entry_id",
@@ -260,8 +285,8 @@ class KnowledgeProjection:
                     await conn.execute(
                         "UPDATE kb_entries SET uses = uses + 1 WHERE id = $1", entry_id
                     )
-        elif event.type == "RepairFinished":
-            column = "successes" if payload.get("certified") else "failures"
+        elif isinstance(typed, RepairFinished):
+            column = "successes" if typed.certified else "failures"
             await conn.execute(
                 f"UPDATE kb_entries SET {column} = {column} + 1 WHERE id IN "
                 "(SELECT entry_id FROM kb_session_uses WHERE session_id = $1)",
@@ -454,7 +479,7 @@ async def stats(store: EventStore) -> dict[str, Any]:
         if entry.source != "learned":
             continue
         history = await store.read_stream(f"kb-{entry.id}")
-        origins = [e.payload["session_id"] for e in history if e.payload.get("session_id")]
+        origins = [e.session_id for e in teachers(history)]
         learned.append({**entry.summary(), "learned_from": origins})
     return {
         "entries": len(entries),

@@ -15,8 +15,20 @@ import hashlib
 import json
 import re
 
-from kb.events import EventLog, NewEvent
+from kb.events import EventLog, NewEvent, StoredEvent
 from kb.patches import make_diff
+from nearmiss.events import (
+    E,
+    EvidenceCollected,
+    FixProposed,
+    IntegrityViolated,
+    KnowledgeAdded,
+    KnowledgeConfirmed,
+    KnowledgePromoted,
+    RepairFinished,
+    RepairStarted,
+    of_type,
+)
 
 PROMOTE_AFTER = 2  # distinct original kernels fixed by the same diff
 
@@ -25,37 +37,28 @@ class Refused(Exception):
     """Why a session taught nothing."""
 
 
-def _last(events, kind: str, **match):
-    found = [
-        e for e in events if e.type == kind and all(e.payload.get(k) == v for k, v in match.items())
-    ]
+def _last(found: list[E]) -> E | None:
     return found[-1] if found else None
 
 
 async def _distil(store: EventLog, session_id: str) -> tuple[dict, str]:
     events = await store.read_stream(session_id)
-    started, finished = _last(events, "RepairStarted"), _last(events, "RepairFinished")
+    started = _last(of_type(events, RepairStarted))
+    finished = _last(of_type(events, RepairFinished))
     if started is None or finished is None:
         raise Refused("the session has not finished")
-    if not finished.payload.get("certified"):
+    if not finished.certified:
         raise Refused("the session did not certify")
-    original, final = started.payload["candidate_hash"], finished.payload["final_hash"]
+    original, final = started.candidate_hash, finished.final_hash
     if original == final:
         raise Refused("the original was already right: no fix to learn")
-    certify = _last(events, "EvidenceCollected", phase="certify", candidate_hash=final)
-    if certify is None or not certify.payload["certified"] or certify.payload["suite"] != "all":
+    checks = of_type(events, EvidenceCollected)
+    certify = _last([e for e in checks if e.phase == "certify" and e.candidate_hash == final])
+    if certify is None or not certify.certified or certify.suite != "all":
         raise Refused("the final candidate was not certified on the full suite")
-    if any(
-        e.type == "IntegrityViolated" and e.payload.get("candidate_hash") == final for e in events
-    ):
+    if any(v.candidate_hash == final for v in of_type(events, IntegrityViolated)):
         raise Refused("an integrity violation was recorded against the final candidate")
-    failed = [
-        e.payload
-        for e in events
-        if e.type == "EvidenceCollected"
-        and e.payload["candidate_hash"] == original
-        and not e.payload["certified"]
-    ]
+    failed = [e for e in checks if e.candidate_hash == original and not e.certified]
     if not failed:
         raise Refused("no failure of the original candidate was recorded")
     first = failed[-1]  # the most informative: certify's evidence when compact passed
@@ -63,31 +66,41 @@ async def _distil(store: EventLog, session_id: str) -> tuple[dict, str]:
     after = (await store.get_blob(final)).decode()
     diff = make_diff(before, after)
     diagnosis = ""
-    if first.get("report_hash"):
-        report = json.loads(await store.get_blob(first["report_hash"]))
+    if first.report_hash:
+        report = json.loads(await store.get_blob(first.report_hash))
         diagnosis = report.get("diagnosis", "")[:300]
-    fixes = [e.payload for e in events if e.type == "FixProposed" and e.payload.get("summary")]
+    fixes = [f for f in of_type(events, FixProposed) if f.summary]
     changed = next((line[1:].strip() for line in diff.splitlines() if line.startswith("+ ")), "")
     digest = hashlib.sha256(
         "\n".join(line.strip() for line in diff.splitlines() if line[:1] in "+-").encode()
     ).hexdigest()[:12]
     entry = {
         "id": f"learned-{digest}",
-        "title": f"Learned fix for {first['failure_class']} in {first.get('category') or 'any'}: "
+        "title": f"Learned fix for {first.failure_class} in {first.category or 'any'}: "
         f"{changed[:60]}",
         "signature": {
-            "failure_class": first["failure_class"],
-            "category": first.get("category") or "any",
-            "platform": first.get("platform") or "any",
+            "failure_class": first.failure_class,
+            "category": first.category or "any",
+            "platform": first.platform or "any",
         },
         "bug_family": "learned",
         "diagnosis": diagnosis,
-        "guidance": fixes[-1]["summary"][:300] if fixes else "apply the diff",
+        "guidance": fixes[-1].summary[:300] if fixes else "apply the diff",
         "example": diff[:400],
         "keywords": sorted(set(re.findall(r"[A-Za-z_]{4,}", diagnosis)))[:20],
         "diff": diff,
     }
     return entry, original
+
+
+def teachers(history: list[StoredEvent]) -> list[KnowledgeAdded | KnowledgeConfirmed]:
+    """The sessions that taught a learned entry, from its stream: the one that added it and
+    those that confirmed it (a seed entry has none)."""
+    found: list[KnowledgeAdded | KnowledgeConfirmed] = [
+        *of_type(history, KnowledgeAdded),
+        *of_type(history, KnowledgeConfirmed),
+    ]
+    return [e for e in found if e.session_id]
 
 
 async def learn_from_session(store: EventLog, session_id: str) -> str:
@@ -98,20 +111,25 @@ async def learn_from_session(store: EventLog, session_id: str) -> str:
         return f"nothing learned: {why}"
     stream = f"kb-{entry['id']}"
     history = await store.read_stream(stream)
-    origins = {e.payload.get("original_hash") for e in history}
-    sessions = {e.payload.get("session_id") for e in history}
+    origins = {e.original_hash for e in teachers(history)}
+    sessions = {e.session_id for e in teachers(history)}
     if session_id in sessions:
         return f"already learned {entry['id']} from this session"
     if not history:
-        payload = {"entry": entry, "source": "learned", "status": "candidate"}
-        payload |= {"session_id": session_id, "original_hash": original}
-        await store.append(stream, 0, [NewEvent("KnowledgeAdded", payload)])
+        added = KnowledgeAdded(
+            entry=entry,
+            source="learned",
+            status="candidate",
+            session_id=session_id,
+            original_hash=original,
+        )
+        await store.append(stream, 0, [NewEvent.of(added)])
         return f"learned {entry['id']} (candidate)"
-    confirmed = {"session_id": session_id, "original_hash": original}
-    events = [NewEvent("KnowledgeConfirmed", confirmed)]
+    confirmed = KnowledgeConfirmed(session_id=session_id, original_hash=original)
+    events = [NewEvent.of(confirmed)]
     independent = origins | {original}
     promoted = any(e.type == "KnowledgePromoted" for e in history)
     if len(independent) >= PROMOTE_AFTER and not promoted:
-        events.append(NewEvent("KnowledgePromoted", {"confirmations": len(independent)}))
+        events.append(NewEvent.of(KnowledgePromoted(confirmations=len(independent))))
     await store.append(stream, len(history), events)
     return f"confirmed {entry['id']}" + (" and promoted it" if len(events) > 1 else "")

@@ -85,9 +85,9 @@ def test_controls_travel_in_the_evidence(ragged_report):
     assert "fails iff C is not a multiple of 128" in evidence.triggers["extended/offset"]
     assert evidence.failure_class == "boundary"
     # The event log records them with the evidence.
-    from workflows.loop import evidence_payload
+    from workflows.loop import evidence_collected
 
-    payload = evidence_payload(evidence, "forensics")
+    payload = evidence_collected(evidence, "forensics").payload()
     assert payload["controls"] and payload["triggers"] == evidence.triggers
 
 

@@ -9,6 +9,7 @@ import uuid
 
 import asyncpg
 import pytest
+from event_payloads import new_event, payload
 
 from kb.events import EventConflict, EventStore, NewEvent, content_hash
 from kb.memory import MemoryEventStore
@@ -30,18 +31,18 @@ def log(request):
 async def test_events_append_in_order_with_global_positions(log):
     sid = stream()
     positions = await log.append(
-        sid, 0, [NewEvent("RepairStarted", {"kernel": "k"}), NewEvent("EvidenceCollected", {})]
+        sid, 0, [new_event("RepairStarted", kernel="k"), new_event("EvidenceCollected")]
     )
     assert positions == sorted(positions) and len(set(positions)) == 2
     events = await log.read_stream(sid)
     assert [(e.version, e.type) for e in events] == [(1, "RepairStarted"), (2, "EvidenceCollected")]
-    assert events[0].payload == {"kernel": "k"}
+    assert events[0].payload == payload("RepairStarted", kernel="k")
     assert await log.stream_version(sid) == 2
 
 
 async def test_a_retried_append_records_nothing_twice(log):
     sid = stream()
-    event = NewEvent("FixProposed", {"model": "playbook", "tokens": {"input": 0}})
+    event = new_event("FixProposed", model="playbook", tokens={"input": 0})
     first = await log.append(sid, 0, [event])
     again = await log.append(sid, 0, [event])  # an activity retried after its append landed
     assert first == again
@@ -50,11 +51,11 @@ async def test_a_retried_append_records_nothing_twice(log):
 
 async def test_a_different_event_at_a_taken_version_is_a_conflict(log):
     sid = stream()
-    await log.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "a"})])
+    await log.append(sid, 0, [new_event("RepairStarted", kernel="a")])
     with pytest.raises(EventConflict):
-        await log.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "b"})])
+        await log.append(sid, 0, [new_event("RepairStarted", kernel="b")])
     # The failed append left nothing half-written.
-    assert [e.payload for e in await log.read_stream(sid)] == [{"kernel": "a"}]
+    assert [e.payload["kernel"] for e in await log.read_stream(sid)] == ["a"]
 
 
 async def test_concurrent_writers_commit_positions_in_order(log):
@@ -62,36 +63,36 @@ async def test_concurrent_writers_commit_positions_in_order(log):
 
     async def write(sid: str) -> None:
         for version in range(5):
-            await log.append(sid, version, [NewEvent("CandidateValidated", {"v": version})])
+            await log.append(sid, version, [new_event("CandidateValidated", round=version)])
 
     await asyncio.gather(*(write(s) for s in streams))
     mine = [e for e in await log.read_all(limit=100_000) if e.stream_id in streams]
     assert len(mine) == 40
     for sid in streams:
-        assert [e.payload["v"] for e in mine if e.stream_id == sid] == list(range(5))
+        assert [e.payload["round"] for e in mine if e.stream_id == sid] == list(range(5))
 
 
 async def test_a_batch_is_written_in_version_order_and_a_retried_one_only_adds_what_is_new(log):
     sid = stream()
-    batch = [NewEvent("ToolCalled", {"n": n, "text": "é" * n}) for n in range(50)]
+    batch = [new_event("ToolCalled", round=n, summary="é" * n) for n in range(50)]
     positions = await log.append(sid, 0, batch)
     assert positions == sorted(positions) and len(set(positions)) == 50
     # A retry of the last 10 with one more event: the 10 keep their positions, one is added.
-    more = batch[40:] + [NewEvent("ToolCalled", {"n": 50})]
+    more = batch[40:] + [new_event("ToolCalled", round=50)]
     again = await log.append(sid, 40, more)
     assert again[:10] == positions[40:] and again[10] > positions[-1]
     events = await log.read_stream(sid)
-    assert [e.payload["n"] for e in events] == list(range(51))
+    assert [e.payload["round"] for e in events] == list(range(51))
     assert [e.position for e in events] == sorted(e.position for e in events)
 
 
 async def test_a_batch_with_one_conflicting_event_writes_none_of_it(log):
     sid = stream()
-    await log.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "a"})])
-    batch = [NewEvent("RepairStarted", {"kernel": "a"}), NewEvent("EvidenceCollected", {})]
-    batch.append(NewEvent("FixProposed", {}))
+    await log.append(sid, 0, [new_event("RepairStarted", kernel="a")])
+    batch = [new_event("RepairStarted", kernel="a"), new_event("EvidenceCollected")]
+    batch.append(new_event("FixProposed"))
     with pytest.raises(EventConflict, match="v1 holds RepairStarted"):
-        await log.append(sid, 0, [NewEvent("RepairStarted", {"kernel": "b"}), *batch[1:]])
+        await log.append(sid, 0, [new_event("RepairStarted", kernel="b"), *batch[1:]])
     assert len(await log.read_stream(sid)) == 1
     assert len(await log.append(sid, 0, batch)) == 3  # the same batch, right, goes in whole
 
@@ -161,18 +162,20 @@ def test_activity_failures_are_sorted_retry_for_the_infrastructure_at_once_for_b
 
 async def test_what_a_reader_gets_is_a_copy_and_heads_and_types_read_the_newest(log):
     sid, other = stream(), stream()
-    payload = {"kernel": "k", "cases": [1, 2]}
-    await log.append(sid, 0, [NewEvent("RepairStarted", payload)])
-    payload["kernel"] = "changed after the append"
+    written = payload("RepairStarted", kernel="k", targets=["interpret", "tpu-v5e"])
+    await log.append(sid, 0, [NewEvent("RepairStarted", written)])
+    written["kernel"] = "changed after the append"
     read = await log.read_stream(sid)
-    read[0].payload["cases"].append(3)
-    assert (await log.read_stream(sid))[0].payload == {"kernel": "k", "cases": [1, 2]}
-    await log.append(sid, 1, [NewEvent("RepairFinished", {"certified": True})])
-    await log.append(other, 0, [NewEvent("RepairFinished", {"certified": False})])
+    read[0].payload["targets"].append("gpu")
+    assert (await log.read_stream(sid))[0].payload == payload(
+        "RepairStarted", kernel="k", targets=["interpret", "tpu-v5e"]
+    )
+    await log.append(sid, 1, [new_event("RepairFinished", certified=True)])
+    await log.append(other, 0, [new_event("RepairFinished", certified=False)])
     heads = await log.heads([sid, other, stream()])
-    assert {k: (e.version, e.payload) for k, e in heads.items()} == {
-        sid: (2, {"certified": True}),
-        other: (1, {"certified": False}),
+    assert {k: (e.version, e.payload["certified"]) for k, e in heads.items()} == {
+        sid: (2, True),
+        other: (1, False),
     }
     newest = await log.recent_of_type("RepairFinished", limit=2)
     assert [e.stream_id for e in newest] == [other, sid]
@@ -189,7 +192,7 @@ async def test_the_knowledge_projection_owns_its_tables(store):
 
     async with store.pool.acquire() as conn:
         assert await conn.fetchval("SELECT to_regclass('kb_entries')") is None
-        await store.append(stream(), 0, [NewEvent("RepairStarted", {"kernel": "k"})])
+        await store.append(stream(), 0, [new_event("RepairStarted", kernel="k")])
         assert await KnowledgeProjection(store).catch_up() == 1
         assert await conn.fetchval("SELECT to_regclass('kb_entries')") is not None
         owners = dict(await conn.fetch("SELECT owner, version FROM schema_versions"))
@@ -222,7 +225,7 @@ async def test_a_database_from_before_owners_is_carried_over_without_reapplying(
         await conn.close()
     store = await EventStore.connect(postgres_dsn)
     try:
-        await store.append("repair-old", 1, [NewEvent("RepairFinished", {"certified": True})])
+        await store.append("repair-old", 1, [new_event("RepairFinished", certified=True)])
         assert [e.type for e in await store.read_stream("repair-old")] == [
             "RepairStarted",
             "RepairFinished",

@@ -7,8 +7,8 @@ import json
 import uuid
 
 import pytest
+from event_payloads import filled_event
 
-from kb.events import NewEvent
 from kb.knowledge import (
     SEED_DIR,
     Entry,
@@ -82,9 +82,9 @@ async def test_uses_successes_and_failures_follow_the_sessions_that_retrieved_an
     await projection.catch_up()
     for certified in (True, False, True):
         session = f"repair-test-{uuid.uuid4().hex[:8]}"
-        retrieved = NewEvent("KnowledgeRetrieved", {"round": 1, "entry_ids": [f"test-{tag}"]})
-        again = NewEvent("KnowledgeRetrieved", {"round": 2, "entry_ids": [f"test-{tag}"]})
-        finished = NewEvent("RepairFinished", {"certified": certified})
+        retrieved = filled_event("KnowledgeRetrieved", {"round": 1, "entry_ids": [f"test-{tag}"]})
+        again = filled_event("KnowledgeRetrieved", {"round": 2, "entry_ids": [f"test-{tag}"]})
+        finished = filled_event("RepairFinished", {"certified": certified})
         await store.append(session, 0, [retrieved, again, finished])
     # A projection started afresh (a restart) resumes from the checkpoint, not from zero.
     before = await projection.checkpoint()
@@ -106,8 +106,8 @@ async def test_concurrent_catch_ups_apply_each_event_once(store, tmp_path):
             session,
             0,
             [
-                NewEvent("KnowledgeRetrieved", {"entry_ids": [f"test-{tag}"]}),
-                NewEvent("RepairFinished", {"certified": True}),
+                filled_event("KnowledgeRetrieved", {"entry_ids": [f"test-{tag}"]}),
+                filled_event("RepairFinished", {"certified": True}),
             ],
         )
     await asyncio.gather(*(KnowledgeProjection(store).catch_up() for _ in range(4)))
@@ -162,8 +162,8 @@ async def test_an_entry_whose_use_goes_with_failures_is_demoted(store, tmp_path)
             f"repair-test-{uuid.uuid4().hex[:8]}",
             0,
             [
-                NewEvent("KnowledgeRetrieved", {"entry_ids": [f"test-{tag}"]}),
-                NewEvent("RepairFinished", {"certified": False}),
+                filled_event("KnowledgeRetrieved", {"entry_ids": [f"test-{tag}"]}),
+                filled_event("RepairFinished", {"certified": False}),
             ],
         )
     projection = KnowledgeProjection(store)
@@ -188,7 +188,9 @@ async def test_a_gap_in_the_global_position_is_passed_over(store, tmp_path):
             )
             raise RuntimeError("abort")
     session = f"repair-test-{uuid.uuid4().hex[:8]}"
-    await store.append(session, 0, [NewEvent("KnowledgeRetrieved", {"entry_ids": [f"test-{tag}"]})])
+    await store.append(
+        session, 0, [filled_event("KnowledgeRetrieved", {"entry_ids": [f"test-{tag}"]})]
+    )
     assert await projection.catch_up() == 1
     assert (await projection.entry(f"test-{tag}")).uses == 1
 
@@ -201,7 +203,7 @@ async def test_fixes_that_did_not_help_become_negative_knowledge_for_their_failu
         session,
         0,
         [
-            NewEvent(
+            filled_event(
                 "CandidateValidated",
                 {"round": n, "outcome": outcome, "summary": f"fix {n % 2}", "aimed_at": aimed_at},
             )

@@ -7,11 +7,11 @@ import json
 import uuid
 from pathlib import Path
 
+from event_payloads import filled_event
 from fake_openai import FakeOpenAI, answer
 from sessions import run_session
 
 from conftest import OPS
-from kb.events import NewEvent
 from kb.knowledge import KnowledgeProjection, retrieve, stats
 from kb.learning import learn_from_session
 from kb.patches import apply_patch, make_diff
@@ -44,8 +44,8 @@ async def session(store, original: str, final: str, **faults) -> str:
     report = await store.put_blob(json.dumps({"diagnosis": "wrong_values: scale 0.18"}).encode())
     evidence = {"failure_class": "wrong_values", "category": "attention", "platform": "cpu"}
     events = [
-        NewEvent("RepairStarted", {"candidate_hash": before}),
-        NewEvent(
+        filled_event("RepairStarted", {"candidate_hash": before}),
+        filled_event(
             "EvidenceCollected",
             {
                 "phase": "forensics",
@@ -56,8 +56,8 @@ async def session(store, original: str, final: str, **faults) -> str:
                 **evidence,
             },
         ),
-        NewEvent("FixProposed", {"summary": "scale by 1/sqrt(d)", "candidate_hash": after}),
-        NewEvent(
+        filled_event("FixProposed", {"summary": "scale by 1/sqrt(d)", "candidate_hash": after}),
+        filled_event(
             "EvidenceCollected",
             {
                 "phase": "certify",
@@ -71,10 +71,10 @@ async def session(store, original: str, final: str, **faults) -> str:
     if faults.get("integrity"):
         violation = {"rule": "wrapper_compute", "detail": "80%"}
         events.append(
-            NewEvent("IntegrityViolated", {"candidate_hash": after, "violations": [violation]})
+            filled_event("IntegrityViolated", {"candidate_hash": after, "violations": [violation]})
         )
     events.append(
-        NewEvent(
+        filled_event(
             "RepairFinished",
             {"certified": not faults.get("uncertified"), "final_hash": after},
         )
@@ -204,7 +204,7 @@ async def test_a_patch_that_made_a_kernel_worse_is_not_retrieved_for_that_kernel
         f"repair-test-{marker}",
         0,
         [
-            NewEvent(
+            filled_event(
                 "CandidateValidated",
                 {
                     "round": 1,

@@ -10,10 +10,10 @@ import re
 
 import numpy as np
 import pytest
+from event_payloads import filled_event
 from test_heatmap import decode_png
 
 from conftest import MATMUL_SPEC, OPS
-from kb.events import NewEvent
 from nearmiss.cli import report as report_cli
 from nearmiss.client.service import build_worker, start_session
 from nearmiss.engine.forensics.localise import localise
@@ -119,7 +119,7 @@ async def _hand_written_session(store, finished: bool = True) -> str:
     report_hash = await store.put_blob(_report("k.py", bad).model_dump_json().encode())
     tokens = {"input": 1000, "cached_input": 600, "output": 300}
     events = [
-        NewEvent(
+        filled_event(
             "RepairStarted",
             {
                 "kernel": "softmax_rows",
@@ -129,7 +129,7 @@ async def _hand_written_session(store, finished: bool = True) -> str:
                 "guards": {"max_rounds": 6},
             },
         ),
-        NewEvent(
+        filled_event(
             "EvidenceCollected",
             {
                 "phase": "forensics",
@@ -140,8 +140,8 @@ async def _hand_written_session(store, finished: bool = True) -> str:
                 "report_hash": report_hash,
             },
         ),
-        NewEvent("KnowledgeRetrieved", {"round": 1, "entry_ids": ["seed-tail"], "patches": []}),
-        NewEvent(
+        filled_event("KnowledgeRetrieved", {"round": 1, "entry_ids": ["seed-tail"], "patches": []}),
+        filled_event(
             "ToolCalled",
             {
                 "round": 1,
@@ -151,7 +151,7 @@ async def _hand_written_session(store, finished: bool = True) -> str:
                 "summary": "ran it",
             },
         ),
-        NewEvent(
+        filled_event(
             "FixProposed",
             {
                 "round": 1,
@@ -164,7 +164,7 @@ async def _hand_written_session(store, finished: bool = True) -> str:
     ]
     if finished:
         events.append(
-            NewEvent(
+            filled_event(
                 "RepairFinished",
                 {
                     "certified": True,

@@ -19,6 +19,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from nearmiss.events import ToolCalled
     from workflows.loop import PlannedEvent
     from workflows.models import (
         AgentStep,
@@ -46,17 +47,17 @@ def _clip(text: str) -> str:
 
 
 def _called(round_: int, answer: ToolAnswer, ran: bool) -> PlannedEvent:
-    payload = {
-        "round": round_,
-        "call_id": answer.call_id,
-        "tool": answer.tool,
-        "arguments": _clip(answer.arguments),
-        "ran": ran,
-        "ok": answer.ok,
-        "summary": _clip(answer.content),
-        "data_hash": answer.data_hash,
-    }
-    return PlannedEvent(type="ToolCalled", payload=payload)
+    called = ToolCalled(
+        round=round_,
+        call_id=answer.call_id,
+        tool=answer.tool,
+        arguments=_clip(answer.arguments),
+        ran=ran,
+        ok=answer.ok,
+        summary=_clip(answer.content),
+        data_hash=answer.data_hash,
+    )
+    return PlannedEvent.of(called)
 
 
 async def run_agent_round(

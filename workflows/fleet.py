@@ -18,6 +18,7 @@ from temporalio import workflow
 from temporalio.exceptions import ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
+    from nearmiss.events import Event, FleetFinished, FleetMemberFinished, FleetStarted
     from workflows.loop import Guards, PlannedEvent
     from workflows.models import RepairResult, TokenUsage
     from workflows.recording import record
@@ -131,15 +132,15 @@ class FleetWorkflow:
         self.request = request
         fleet_id = workflow.info().workflow_id
         if request.version == 0:
-            started = {
-                "members": len(request.members),
-                "names": [m.name for m in request.members],
-                "model": request.model,
-                "guards": request.guards.model_dump(mode="json"),
-                "use_kb": request.use_kb,
-                "concurrency": request.concurrency,
-            }
-            await self._record("FleetStarted", started)
+            started = FleetStarted(
+                members=len(request.members),
+                names=[m.name for m in request.members],
+                model=request.model,
+                guards=request.guards.model_dump(mode="json"),
+                use_kb=request.use_kb,
+                concurrency=request.concurrency,
+            )
+            await self._record(started)
         pending: dict[asyncio.Task, RunningMember] = {}
         started_here = 0
         try:
@@ -214,7 +215,7 @@ class FleetWorkflow:
             result.targets = dict(repair.targets)
         self.running.pop(member.index, None)
         self.started.results.append(result)
-        await self._record("FleetMemberFinished", result.model_dump(mode="json"))
+        await self._record(FleetMemberFinished.model_validate(result.model_dump(mode="json")))
 
     async def _record_finished(self, fleet_id: str, cancelled: bool) -> FleetResult:
         results = sorted(self.started.results, key=lambda r: r.index)
@@ -227,16 +228,15 @@ class FleetWorkflow:
             tokens=tokens,
             results=results,
         )
-        summary = {
-            "total": result.total,
-            "finished": len(results),
-            "certified": certified,
-            "cancelled": cancelled,
-            "tokens": tokens.model_dump(),
-        }
-        await self._record("FleetFinished", summary)
+        summary = FleetFinished(
+            total=result.total,
+            finished=len(results),
+            certified=certified,
+            cancelled=cancelled,
+            tokens=tokens.model_dump(),
+        )
+        await self._record(summary)
         return result
 
-    async def _record(self, event_type: str, payload: dict) -> None:
-        event = PlannedEvent(type=event_type, payload=payload)
-        self.started.version = await record(self.started.version, [event])
+    async def _record(self, event: Event) -> None:
+        self.started.version = await record(self.started.version, [PlannedEvent.of(event)])

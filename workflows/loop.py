@@ -26,9 +26,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from nearmiss.engine.models import Evidence
+from nearmiss.events import (
+    CandidateValidated,
+    Event,
+    EvidenceCollected,
+    FixProposed,
+    GuardTripped,
+    IntegrityViolated,
+    KnowledgeRetrieved,
+    RepairFinished,
+    parse,
+)
 from workflows.models import FixOutcome, RepairResult, RetrieveResult, TokenUsage
 
 StopReason = Literal[
@@ -79,8 +90,20 @@ class Action(BaseModel):
 
 
 class PlannedEvent(BaseModel):
+    """An event the workflow will record: checked against its type's model (nearmiss.events)
+    when planned, so a wrong payload fails the workflow task that wrote it."""
+
     type: str
     payload: dict
+
+    @model_validator(mode="after")
+    def _fits_its_model(self) -> PlannedEvent:
+        parse(self.type, self.payload)
+        return self
+
+    @classmethod
+    def of(cls, event: Event) -> PlannedEvent:
+        return cls(type=event.TYPE, payload=event.payload())
 
 
 class Step(BaseModel):
@@ -131,29 +154,31 @@ class LoopState(BaseModel):
     certified: bool = False
 
 
-def evidence_payload(evidence: Evidence, phase: str) -> dict:
-    """The EvidenceCollected payload of a check (repair and regenerate sessions alike); the
-    control experiments and what they isolate, where the check ran any."""
-    payload = {
-        "phase": phase,
-        "candidate_hash": evidence.candidate_hash,
-        "suite": evidence.suite,
-        "certified": evidence.certified,
-        "failure_class": evidence.failure_class,
-        "failure_classes": evidence.failure_classes,
-        "score": evidence.score,
-        "signature": evidence.signature,
-        "report_hash": evidence.report_hash,
-        "op": evidence.op,
-        "category": evidence.category,
-        "platform": evidence.platform,
-    }
+def evidence_collected(evidence: Evidence, phase: str, trial: int | None = None):
+    """The EvidenceCollected event of a check (repair and regenerate sessions alike; ``trial``
+    in a regenerate session's); where the check ran and its control experiments and what they
+    isolate, where it ran any (absent otherwise, as in events written before them)."""
+    more: dict = {} if trial is None else {"trial": trial}
     if evidence.worker:
-        payload["worker"] = dict(evidence.worker)
+        more["worker"] = dict(evidence.worker)
     if evidence.controls:
-        payload["controls"] = [c.model_dump() for c in evidence.controls]
-        payload["triggers"] = dict(evidence.triggers)
-    return payload
+        more["controls"] = [c.model_dump() for c in evidence.controls]
+        more["triggers"] = dict(evidence.triggers)
+    return EvidenceCollected(
+        phase=phase,
+        candidate_hash=evidence.candidate_hash,
+        suite=evidence.suite,
+        certified=evidence.certified,
+        failure_class=evidence.failure_class,
+        failure_classes=evidence.failure_classes,
+        score=evidence.score,
+        signature=evidence.signature,
+        report_hash=evidence.report_hash,
+        op=evidence.op,
+        category=evidence.category,
+        platform=evidence.platform,
+        **more,
+    )
 
 
 class RepairLoop:
@@ -175,18 +200,13 @@ class RepairLoop:
     def on_evidence(self, action: Action, evidence: Evidence, now: float) -> Step:
         """The result of a forensics, validate or certify action."""
         s = self.state
-        collected = evidence_payload(evidence, action.kind)
-        events = [PlannedEvent(type="EvidenceCollected", payload=collected)]
+        events = [PlannedEvent.of(evidence_collected(evidence, action.kind))]
         if evidence.violations:
-            events.append(
-                PlannedEvent(
-                    type="IntegrityViolated",
-                    payload={
-                        "candidate_hash": evidence.candidate_hash,
-                        "violations": [v.model_dump() for v in evidence.violations],
-                    },
-                )
+            violated = IntegrityViolated(
+                candidate_hash=evidence.candidate_hash,
+                violations=[v.model_dump() for v in evidence.violations],
             )
+            events.append(PlannedEvent.of(violated))
         if action.kind == "certify":
             return self._after_certify(evidence, now, events)
         if action.kind == "validate":
@@ -209,14 +229,14 @@ class RepairLoop:
         retrieval (its replay skips it)."""
         if retrieved is None:
             return Step(action=self._fix_action())
-        payload = {
-            "round": len(self.state.rounds) + 1,
-            "entry_ids": retrieved.entry_ids,
-            "patches": [p["entry_id"] for p in retrieved.patches],
-        }
+        event = KnowledgeRetrieved(
+            round=len(self.state.rounds) + 1,
+            entry_ids=retrieved.entry_ids,
+            patches=[p["entry_id"] for p in retrieved.patches],
+        )
         return Step(
             action=self._fix_action(retrieved.lines, retrieved.patches),
-            events=[PlannedEvent(type="KnowledgeRetrieved", payload=payload)],
+            events=[PlannedEvent.of(event)],
         )
 
     def on_no_worker(self, reason: str) -> Step:
@@ -230,26 +250,22 @@ class RepairLoop:
         number = len(s.rounds) + 1
         if outcome.summary:
             s.tried.append(outcome.summary)
-        events = [
-            PlannedEvent(
-                type="FixProposed",
-                payload={
-                    "round": number,
-                    "model": outcome.model,
-                    "summary": outcome.summary,
-                    "reason": outcome.reason,
-                    "base_hash": s.current_hash,
-                    "candidate_hash": outcome.candidate_hash,
-                    "prompt_hash": outcome.prompt_hash,
-                    "response_hash": outcome.response_hash,
-                    "tokens": outcome.tokens.model_dump(),
-                    "tool_calls": outcome.tool_calls,
-                }
-                # A search to go on in the next round: where (kept off every other fix, whose
-                # events read as they always have).
-                | ({"resume_at": outcome.resume_at} if outcome.resume_at else {}),
-            )
-        ]
+        proposed = FixProposed(
+            round=number,
+            model=outcome.model,
+            summary=outcome.summary,
+            reason=outcome.reason,
+            base_hash=s.current_hash,
+            candidate_hash=outcome.candidate_hash,
+            prompt_hash=outcome.prompt_hash,
+            response_hash=outcome.response_hash,
+            tokens=outcome.tokens.model_dump(),
+            tool_calls=outcome.tool_calls,
+            # A search to go on in the next round: where (kept off every other fix, whose
+            # events read as they always have).
+            **({"resume_at": outcome.resume_at} if outcome.resume_at else {}),
+        )
+        events = [PlannedEvent.of(proposed)]
         base = s.current_evidence
         aimed_at = f"{base.failure_class}|{base.category}" if base else ""
         round_ = Round(
@@ -304,7 +320,7 @@ class RepairLoop:
 
     def finish(self, result: RepairResult) -> Step:
         """The session's last event, then learning from its log where the session learns."""
-        finished = PlannedEvent(type="RepairFinished", payload=result.model_dump(mode="json"))
+        finished = PlannedEvent.of(RepairFinished.model_validate(result.model_dump(mode="json")))
         then = Action(kind="learn") if self.state.learn else Action(kind="stop")
         return Step(action=then, events=[finished])
 
@@ -334,19 +350,17 @@ class RepairLoop:
             round_.outcome = "compact_passed"  # judged when its certification comes back
         else:
             self._keep_if_not_worse(round_, (evidence.score, -1.0), evidence)
-        return PlannedEvent(
-            type="CandidateValidated",
-            payload={
-                "round": round_.number,
-                "candidate_hash": evidence.candidate_hash,
-                "outcome": round_.outcome,
-                "score": evidence.score,
-                "best_hash": s.best_hash,
-                "summary": round_.summary,
-                "aimed_at": round_.aimed_at,
-                "base_hash": round_.base_hash,
-            },
+        validated = CandidateValidated(
+            round=round_.number,
+            candidate_hash=evidence.candidate_hash,
+            outcome=round_.outcome,
+            score=evidence.score,
+            best_hash=s.best_hash,
+            summary=round_.summary,
+            aimed_at=round_.aimed_at,
+            base_hash=round_.base_hash,
         )
+        return PlannedEvent.of(validated)
 
     def _after_certify(self, evidence: Evidence, now: float, events: list) -> Step:
         s = self.state
@@ -409,6 +423,5 @@ class RepairLoop:
         s = self.state
         s.stop_reason, s.stop_detail = reason, detail
         if reason in GUARDS:
-            tripped = {"guard": reason, "detail": detail}
-            events.append(PlannedEvent(type="GuardTripped", payload=tripped))
+            events.append(PlannedEvent.of(GuardTripped(guard=reason, detail=detail)))
         return Step(action=Action(kind="stop", reason=reason, detail=detail), events=events)

@@ -17,7 +17,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from nearmiss.engine.models import Evidence
-    from workflows.loop import WORKER_WAIT_S, PlannedEvent, evidence_payload
+    from nearmiss.events import KernelGenerated, RegenerateFinished, RegenerateStarted
+    from workflows.loop import WORKER_WAIT_S, PlannedEvent, evidence_collected
     from workflows.models import CheckInput, TokenUsage, is_kind
     from workflows.recording import record
     from workflows.repair import (
@@ -97,8 +98,8 @@ class RegenerateWorkflow:
                 non_retryable=True,
             )
         workflow.upsert_search_attributes([KERNEL_ATTRIBUTE.value_set(request.kernel)])
-        started = request.model_dump(mode="json")
-        await self._record([PlannedEvent(type="RegenerateStarted", payload=started)])
+        started = RegenerateStarted.model_validate(request.model_dump(mode="json"))
+        await self._record([PlannedEvent.of(started)])
         trials = await asyncio.gather(
             *(self._trial(request, t) for t in range(1, request.trials + 1))
         )
@@ -112,8 +113,8 @@ class RegenerateWorkflow:
             tokens=tokens,
         )
         workflow.upsert_search_attributes([TOKENS_ATTRIBUTE.value_set(tokens.total)])
-        finished = result.model_dump(mode="json")
-        await self._record([PlannedEvent(type="RegenerateFinished", payload=finished)])
+        finished = RegenerateFinished.model_validate(result.model_dump(mode="json"))
+        await self._record([PlannedEvent.of(finished)])
         return result
 
     async def _trial(self, request: RegenerateRequest, trial: int) -> TrialResult:
@@ -133,8 +134,8 @@ class RegenerateWorkflow:
         except ActivityError as err:  # retries exhausted, or a non-retryable model error
             reason = f"the model failed: {err.cause or err}"
             generated = GeneratedKernel(reason=reason, model=request.model)
-        payload = {"trial": trial, **generated.model_dump(mode="json")}
-        await self._record([PlannedEvent(type="KernelGenerated", payload=payload)])
+        kernel = KernelGenerated(trial=trial, **generated.model_dump(mode="json"))
+        await self._record([PlannedEvent.of(kernel)])
         result = TrialResult(
             trial=trial,
             certified=False,
@@ -169,8 +170,8 @@ class RegenerateWorkflow:
             no_worker = no_worker_reason(err, request.targets, WORKER_WAIT_S)
             result.reason = no_worker or f"the check refused the kernel: {err.cause or err}"
             return
-        payload = {"trial": result.trial, **evidence_payload(evidence, "regenerate")}
-        await self._record([PlannedEvent(type="EvidenceCollected", payload=payload)])
+        collected = evidence_collected(evidence, "regenerate", trial=result.trial)
+        await self._record([PlannedEvent.of(collected)])
         result.certified = evidence.certified
         result.failure_class = evidence.failure_class
         result.report_hash = evidence.report_hash

@@ -18,6 +18,7 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from nearmiss.engine.models import Evidence
+    from nearmiss.events import RepairStarted
     from workflows.agent_round import run_agent_round
     from workflows.loop import Action, Guards, LoopState, PlannedEvent, RepairLoop
     from workflows.models import (
@@ -131,8 +132,8 @@ class RepairWorkflow:
         workflow.upsert_search_attributes(
             [KERNEL_ATTRIBUTE.value_set(request.kernel), VERDICT_ATTRIBUTE.value_set("running")]
         )
-        started = request.model_dump(mode="json")
-        await self._record([PlannedEvent(type="RepairStarted", payload=started)])
+        started = RepairStarted.model_validate(request.model_dump(mode="json"))
+        await self._record([PlannedEvent.of(started)])
         step = loop.begin(request.candidate_hash, self._now())
         while True:
             await self._record(step.events)

@@ -10,16 +10,14 @@ with no edit, as a playbook does.
 from __future__ import annotations
 
 from kb.events import EventStore
+from nearmiss.events import FixProposed, of_type
 from workflows.models import FixInput, FixOutcome, model_argument
 
 
 async def recorded_fix(store: EventStore, request: FixInput) -> FixOutcome:
     session_id = model_argument(request.model)
-    fixes = [
-        e.payload
-        for e in await store.read_stream(session_id)
-        if e.type == "FixProposed" and e.payload["round"] == request.round
-    ]
+    recorded = of_type(await store.read_stream(session_id), FixProposed)
+    fixes = [fix for fix in recorded if fix.round == request.round]
     if not fixes:
         return FixOutcome(
             model=request.model,
@@ -27,12 +25,12 @@ async def recorded_fix(store: EventStore, request: FixInput) -> FixOutcome:
         )
     fix = fixes[0]
     return FixOutcome(
-        candidate_hash=fix["candidate_hash"],
-        summary=fix["summary"],
-        reason=fix["reason"],
+        candidate_hash=fix.candidate_hash,
+        summary=fix.summary,
+        reason=fix.reason,
         model=request.model,
         # The recorded prompt and answer, by hash: the re-run shows what the model was told.
-        prompt_hash=fix["prompt_hash"],
-        response_hash=fix["response_hash"],
-        resume_at=fix.get("resume_at", 0),  # a search's round that went on in the next
+        prompt_hash=fix.prompt_hash,
+        response_hash=fix.response_hash,
+        resume_at=fix.resume_at,  # a search's round that went on in the next
     )

@@ -35,9 +35,11 @@ from nearmiss.engine.inputs import read_source
 from nearmiss.engine.runner import spares
 from nearmiss.engine.runner.session import describe_spec
 from nearmiss.engine.targets.registry import parse_targets
+from nearmiss.events import FleetFinished, FleetMemberFinished, FleetStarted, of_type
 from nearmiss.reports.text import table
 from workflows.fleet import FleetMember, FleetProgress, FleetRequest, FleetResult, FleetWorkflow
 from workflows.loop import Guards
+from workflows.models import TokenUsage
 from workflows.repair import TASK_QUEUE, Progress, RepairWorkflow
 
 POLL_S = 1.0
@@ -348,23 +350,22 @@ async def fleet_summary(store: EventStore, fleet_id: str) -> dict | None:
     events = await store.read_stream(fleet_id)
     if not events or events[0].type != "FleetStarted":
         return None
-    started = events[0]
-    results = [e.payload for e in events if e.type == "FleetMemberFinished"]
-    finished = next((e for e in events if e.type == "FleetFinished"), None)
-    if finished is None:
-        state = "running"
-    else:
-        state = "cancelled" if finished.payload["cancelled"] else "finished"
+    started = of_type(events[:1], FleetStarted)[0]
+    results = sorted(of_type(events, FleetMemberFinished), key=lambda r: r.index)
+    finished = of_type(events, FleetFinished)
+    state = "finished" if finished else "running"
+    if finished and finished[0].cancelled:
+        state = "cancelled"
     return {
         "fleet_id": fleet_id,
-        "started_at": started.recorded_at.isoformat(timespec="seconds"),
-        "model": started.payload["model"],
-        "total": started.payload["members"],
+        "started_at": events[0].recorded_at.isoformat(timespec="seconds"),
+        "model": started.model,
+        "total": started.members,
         "finished": len(results),
-        "certified": sum(r["certified"] for r in results),
-        "tokens": sum(r["tokens"]["input"] + r["tokens"]["output"] for r in results),
+        "certified": sum(r.certified for r in results),
+        "tokens": sum(TokenUsage.model_validate(r.tokens).total for r in results),
         "state": state,
-        "results": sorted(results, key=lambda r: r["index"]),
+        "results": [r.payload() for r in results],
     }
 
 

@@ -22,6 +22,7 @@ from kb.events import EventStore, StoredEvent
 from nearmiss.client.service import WORKFLOWS
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.models import CheckReport
+from nearmiss.events import EvidenceCollected, of_type
 from workflows.models import RepairResult, replay_model
 from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
 
@@ -96,13 +97,10 @@ async def rerun(client: Client, store: EventStore, session_id: str):
 
 async def _steps(store: EventStore, events: list[StoredEvent]) -> list[Step]:
     steps = []
-    for e in events:
-        if e.type != "EvidenceCollected":
-            continue
-        p = e.payload
-        step = Step(p["phase"], p["candidate_hash"], p["certified"], p["failure_class"], p["score"])
-        if p.get("report_hash"):
-            report = CheckReport.model_validate_json(await store.get_blob(p["report_hash"]))
+    for p in of_type(events, EvidenceCollected):
+        step = Step(p.phase, p.candidate_hash, p.certified, p.failure_class, p.score)
+        if p.report_hash:
+            report = CheckReport.model_validate_json(await store.get_blob(p.report_hash))
             step.platform, step.jax_version = report.platform, report.jax_version
         steps.append(step)
     return steps

@@ -20,6 +20,7 @@ from temporalio.client import Client, WorkflowFailureError
 
 from kb.events import EventStore, NewEvent
 from nearmiss.engine.inputs import read_source
+from nearmiss.events import ExperimentFinished, ExperimentStarted
 from nearmiss.experiments.audit import AuditTarget, run_audits
 from nearmiss.experiments.config import ARMS, Arm, ExperimentConfig, NearMiss
 from workflows.models import RepairResult, TokenUsage
@@ -163,7 +164,9 @@ def audit_targets(jobs: list[Job], targets: list[str]) -> list[AuditTarget]:
     ]
 
 
-def finished_payload(config: ExperimentConfig, jobs: list[Job], audits: list, wall_s: float):
+def finished_event(
+    config: ExperimentConfig, jobs: list[Job], audits: list, wall_s: float
+) -> ExperimentFinished:
     arms: dict = {a: {} for a in config.arms}
     for job in jobs:
         cell = arms[job.arm.name].setdefault(
@@ -185,7 +188,9 @@ def finished_payload(config: ExperimentConfig, jobs: list[Job], audits: list, wa
     for cells in arms.values():
         for cell in cells.values():
             cell["tokens"] = cell["tokens"].model_dump()
-    return {"experiment_id": config.experiment_id, "wall_s": round(wall_s, 1), "arms": arms}
+    return ExperimentFinished(
+        experiment_id=config.experiment_id, wall_s=round(wall_s, 1), arms=arms
+    )
 
 
 async def run_experiment(
@@ -202,13 +207,13 @@ async def run_experiment(
     """
     if near_misses is None:
         near_misses = config.resolve()
-    started = {
-        "experiment_id": config.experiment_id,
-        "config": config.model_dump(mode="json"),
-        "near_misses": [nm.describe() for nm in near_misses],
-        "arms": {name: ARMS[name].describe() for name in config.arms},
-    }
-    await store.append(config.stream_id, 0, [NewEvent("ExperimentStarted", started)])
+    started = ExperimentStarted(
+        experiment_id=config.experiment_id,
+        config=config.model_dump(mode="json"),
+        near_misses=[nm.describe() for nm in near_misses],
+        arms={name: ARMS[name].describe() for name in config.arms},
+    )
+    await store.append(config.stream_id, 0, [NewEvent.of(started)])
     jobs = plan(config, near_misses)
     say(
         f"experiment {config.experiment_id}: {len(near_misses)} near-miss(es) × "
@@ -220,6 +225,6 @@ async def run_experiment(
     audits = await run_audits(
         store, audit_targets(jobs, config.targets), min(config.concurrency, 2), say
     )
-    finished = finished_payload(config, jobs, audits, time.monotonic() - clock)
-    await store.append(config.stream_id, 1, [NewEvent("ExperimentFinished", finished)])
+    finished = finished_event(config, jobs, audits, time.monotonic() - clock)
+    await store.append(config.stream_id, 1, [NewEvent.of(finished)])
     return config.experiment_id

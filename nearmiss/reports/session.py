@@ -10,11 +10,13 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import cast
 
 from pydantic import ValidationError
 
 from kb.events import EventLog, StoredEvent
 from nearmiss.engine.models import CheckReport, MismatchMap
+from nearmiss.events import EvidenceCollected, FixProposed, RepairFinished, RepairStarted, parse
 from nearmiss.reports.heatmap import render_heatmap_png
 from nearmiss.reports.timeline import describe_event, short_hash
 from workflows.models import TokenUsage
@@ -140,12 +142,12 @@ async def load_session(store: EventLog, session_id: str) -> SessionView:
     events = await store.read_stream(session_id)
     if not events or events[0].type != "RepairStarted":
         raise UnknownSession(f"no repair session {session_id!r} in the event store")
-    started = events[0].payload
+    started = cast(RepairStarted, parse(events[0].type, events[0].payload))
     view = SessionView(
         session_id=session_id,
-        kernel=started.get("kernel", "?"),
-        candidate_name=started.get("candidate_name", "kernel.py"),
-        model=started.get("model", "?"),
+        kernel=started.kernel,
+        candidate_name=started.candidate_name,
+        model=started.model,
         finished=False,
         certified=False,
         rounds=0,
@@ -153,29 +155,30 @@ async def load_session(store: EventLog, session_id: str) -> SessionView:
         stop_detail="",
         tokens=TokenUsage(),
         failure_class=None,
-        original_hash=started.get("candidate_hash", ""),
+        original_hash=started.candidate_hash,
         final_hash="",
         diff="",
     )
     t0, round_ = events[0].recorded_at, 0
     for event in events:
         p, report = event.payload, None
-        if event.type == "FixProposed":
-            round_ = p.get("round", round_ + 1)
-            view.round_tokens.append(RoundTokens(round=round_, **(p.get("tokens") or {})))
-        elif event.type == "EvidenceCollected":
+        typed = parse(event.type, p)
+        if isinstance(typed, FixProposed):
+            round_ = typed.round
+            view.round_tokens.append(RoundTokens(round=round_, **typed.tokens))
+        elif isinstance(typed, EvidenceCollected):
             report = await _report(store, event)
-            if view.failure_class is None and p.get("phase") == "forensics":
-                view.failure_class = p.get("failure_class")
-            figure = report and _figure(report, round_, p.get("candidate_hash", ""))
+            if view.failure_class is None and typed.phase == "forensics":
+                view.failure_class = typed.failure_class
+            figure = report and _figure(report, round_, typed.candidate_hash)
             if figure:
                 view.heatmaps.append(figure)
-        elif event.type == "RepairFinished":
-            view.finished, view.certified = True, bool(p.get("certified"))
-            view.rounds = p.get("rounds", 0)
-            view.tokens = TokenUsage.model_validate(p.get("tokens") or {})
-            view.stop_reason, view.stop_detail = p.get("stop_reason", ""), p.get("stop_detail", "")
-            view.final_hash = p.get("final_hash", "")
+        elif isinstance(typed, RepairFinished):
+            view.finished, view.certified = True, typed.certified
+            view.rounds = typed.rounds
+            view.tokens = TokenUsage.model_validate(typed.tokens)
+            view.stop_reason, view.stop_detail = typed.stop_reason, typed.stop_detail
+            view.final_hash = typed.final_hash
         offset = (event.recorded_at - t0).total_seconds()
         text = describe_event(event.type, p, report)
         view.timeline.append(TimelineRow(offset, p.get("round", round_), event.type, text))

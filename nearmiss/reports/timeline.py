@@ -10,6 +10,19 @@ import json
 from typing import Any
 
 from nearmiss.engine.models import CheckReport
+from nearmiss.events import (
+    CandidateValidated,
+    EvidenceCollected,
+    FixProposed,
+    GuardTripped,
+    IntegrityViolated,
+    InvalidEvent,
+    KnowledgeRetrieved,
+    RepairFinished,
+    RepairStarted,
+    ToolCalled,
+    parse,
+)
 from workflows.models import TokenUsage
 
 MAX_JSON_CHARS = 300
@@ -44,81 +57,87 @@ def _cases(report: CheckReport | None) -> str:
     return text + (f", failing {', '.join(failing)}" if failing else "")
 
 
-def _evidence(p: dict, report: CheckReport | None) -> str:
-    verdict = "certified" if p.get("certified") else p.get("failure_class") or "no failure class"
+def _evidence(e: EvidenceCollected, report: CheckReport | None) -> str:
+    verdict = "certified" if e.certified else e.failure_class or "no failure class"
     text = (
-        f"{p.get('phase', 'check')} of {short_hash(p.get('candidate_hash'))} "
-        f"(suite {p.get('suite', '?')}): {verdict}, score {p.get('score', 0):.3f}"
+        f"{e.phase} of {short_hash(e.candidate_hash)} "
+        f"(suite {e.suite}): {verdict}, score {e.score:.3f}"
     )
     return text + _cases(report)
 
 
-def _knowledge(p: dict) -> str:
-    entries, patches = p.get("entry_ids") or [], p.get("patches") or []
-    if not entries and not patches:
+def _knowledge(e: KnowledgeRetrieved) -> str:
+    if not e.entry_ids and not e.patches:
         return "no knowledge matched"
-    text = f"knowledge used: {', '.join(entries) or 'none'}"
-    return text + (f"; learned patches: {', '.join(patches)}" if patches else "")
+    text = f"knowledge used: {', '.join(e.entry_ids) or 'none'}"
+    return text + (f"; learned patches: {', '.join(e.patches)}" if e.patches else "")
 
 
-def _fix(p: dict) -> str:
-    model = p.get("model") or "the fixer"
-    if not p.get("candidate_hash"):
-        return f"{model} proposed no edit: {p.get('reason') or 'no reason given'}"
-    text = f"{model} proposed {short_hash(p.get('candidate_hash'))}: {p.get('summary') or '-'}"
-    return text + f" · tokens {describe_tokens(p.get('tokens'))}"
+def _fix(e: FixProposed) -> str:
+    model = e.model or "the fixer"
+    if not e.candidate_hash:
+        return f"{model} proposed no edit: {e.reason or 'no reason given'}"
+    text = f"{model} proposed {short_hash(e.candidate_hash)}: {e.summary or '-'}"
+    return text + f" · tokens {describe_tokens(e.tokens)}"
 
 
-def _finished(p: dict) -> str:
-    verdict = "CERTIFIED" if p.get("certified") else "NOT CERTIFIED"
+def _finished(e: RepairFinished) -> str:
+    verdict = "CERTIFIED" if e.certified else "NOT CERTIFIED"
     return (
-        f"{verdict} after {p.get('rounds', 0)} round(s): {p.get('stop_reason')}: "
-        f"{p.get('stop_detail', '')} · tokens {describe_tokens(p.get('tokens'))}"
+        f"{verdict} after {e.rounds} round(s): {e.stop_reason}: "
+        f"{e.stop_detail} · tokens {describe_tokens(e.tokens)}"
     )
 
 
-def _tool_called(p: dict) -> str:
+def _tool_called(e: ToolCalled) -> str:
     """An experiment of the agent: the call (arguments cut short: a probe is a whole file) and
     the gist of what it answered."""
-    arguments = p.get("arguments", "")
-    arguments = arguments if isinstance(arguments, str) else compact_json(arguments)
-    arguments = " ".join(arguments.split())
+    arguments = " ".join(e.arguments.split())
     if len(arguments) > TOOL_ARGUMENT_CHARS:
         arguments = arguments[:TOOL_ARGUMENT_CHARS] + "…"
-    answer = " ".join((p.get("summary") or "-").split())
+    answer = " ".join((e.summary or "-").split())
     if len(answer) > TOOL_ANSWER_CHARS:
         answer = answer[:TOOL_ANSWER_CHARS] + "…"
-    state = "" if p.get("ran", True) else " (not run)"
-    return f"experiment {p.get('tool')}({arguments}){state} → {answer}"
+    state = "" if e.ran else " (not run)"
+    return f"experiment {e.tool}({arguments}){state} → {answer}"
+
+
+def _started(e: RepairStarted) -> str:
+    guards = ", ".join(f"{k} {v}" for k, v in e.guards.items())
+    return (
+        f"repair of {e.kernel} ({e.candidate_name}) with {e.model}"
+        + ("" if e.use_kb else ", no knowledge base")
+        + (f"; guards: {guards}" if guards else "")
+    )
 
 
 def describe_event(kind: str, p: dict, report: CheckReport | None = None) -> str:
     """The event in one sentence; ``report`` is an EvidenceCollected's CheckReport, if loaded."""
-    if kind == "RepairStarted":
-        guards = ", ".join(f"{k} {v}" for k, v in (p.get("guards") or {}).items())
-        return (
-            f"repair of {p.get('kernel')} ({p.get('candidate_name')}) with {p.get('model')}"
-            + ("" if p.get("use_kb", True) else ", no knowledge base")
-            + (f"; guards: {guards}" if guards else "")
-        )
-    if kind == "EvidenceCollected":
-        return _evidence(p, report)
-    if kind == "KnowledgeRetrieved":
-        return _knowledge(p)
-    if kind == "FixProposed":
-        return _fix(p)
-    if kind == "CandidateValidated":
-        return (
-            f"candidate {short_hash(p.get('candidate_hash'))} validated: {p.get('outcome')}, "
-            f"score {p.get('score', 0):.3f}; best is {short_hash(p.get('best_hash'))}"
-        )
-    if kind == "IntegrityViolated":
-        found = "; ".join(f"{v.get('rule')}: {v.get('detail')}" for v in p.get("violations", []))
-        return f"integrity violated by {short_hash(p.get('candidate_hash'))}: {found}"
-    if kind == "GuardTripped":
-        return f"guard {p.get('guard')} tripped: {p.get('detail', '')}"
-    if kind == "RepairFinished":
-        return _finished(p)
-    if kind == "ToolCalled":
-        return _tool_called(p)
+    try:
+        event = parse(kind, p)
+    except InvalidEvent:  # a newer writer's event, or one this code cannot read: its payload
+        return compact_json(p)
+    match event:
+        case RepairStarted():
+            return _started(event)
+        case EvidenceCollected():
+            return _evidence(event, report)
+        case KnowledgeRetrieved():
+            return _knowledge(event)
+        case FixProposed():
+            return _fix(event)
+        case CandidateValidated():
+            return (
+                f"candidate {short_hash(event.candidate_hash)} validated: {event.outcome}, "
+                f"score {event.score:.3f}; best is {short_hash(event.best_hash)}"
+            )
+        case IntegrityViolated():
+            found = "; ".join(f"{v.get('rule')}: {v.get('detail')}" for v in event.violations)
+            return f"integrity violated by {short_hash(event.candidate_hash)}: {found}"
+        case GuardTripped():
+            return f"guard {event.guard} tripped: {event.detail}"
+        case RepairFinished():
+            return _finished(event)
+        case ToolCalled():
+            return _tool_called(event)
     return compact_json(p)
