@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from contextlib import redirect_stdout
 
 import pytest
+from event_payloads import payload
 from fake_openai import Answer, FakeOpenAI
 from sessions import full_file
 
@@ -21,6 +22,12 @@ from nearmiss.cli import experiment as experiment_cli
 from nearmiss.client.service import build_worker
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.models import Evidence
+from nearmiss.events import (
+    ExperimentFinished,
+    ExperimentStarted,
+    RegenerateFinished,
+    RepairFinished,
+)
 from nearmiss.experiments.config import ARMS, ExperimentConfig, corpus, default_sample, select
 from nearmiss.experiments.outputs import csv_text, markdown, pass_rates_svg, tokens_svg
 from nearmiss.experiments.records import load_table
@@ -41,10 +48,18 @@ def tokens(i, c=0, o=0):
     return {"input": i, "cached_input": c, "output": o}
 
 
+def repaired(certified: bool, used: dict) -> RepairFinished:
+    return RepairFinished(**payload("RepairFinished", certified=certified, tokens=used))
+
+
+def regenerated(trials: list[dict]) -> RegenerateFinished:
+    return RegenerateFinished(**payload("RegenerateFinished", trials=trials))
+
+
 def test_the_table_follows_the_papers_definitions():
     config = {"arms": ["debug", "regenerate", "debug-no-integrity"], "trials": 2}
     config |= {"near_misses": ["a/x", "b/y"], "model": "openai:m"}
-    started = {"experiment_id": "e1", "config": config}
+    started = ExperimentStarted(experiment_id="e1", config=config, near_misses=[], arms={})
     audit = {"session_id": "n-a1", "rejected": True, "report_hash": "sha256:r"}
     arms = {
         "debug": {"a/x": {"sessions": ["d-a1", "d-a2"]}, "b/y": {"sessions": ["d-b1", "d-b2"]}},
@@ -55,25 +70,26 @@ def test_the_table_follows_the_papers_definitions():
         },
     }
     finishes = {
-        "d-a1": {"certified": True, "tokens": tokens(1000, 400, 200)},
-        "d-a2": {"certified": False, "tokens": tokens(3000, 0, 600)},
-        "d-b1": {"certified": True, "tokens": tokens(500, 0, 100)},
+        "d-a1": repaired(True, tokens(1000, 400, 200)),
+        "d-a2": repaired(False, tokens(3000, 0, 600)),
+        "d-b1": repaired(True, tokens(500, 0, 100)),
         "d-b2": None,  # never finished: a failed trial
-        "r-a": {
-            "trials": [{"trial": t, "certified": False, "tokens": tokens(900)} for t in (1, 2)]
-        },
-        "r-b": {
-            "trials": [
+        "r-a": regenerated(
+            [{"trial": t, "certified": False, "tokens": tokens(900)} for t in (1, 2)]
+        ),
+        "r-b": regenerated(
+            [
                 {"trial": 1, "certified": True, "tokens": tokens(800, 0, 200)},
                 {"trial": 2, "certified": False, "tokens": tokens(800, 0, 200)},
             ]
-        },
-        "n-a1": {"certified": True, "tokens": tokens(100)},
-        "n-a2": {"certified": False, "tokens": tokens(100)},
-        "n-b1": {"certified": False, "tokens": tokens(100)},
-        "n-b2": {"certified": False, "tokens": tokens(100)},
+        ),
+        "n-a1": repaired(True, tokens(100)),
+        "n-a2": repaired(False, tokens(100)),
+        "n-b1": repaired(False, tokens(100)),
+        "n-b2": repaired(False, tokens(100)),
     }
-    table = compute_table(started, {"experiment_id": "e1", "arms": arms}, finishes)
+    finished = ExperimentFinished(experiment_id="e1", wall_s=1.0, arms=arms)
+    table = compute_table(started, finished, finishes)
     debug, regenerate, no_integrity = table.rows
     # a/x: 1 of 2, b/y: 1 of 2 (the unfinished trial fails) -> Pass@1 0.5; both recovered.
     assert (debug.pass_at_1, debug.pass_at_k, debug.successes, debug.attempts) == (0.5, 1, 2, 4)
@@ -90,8 +106,8 @@ def test_the_table_follows_the_papers_definitions():
     assert (audited.arm, audited.audited, audited.rejected) == ("debug-no-integrity", 1, 1)
     assert audited.rejected_sessions == ["n-a1"]
     # An arm without a success has no tokens per success, shown as such everywhere.
-    finishes["n-a1"]["certified"] = False
-    row = compute_table(started, {"arms": arms}, finishes).rows[2]
+    finishes["n-a1"] = repaired(False, tokens(100))
+    row = compute_table(started, finished, finishes).rows[2]
     assert row.tokens_per_success is None
 
     text = markdown(table)

@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from kb.events import EventStore
 from nearmiss.engine.errors import UsageError
-from nearmiss.experiments.table import Table, compute_table
+from nearmiss.events import (
+    ExperimentFinished,
+    ExperimentStarted,
+    RegenerateFinished,
+    RepairFinished,
+    of_type,
+    parse,
+)
+from nearmiss.experiments.table import Finish, Table, compute_table
 
-FINISHING = ("RepairFinished", "RegenerateFinished")
+FINISHING = (RepairFinished.TYPE, RegenerateFinished.TYPE)
 
 
-def sessions_of(finished: dict) -> list[str]:
-    cells = [cell for by_near_miss in finished["arms"].values() for cell in by_near_miss.values()]
+def sessions_of(finished: ExperimentFinished) -> list[str]:
+    cells = [cell for by_near_miss in finished.arms.values() for cell in by_near_miss.values()]
     return [sid for cell in cells for sid in cell["sessions"]]
 
 
 async def load_table(store: EventStore, experiment_id: str) -> Table:
     """The table recomputed from the experiment's events and its sessions' finishing events."""
     events = await store.read_stream(f"experiment-{experiment_id}")
-    started = next((e.payload for e in events if e.type == "ExperimentStarted"), None)
-    finished = next((e.payload for e in events if e.type == "ExperimentFinished"), None)
+    started = next(iter(of_type(events, ExperimentStarted)), None)
+    finished = next(iter(of_type(events, ExperimentFinished)), None)
     if started is None:
         raise UsageError(f"no experiment {experiment_id!r} in the event log")
     if finished is None:
@@ -26,7 +36,8 @@ async def load_table(store: EventStore, experiment_id: str) -> Table:
     # A session's last event is how it finished (learning writes to the knowledge streams).
     heads = await store.heads(sessions_of(finished))
     finishes = {
-        sid: (head.payload if head.type in FINISHING else None) for sid, head in heads.items()
+        sid: cast(Finish, parse(head.type, head.payload)) if head.type in FINISHING else None
+        for sid, head in heads.items()
     }
     return compute_table(started, finished, finishes)
 
@@ -36,15 +47,18 @@ async def list_experiments(store: EventStore, limit: int = 50) -> list[dict]:
     started = await store.recent_of_type("ExperimentStarted", limit)
     ids = [e.stream_id for e in started]
     heads = await store.heads(ids)
-    return [
-        {
-            "experiment_id": e.payload["experiment_id"],
-            "started_at": e.recorded_at.isoformat(timespec="seconds"),
-            "model": e.payload["config"]["model"],
-            "arms": e.payload["config"]["arms"],
-            "near_misses": len(e.payload["config"]["near_misses"]),
-            "trials": e.payload["config"]["trials"],
-            "finished": heads[e.stream_id].type == "ExperimentFinished",
-        }
-        for e in started
-    ]
+    listed = []
+    for e in started:
+        config = cast(ExperimentStarted, parse(e.type, e.payload)).config
+        listed.append(
+            {
+                "experiment_id": e.payload["experiment_id"],
+                "started_at": e.recorded_at.isoformat(timespec="seconds"),
+                "model": config["model"],
+                "arms": config["arms"],
+                "near_misses": len(config["near_misses"]),
+                "trials": config["trials"],
+                "finished": heads[e.stream_id].type == ExperimentFinished.TYPE,
+            }
+        )
+    return listed

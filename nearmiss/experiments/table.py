@@ -17,8 +17,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from nearmiss.events import (
+    ExperimentFinished,
+    ExperimentStarted,
+    RegenerateFinished,
+    RepairFinished,
+)
 from nearmiss.experiments.config import ARMS
 from workflows.models import TokenUsage
+
+# How a session of an experiment finished: a repair's or a regenerate session's last event.
+Finish = RepairFinished | RegenerateFinished
 
 
 @dataclass
@@ -108,26 +117,28 @@ class Table:
         }
 
 
-def trials_of(kind: str, sessions: list[str], finishes: dict, k: int) -> list[Trial]:
+def trials_of(
+    kind: str, sessions: list[str], finishes: dict[str, Finish | None], k: int
+) -> list[Trial]:
     """The trials behind one cell, from its sessions' finishing events (None: never finished)."""
     trials = []
     if kind == "regenerate":
         for sid in sessions:
-            payload = finishes.get(sid)
-            if payload is None:
+            finish = finishes.get(sid)
+            if not isinstance(finish, RegenerateFinished):
                 trials += [Trial(sid, t, False, TokenUsage(), False) for t in range(1, k + 1)]
                 continue
-            for t in payload["trials"]:
+            for t in finish.trials:
                 tokens = TokenUsage(**t["tokens"])
                 trials.append(Trial(sid, t["trial"], t["certified"], tokens))
         return trials
     for number, sid in enumerate(sessions, 1):
-        payload = finishes.get(sid)
-        if payload is None:
+        finish = finishes.get(sid)
+        if not isinstance(finish, RepairFinished):
             trials.append(Trial(sid, number, False, TokenUsage(), False))
         else:
-            tokens = TokenUsage(**payload["tokens"])
-            trials.append(Trial(sid, number, bool(payload["certified"]), tokens))
+            tokens = TokenUsage(**finish.tokens)
+            trials.append(Trial(sid, number, finish.certified, tokens))
     return trials
 
 
@@ -156,11 +167,13 @@ def arm_row(arm: str, cells: dict[str, Cell]) -> ArmRow:
     )
 
 
-def compute_table(started: dict, finished: dict, finishes: dict[str, dict | None]) -> Table:
-    """The table of one experiment from its two events and its sessions' finishing payloads."""
-    config = started["config"]
+def compute_table(
+    started: ExperimentStarted, finished: ExperimentFinished, finishes: dict[str, Finish | None]
+) -> Table:
+    """The table of one experiment from its two events and its sessions' finishing events."""
+    config = started.config
     arms, near_misses, k = config["arms"], config["near_misses"], config["trials"]
-    recorded = finished["arms"]
+    recorded = finished.arms
     cells: dict[str, dict[str, Cell]] = {}
     for arm in arms:
         kind = ARMS[arm].kind
@@ -185,7 +198,7 @@ def compute_table(started: dict, finished: dict, finishes: dict[str, dict | None
             Audit(arm.name, arm.recheck.enforces, len(verdicts), len(rejected), rejected, verdicts)
         )
     return Table(
-        experiment_id=finished.get("experiment_id", started.get("experiment_id", "")),
+        experiment_id=finished.experiment_id,
         model=config["model"],
         trials=k,
         near_misses=near_misses,
