@@ -103,7 +103,8 @@ class PlannedEvent(BaseModel):
 
     @classmethod
     def of(cls, event: Event) -> PlannedEvent:
-        return cls(type=event.TYPE, payload=event.payload())
+        # Built from a model, the payload already fits it: no second validation.
+        return cls.model_construct(type=event.TYPE, payload=event.payload())
 
 
 class Step(BaseModel):
@@ -154,7 +155,9 @@ class LoopState(BaseModel):
     certified: bool = False
 
 
-def evidence_collected(evidence: Evidence, phase: str, trial: int | None = None):
+def evidence_collected(
+    evidence: Evidence, phase: str, trial: int | None = None
+) -> EvidenceCollected:
     """The EvidenceCollected event of a check (repair and regenerate sessions alike; ``trial``
     in a regenerate session's); where the check ran and its control experiments and what they
     isolate, where it ran any (absent otherwise, as in events written before them)."""

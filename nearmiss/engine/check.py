@@ -144,7 +144,7 @@ def case_evidence(
         run_s=raw.run_s,
         kernel_s=raw.kernel_warm_s,
         reference_s=raw.reference_warm_s,
-        profile_error=raw.profile_error,
+        profile_error=raw.kernel_profile_error or raw.reference_profile_error,
         kernel_grid=grid,
     )
     if raw.outputs is None:

@@ -110,7 +110,10 @@ class RawCase:
     # candidate's compiled artifact and of the reference compiled by XLA, on the same device.
     kernel_warm_s: float | None = None
     reference_warm_s: float | None = None
-    profile_error: str = ""  # why a time asked for is missing
+    # Why a time asked for is missing, one field per side: the executor's thread writes the
+    # kernel's, the main thread the reference's.
+    kernel_profile_error: str = ""
+    reference_profile_error: str = ""
     # Integrity evidence (only when the run audits): the artifact's audit — None when the
     # executor sent none or a malformed one — the reference's work, inputs changed by the call,
     # probes, and host callbacks the tracing child saw (they leave no artifact to audit).
@@ -436,7 +439,8 @@ class _Executor(_Child):
             raw.run_s = _seconds(message.get("run_s"))
             raw.kernel_warm_s = _seconds(message.get("kernel_warm_s"))
             if profile_runs and raw.kernel_warm_s is None:
-                raw.profile_error = str(message.get("profile_error") or "no kernel time")[:200]
+                why = message.get("profile_error") or "no kernel time"
+                raw.kernel_profile_error = str(why)[:200]
             _record_outputs(raw, message, case_dir)
         except Exception as exc:
             self.unusable(raw, exc)
@@ -964,7 +968,7 @@ def run_sandboxed(
             raw.reference_warm_s = _seconds(ready.get("reference_warm_s"))
             if profile_runs and raw.reference_warm_s is None:
                 why = ready.get("reference_profile_error") or "no reference time"
-                raw.profile_error = f"reference: {why}"[:200]
+                raw.reference_profile_error = f"reference: {why}"[:200]
             probe_dirs = {}
             if audit:
                 raw.reference_work = ready.get("reference_work")
