@@ -81,6 +81,23 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.write_line(f"accuracy: {right}/{total} = {right / total:.1%}")
 
 
+# The slow groups, marked here so a run can leave them out (`-m "not stack and not corpus"`):
+# tests on a real Temporal server or PostgreSQL cluster (by the fixtures they use), and the
+# sweeps over the bundled corpus and the planted sets (by where they are).
+STACK_FIXTURES = {"temporal_address", "postgres_cluster"}
+CORPUS_FILES = {"test_corpus_sweep.py", "test_planted_sets.py"}  # and the planted sets' files
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if STACK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.stack)
+        file = item.path.name
+        planted_set = file.startswith("test_playbook_")
+        if planted_set or file in CORPUS_FILES or item.name.startswith("test_playbook_over_"):
+            item.add_marker(pytest.mark.corpus)
+
+
 def processes_under(folder: Path) -> list[int]:
     """PIDs whose working directory lies under ``folder``."""
     found = []
