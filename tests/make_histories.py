@@ -11,8 +11,11 @@ answered by the fake model endpoint.
 NAME picks some of them (default: all). Re-run it after an intended change to a workflow's
 command sequence, and keep old histories that must still replay (a change that breaks them needs
 workflow.patched): the *_before_kb.json ones predate knowledge retrieval and learning and replay
-through their patches; agent_round.json was recorded before the loop decided retrieval, the
-kind of round and learning (the workflow carried those decisions out itself then).
+through their patches; the *before_local* ones predate local activities for recording,
+retrieval and learning (the ``local-activities`` patch; ``fleet.before_local.run1.json``: a
+fleet's history keeps its workflow id ``fleet`` before the first dot); agent_round.json was
+recorded before the loop decided retrieval, the kind of round and learning (the workflow carried
+those decisions out itself then).
 """
 
 from __future__ import annotations

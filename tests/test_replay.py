@@ -1,13 +1,15 @@
 """Saved histories still replay against today's workflow code (determinism check).
 
 Every workflow a worker runs has saved histories here: repairs, a fleet's two runs (the first
-ends in continue-as-new) and a regenerate session. Regenerate them with
+ends in continue-as-new) and a regenerate session; ``*before_*`` ones were recorded by older
+workflow code and replay through its patches. Regenerate them with
 `.venv/bin/python tests/make_histories.py NAME` only after an intended change; a history that
 stops replaying means running sessions would break on upgrade.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -71,6 +73,7 @@ def _record_one_first(original, first_version: int):
     "workflow, history",
     [
         (RepairWorkflow, "certified_after_two_rounds"),
+        (RepairWorkflow, "certified_after_two_rounds_before_local"),
         (FleetWorkflow, "fleet.run1"),
         (RegenerateWorkflow, "regenerate_two_trials"),
     ],
@@ -88,3 +91,33 @@ async def test_a_changed_command_sequence_is_caught(monkeypatch, workflow, histo
     result = await replayer.replay_workflow(load(path), raise_on_replay_failure=False)
     assert result.replay_failure is not None
     assert "Nondeterminism" in str(result.replay_failure), result.replay_failure
+
+
+def activities_of(history: str) -> tuple[list[str], list[str], int]:
+    """(activities the server scheduled, local activities, workflow tasks) of a saved history."""
+    events = json.loads((Path(__file__).parent / "histories" / f"{history}.json").read_text())
+    scheduled, local, tasks = [], [], 0
+    for event in events["events"]:
+        if "activityTaskScheduledEventAttributes" in event:
+            scheduled.append(event["activityTaskScheduledEventAttributes"]["activityType"]["name"])
+        marker = event.get("markerRecordedEventAttributes")
+        if marker and marker["markerName"] == "core_local_activity":
+            data = json.loads(base64.b64decode(marker["details"]["data"]["payloads"][0]["data"]))
+            local.append(data["activity_type"])
+        tasks += event["eventType"] == "EVENT_TYPE_WORKFLOW_TASK_COMPLETED"
+    return scheduled, local, tasks
+
+
+def test_a_repair_waits_on_the_server_only_for_its_checks_and_fixes():
+    # Recording, retrieval and learning run in the workflow's own worker (local activities,
+    # workflows.routing.run_here), inside the workflow task that asked for them.
+    scheduled, local, tasks = activities_of("certified_after_two_rounds")
+    assert set(scheduled) == {"check_candidate", "propose_fix"}
+    assert set(local) == {"record_events", "retrieve_knowledge", "learn_from_session"}
+    # The same session before the change: everything scheduled, a workflow task after each.
+    scheduled_before, local_before, tasks_before = activities_of(
+        "certified_after_two_rounds_before_local"
+    )
+    assert local_before == [] and "record_events" in scheduled_before
+    assert len(scheduled_before) == len(scheduled) + len(local)
+    assert tasks <= tasks_before / 2, (tasks, tasks_before)

@@ -1,6 +1,8 @@
 """How a workflow records its events: through the ``record_events`` activity, at stream versions
 the workflow tracks itself — so a retried recording is a no-op (appends are idempotent per
-version) and a replayed workflow records nothing new."""
+version) and a replayed workflow records nothing new. It runs in the workflow's own worker
+(``routing.run_here``).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.loop import PlannedEvent
     from workflows.models import RecordInput
     from workflows.retries import infra_retry
+    from workflows.routing import run_here
 
 RECORD_OPTIONS: dict[str, Any] = dict(
     start_to_close_timeout=timedelta(seconds=30),
@@ -29,5 +32,5 @@ async def record(version: int, events: list[PlannedEvent]) -> int:
         expected_version=version,
         events=[e.model_dump(mode="json") for e in events],
     )
-    await workflow.execute_activity("record_events", request, **RECORD_OPTIONS)
+    await run_here("record_events", request, **RECORD_OPTIONS)
     return version + len(events)

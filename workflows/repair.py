@@ -33,7 +33,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.recording import record
     from workflows.retries import infra_retry
-    from workflows.routing import GENERAL_QUEUE, check_options, no_worker_reason
+    from workflows.routing import GENERAL_QUEUE, check_options, no_worker_reason, run_here
 
 TASK_QUEUE = GENERAL_QUEUE  # the workflows' queue; checks go to their target's (routing)
 KERNEL_ATTRIBUTE = SearchAttributeKey.for_keyword("NearmissKernel")
@@ -181,7 +181,7 @@ class RepairWorkflow:
         await self._record(step.events)
         # The knowledge base learns from the log of this session (quality-gated there).
         if step.action.kind == "learn" and workflow.patched("learn-from-session"):
-            await workflow.execute_activity(
+            await run_here(
                 "learn_from_session", result.session_id, result_type=str, **RETRIEVE_OPTIONS
             )
         return result
@@ -191,7 +191,7 @@ class RepairWorkflow:
         # Sessions started before retrieval existed replay without it.
         if not workflow.patched("retrieve-knowledge"):
             return None
-        return await workflow.execute_activity(
+        return await run_here(
             "retrieve_knowledge",
             RetrieveInput(
                 evidence=self.loop.state.current_evidence,

@@ -12,6 +12,13 @@ the others too, and refuses it (``TargetNotServed``) when it does not. A check n
 within the session's ``worker_wait_s`` stops the session with ``no_worker`` rather than waiting
 forever (``schedule_to_start_timeout``, which Temporal does not retry).
 
+The short general activities a workflow waits on between its steps (recording its events,
+retrieval, learning: reads and writes of the event store) run as *local* activities
+(``run_here``): the worker running the workflow runs them at once, inside the same workflow
+task, instead of the server scheduling and dispatching them and starting a new workflow task
+when they complete. That saves two server round trips per step (benchmarks/fleet_overhead.py).
+Their results are kept in the history as markers, so a replay runs none of them again.
+
 No I/O: the workflows import this.
 """
 
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
@@ -32,6 +40,8 @@ INTERPRET, GPU = "interpret", "gpu"
 NOT_SERVED = "TargetNotServed"  # the error type a worker raises for a target it does not serve
 # Sessions whose histories predate target queues ran their checks on the general queue.
 PATCH = "check-queues"
+# Sessions whose histories predate local activities scheduled those on the general queue.
+LOCAL_PATCH = "local-activities"
 
 
 def routing_target(targets: Sequence[str]) -> str:
@@ -59,6 +69,14 @@ def check_options(options: dict, targets: Sequence[str], worker_wait_s: float) -
         "task_queue": check_queue(targets),
         "schedule_to_start_timeout": timedelta(seconds=worker_wait_s),
     }
+
+
+async def run_here(name: str, arg: object, **options: Any) -> Any:
+    """Run the general activity ``name`` on ``arg`` as a local activity (see above); scheduled
+    on the general queue for a session that started before local activities."""
+    if workflow.patched(LOCAL_PATCH):
+        return await workflow.execute_local_activity(name, arg, **options)
+    return await workflow.execute_activity(name, arg, **options)
 
 
 def no_worker_reason(
