@@ -11,12 +11,17 @@ The fleet's worker keeps spare children (``runner.spares``), as every worker doe
 checks run twice: one-shot, as ``nearmiss check`` runs them (no spares), then with spares kept
 as the fleet had them; each ratio is printed.
 
+This machine's check times drift by ±15 % from one minute to the next, more than the fleet's
+own cost, so one run's ratio is a noisy sample. ``--repeat N`` runs the whole comparison N times,
+each on a fresh stack, and prints each run's ratios and their medians.
+
 ``--profile`` also prints where the fleet's time went, read from its members' Temporal
 histories: the checks' own run time, their wait for a worker slot, every other activity, and
 the time a member spent in none (workflow turns and the server's dispatch); then how much of
 the lanes' time no check ran in, and why. ``--fleet-only`` skips the bare runs.
 
-    .venv/bin/python benchmarks/fleet_overhead.py [--members 10] [--lanes 2] [--profile]
+    .venv/bin/python benchmarks/fleet_overhead.py [--members 10] [--lanes 2] [--repeat 1]
+        [--profile] [--fleet-only]
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import time
 
 from throwaway import embedded_stack_home
@@ -174,6 +180,7 @@ def main() -> None:
     parser.add_argument("--lanes", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="where the fleet's time went")
     parser.add_argument("--fleet-only", action="store_true", help="skip the bare checks")
+    parser.add_argument("--repeat", type=int, default=1, help="runs, each on a fresh stack")
     args = parser.parse_args()
     for name in ("TEMPORAL_ADDRESS", "NEARMISS_DATABASE_URL"):
         os.environ.pop(name, None)  # a stack of its own, so nothing learned before helps
@@ -181,15 +188,29 @@ def main() -> None:
     from nearmiss.cli.demo import fleet_members
 
     members = fleet_members()[: args.members]
-    with embedded_stack_home("nearmiss-fleet-overhead-"):
-        fleet_s, bare_s, checks, certified = asyncio.run(
-            fleet_then_bare(members, args.lanes, args.profile, not args.fleet_only)
+    ratios: dict[str, list[float]] = {}
+    for run in range(1, args.repeat + 1):
+        if args.repeat > 1:
+            print(f"run {run} of {args.repeat}:")
+        with embedded_stack_home("nearmiss-fleet-overhead-"):
+            fleet_s, bare_s, checks, certified = asyncio.run(
+                fleet_then_bare(members, args.lanes, args.profile, not args.fleet_only)
+            )
+        print(
+            f"{len(members)} members ({certified} certified), {checks} checks, {args.lanes} lanes"
         )
-    print(f"{len(members)} members ({certified} certified), {checks} checks, {args.lanes} lanes")
-    print(f"fleet: {fleet_s:.1f} s")
-    for how, seconds in bare_s.items():
-        ratio = fleet_s / seconds
-        print(f"the same checks bare, {how}: {seconds:.1f} s   fleet / bare: {ratio:.2f}x")
+        print(f"fleet: {fleet_s:.1f} s")
+        for how, seconds in bare_s.items():
+            ratio = fleet_s / seconds
+            ratios.setdefault(how, []).append(ratio)
+            print(f"the same checks bare, {how}: {seconds:.1f} s   fleet / bare: {ratio:.2f}x")
+    if args.repeat > 1:
+        for how, values in ratios.items():
+            each = ", ".join(f"{r:.2f}" for r in values)
+            print(
+                f"fleet / bare {how}, median of {len(values)}: {statistics.median(values):.2f}x "
+                f"({each})"
+            )
 
 
 if __name__ == "__main__":
