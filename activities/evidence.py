@@ -60,7 +60,7 @@ def evidence_from_report(report: CheckReport, candidate_hash: str, report_hash: 
         suite=report.suite,
         certified=report.certified,
         failure_class=report.failure_class,
-        failure_classes=report.failure_classes,
+        failure_classes=list(report.failure_classes),
         integrity_ok=report.integrity.ok,
         violations=[Finding(rule=v.rule, detail=v.detail) for v in report.integrity.violations],
         diagnosis=report.diagnosis,

@@ -64,7 +64,10 @@ def _quote(lines: list[str]) -> str:
 def parse_blocks(answer: str) -> list[Block]:
     """The SEARCH/REPLACE blocks of an answer, in order; [] when it has no marker at all."""
     blocks: list[Block] = []
-    state, search, replace, start = None, [], [], 0
+    state: str | None = None  # in a block: "search", then "replace"
+    start = 0
+    search: list[str] = []
+    replace: list[str] = []
     for number, line in enumerate(answer.split("\n"), 1):
         if state is None:
             if _SEARCH.match(line):
