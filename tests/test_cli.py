@@ -212,3 +212,34 @@ def test_a_reader_that_goes_away_ends_the_output_quietly():
     _, stderr = process.communicate(timeout=120)
     assert b"Traceback" not in stderr and b"BrokenPipe" not in stderr
     assert process.returncode == 0
+
+
+async def test_a_progress_query_the_worker_fails_is_said_once_and_never_fatal(capsys):
+    # A worker that cannot replay a session fails its queries (a nondeterminism error); the
+    # command following it shows no progress, says why once, and waits on for the result.
+    from temporalio.client import WorkflowQueryFailedError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from nearmiss.client.faults import progress_or_none
+
+    class Handle:
+        id = "repair-x"
+
+        def __init__(self, error):
+            self.error, self.asked = error, 0
+
+        async def query(self, query):
+            self.asked += 1
+            if self.error is None:
+                return "progress"
+            raise self.error
+
+    failing = Handle(WorkflowQueryFailedError("[TMPRL1100] Nondeterminism error: ..."))
+    assert [await progress_or_none(failing, None) for _ in range(3)] == [None] * 3
+    assert failing.asked == 3
+    said = capsys.readouterr().err
+    assert said.count("no progress from repair-x") == 1 and "Nondeterminism" in said
+    away = Handle(RPCError("unavailable", RPCStatusCode.UNAVAILABLE, b""))
+    assert await progress_or_none(away, None) is None
+    assert capsys.readouterr().err == ""
+    assert await progress_or_none(Handle(None), None) == "progress"

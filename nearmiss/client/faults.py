@@ -117,3 +117,31 @@ def as_activity_error(exc: Exception, attempt: int) -> Exception:
             describe(exc), type=INFRASTRUCTURE, category=ApplicationErrorCategory.BENIGN
         )
     return ApplicationError(describe(exc), type=type(exc).__name__, non_retryable=True)
+
+
+_QUERY_FAILURES_SAID: set[tuple[str, str]] = set()
+
+
+async def progress_or_none(handle, query):
+    """What ``query`` of the workflow ``handle`` answers, or None when it cannot answer now.
+
+    A progress line is a display: it never makes a command fail. The server may be away for a
+    moment (an ``RPCError``), or the worker may fail the query (``WorkflowQueryFailedError``,
+    e.g. a history it cannot replay): that is said once per session and reason, on stderr,
+    and the command goes on waiting for the session's result.
+    """
+    import sys
+
+    from temporalio.client import WorkflowQueryFailedError
+    from temporalio.service import RPCError
+
+    try:
+        return await handle.query(query)
+    except RPCError:
+        return None
+    except WorkflowQueryFailedError as exc:
+        said = (handle.id, str(exc))
+        if said not in _QUERY_FAILURES_SAID:
+            _QUERY_FAILURES_SAID.add(said)
+            print(f"  (no progress from {handle.id}: {describe(exc)})", file=sys.stderr)
+        return None

@@ -29,7 +29,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from kb.events import EventStore
-from nearmiss.client.faults import describe, is_infrastructure_error
+from nearmiss.client.faults import describe, is_infrastructure_error, progress_or_none
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.inputs import read_source
 from nearmiss.engine.runner import spares
@@ -234,9 +234,9 @@ class LiveView:
         rows = []
         for member in progress.running:
             line = ["-", "starting", "-", "-", "-"]
-            with contextlib.suppress(RPCError):
-                handle = self.client.get_workflow_handle(member.session_id)
-                p: Progress = await handle.query(RepairWorkflow.progress)
+            handle = self.client.get_workflow_handle(member.session_id)
+            p: Progress | None = await progress_or_none(handle, RepairWorkflow.progress)
+            if p is not None:
                 score = f"{p.score:.2f}" if p.score is not None else "-"
                 line = [str(p.round), p.phase, p.failure_class or "-", score, str(p.tokens.total)]
             rows.append([member.name, *line])
@@ -328,8 +328,9 @@ async def follow(
             result_task = asyncio.ensure_future(handle.result())
             while not result_task.done():
                 if not quiet:
-                    with contextlib.suppress(RPCError):
-                        await view.update(await handle.query(FleetWorkflow.progress))
+                    progress = await progress_or_none(handle, FleetWorkflow.progress)
+                    if progress is not None:
+                        await view.update(progress)
                 await asyncio.wait({result_task}, timeout=POLL_S)
             error = result_task.exception()
             if error is None:

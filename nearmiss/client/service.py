@@ -48,6 +48,7 @@ from nearmiss.client.faults import (
     as_activity_error,
     describe,
     is_infrastructure_error,
+    progress_or_none,
 )
 from nearmiss.client.settings import Settings
 from nearmiss.engine.check import require_file
@@ -263,8 +264,8 @@ async def _follow(handle: WorkflowHandle, quiet: bool) -> RepairResult:
     result_task = asyncio.ensure_future(handle.result())
     last = None
     while not result_task.done():
-        with contextlib.suppress(RPCError):
-            progress: Progress = await handle.query(RepairWorkflow.progress)
+        progress: Progress | None = await progress_or_none(handle, RepairWorkflow.progress)
+        if progress is not None:
             line = (
                 f"round {progress.round} · {progress.phase}"
                 + (f" · {progress.failure_class}" if progress.failure_class else "")
