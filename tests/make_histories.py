@@ -13,7 +13,8 @@ command sequence, and keep old histories that must still replay (a change that b
 workflow.patched): the *_before_kb.json ones predate knowledge retrieval and learning and replay
 through their patches; the *before_local* ones predate local activities for recording,
 retrieval and learning (the ``local-activities`` patch; ``fleet.before_local.run1.json``: a
-fleet's history keeps its workflow id ``fleet`` before the first dot); agent_round.json was
+fleet's history keeps its workflow id ``fleet`` before the first dot); the *before_start* ones
+predate deciding every patch at the start of the run (workflows/patches.py); agent_round.json was
 recorded before the loop decided retrieval, the kind of round and learning (the workflow carried
 those decisions out itself then).
 """

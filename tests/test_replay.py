@@ -74,6 +74,7 @@ def _record_one_first(original, first_version: int):
     [
         (RepairWorkflow, "certified_after_two_rounds"),
         (RepairWorkflow, "certified_after_two_rounds_before_local"),
+        (RepairWorkflow, "certified_after_two_rounds_before_start"),
         (FleetWorkflow, "fleet.run1"),
         (RegenerateWorkflow, "regenerate_two_trials"),
     ],
@@ -121,3 +122,62 @@ def test_a_repair_waits_on_the_server_only_for_its_checks_and_fixes():
     assert local_before == [] and "record_events" in scheduled_before
     assert len(scheduled_before) == len(scheduled) + len(local)
     assert tasks <= tasks_before / 2, (tasks, tasks_before)
+
+
+RACES = Path(__file__).parent / "races"
+
+
+def late_local_results(path: Path) -> int:
+    """Local activities whose result reached the workflow's code one workflow task after their
+    marker: the marker ends a completed task and the next task is scheduled at once, with
+    nothing in between that asked for it (workflows.patches)."""
+    events = json.loads(path.read_text())["events"]
+    return sum(
+        (before.get("markerRecordedEventAttributes") or {}).get("markerName")
+        == "core_local_activity"
+        and after["eventType"] == "EVENT_TYPE_WORKFLOW_TASK_SCHEDULED"
+        for before, after in zip(events, events[1:], strict=False)
+    )
+
+
+async def test_a_local_result_that_reaches_the_code_a_task_late_replays():
+    # Both recorded by `nearmiss repair` on a golden kernel with two busy loops on the two
+    # cores: the first record_events finished while its workflow task was being completed. The
+    # session from before decided its patches where it used them, one task early on a replay:
+    # its replay fails (as its progress query did, live). Today's code decides at the start.
+    before, today = RACES / "late_local_result.before_start.json", RACES / "late_local_result.json"
+    assert late_local_results(before) == late_local_results(today) == 1
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    failed = await replayer.replay_workflow(load(before), raise_on_replay_failure=False)
+    assert "patch marker encountered for change check-queues" in str(failed.replay_failure)
+    assert (await replayer.replay_workflow(load(today))).replay_failure is None
+
+
+def test_sessions_started_today_ask_no_patch_after_their_first_workflow_task():
+    for path in [*HISTORIES, *RACES.glob("*.json")]:
+        kinds = [
+            e["eventType"].removeprefix("EVENT_TYPE_")
+            for e in json.loads(path.read_text())["events"]
+        ]
+        # The first task's commands are the events between its completion and the next task.
+        first_done = kinds.index("WORKFLOW_TASK_COMPLETED")
+        next_task = kinds.index("WORKFLOW_TASK_SCHEDULED", first_done)
+        patches = {i: patch for i, patch in enumerate(patch_ids(path)) if patch}
+        if "decided-at-start" in patches.values():
+            assert max(patches) < next_task, (path.name, patches)
+
+
+def patch_ids(path: Path) -> list[str | None]:
+    """Per event of a saved history: the patch id of a patch marker, else None."""
+    ids = []
+    for event in json.loads(path.read_text())["events"]:
+        marker = event.get("markerRecordedEventAttributes") or {}
+        data = (
+            marker.get("details", {}).get("patch-data")
+            if marker.get("markerName") == "core_patch"
+            else None
+        )
+        ids.append(
+            json.loads(base64.b64decode(data["payloads"][0]["data"]))["id"] if data else None
+        )
+    return ids

@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from nearmiss.events import Event, FleetFinished, FleetMemberFinished, FleetStarted
     from workflows.loop import Guards, PlannedEvent
     from workflows.models import RepairResult, TokenUsage
+    from workflows.patches import decide_at_start
     from workflows.recording import record
     from workflows.repair import TASK_QUEUE, RepairRequest, RepairWorkflow
 
@@ -129,6 +130,7 @@ class FleetWorkflow:
 
     @workflow.run
     async def run(self, request: FleetRequest) -> FleetResult:
+        decide_at_start()
         self.request = request
         fleet_id = workflow.info().workflow_id
         if request.version == 0:

@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from nearmiss.events import KernelGenerated, RegenerateFinished, RegenerateStarted
     from workflows.loop import WORKER_WAIT_S, PlannedEvent, evidence_collected
     from workflows.models import CheckInput, TokenUsage, is_kind
+    from workflows.patches import decide_at_start
     from workflows.recording import record
     from workflows.repair import (
         CHECK_OPTIONS,
@@ -91,6 +92,7 @@ class RegenerateWorkflow:
 
     @workflow.run
     async def run(self, request: RegenerateRequest) -> RegenerateResult:
+        decide_at_start()
         if not is_kind(request.model, chat=True):
             raise ApplicationError(
                 f"model {request.model!r} cannot write a kernel: regenerate needs openai:MODEL",

@@ -31,6 +31,13 @@ with workflow.unsafe.imports_passed_through():
         TokenUsage,
         is_kind,
     )
+    from workflows.patches import (
+        AGENT_TOOLS,
+        LEARN_FROM_SESSION,
+        RETRIEVE_KNOWLEDGE,
+        decide_at_start,
+        has,
+    )
     from workflows.recording import record
     from workflows.retries import infra_retry
     from workflows.routing import GENERAL_QUEUE, check_options, no_worker_reason, run_here
@@ -116,6 +123,7 @@ class RepairWorkflow:
 
     @workflow.run
     async def run(self, request: RepairRequest) -> RepairResult:
+        decide_at_start()
         # (A fixer a test plugs in under a name of its own has none of the kinds' properties.)
         state = LoopState(
             guards=request.guards,
@@ -180,7 +188,7 @@ class RepairWorkflow:
         step = loop.finish(result)
         await self._record(step.events)
         # The knowledge base learns from the log of this session (quality-gated there).
-        if step.action.kind == "learn" and workflow.patched("learn-from-session"):
+        if step.action.kind == "learn" and has(LEARN_FROM_SESSION):
             await run_here(
                 "learn_from_session", result.session_id, result_type=str, **RETRIEVE_OPTIONS
             )
@@ -189,7 +197,7 @@ class RepairWorkflow:
     async def _retrieve(self, request: RepairRequest) -> RetrieveResult | None:
         assert self.loop is not None and self.loop.state.current_evidence is not None
         # Sessions started before retrieval existed replay without it.
-        if not workflow.patched("retrieve-knowledge"):
+        if not has(RETRIEVE_KNOWLEDGE):
             return None
         return await run_here(
             "retrieve_knowledge",
@@ -220,7 +228,7 @@ class RepairWorkflow:
         )
         guards = request.guards
         # Sessions from before the agent replay without its tool rounds.
-        if action.tool_round and workflow.patched("agent-tools"):
+        if action.tool_round and has(AGENT_TOOLS):
             budget = guards.token_budget
             return await run_agent_round(
                 fix,

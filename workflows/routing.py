@@ -31,6 +31,8 @@ from typing import Any
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
+from workflows.patches import CHECK_QUEUES, LOCAL_ACTIVITIES, has
+
 GENERAL_QUEUE = "nearmiss-repair"
 CHECK_QUEUE_PREFIX = "nearmiss-check-"
 # The target names as nearmiss.engine.targets.registry spells them, restated: workflows import
@@ -38,10 +40,6 @@ CHECK_QUEUE_PREFIX = "nearmiss-check-"
 # from the engine's packages.
 INTERPRET, GPU = "interpret", "gpu"
 NOT_SERVED = "TargetNotServed"  # the error type a worker raises for a target it does not serve
-# Sessions whose histories predate target queues ran their checks on the general queue.
-PATCH = "check-queues"
-# Sessions whose histories predate local activities scheduled those on the general queue.
-LOCAL_PATCH = "local-activities"
 
 
 def routing_target(targets: Sequence[str]) -> str:
@@ -62,7 +60,7 @@ def queue_of(target: str) -> str:
 def check_options(options: dict, targets: Sequence[str], worker_wait_s: float) -> dict:
     """``options`` sent to the targets' queue, waiting at most ``worker_wait_s`` for a worker;
     unchanged for a session that started before target queues (its history has none)."""
-    if not workflow.patched(PATCH):
+    if not has(CHECK_QUEUES):
         return options
     return {
         **options,
@@ -74,7 +72,7 @@ def check_options(options: dict, targets: Sequence[str], worker_wait_s: float) -
 async def run_here(name: str, arg: object, **options: Any) -> Any:
     """Run the general activity ``name`` on ``arg`` as a local activity (see above); scheduled
     on the general queue for a session that started before local activities."""
-    if workflow.patched(LOCAL_PATCH):
+    if has(LOCAL_ACTIVITIES):
         return await workflow.execute_local_activity(name, arg, **options)
     return await workflow.execute_activity(name, arg, **options)
 
