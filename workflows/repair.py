@@ -124,6 +124,9 @@ class RepairWorkflow:
     @workflow.run
     async def run(self, request: RepairRequest) -> RepairResult:
         decide_at_start()
+        # The deadline counts from the first workflow task: a time read after an await may be
+        # read in another task on a replay than live (workflows.patches).
+        started_at = self._now()
         # (A fixer a test plugs in under a name of its own has none of the kinds' properties.)
         state = LoopState(
             guards=request.guards,
@@ -142,7 +145,7 @@ class RepairWorkflow:
         )
         started = RepairStarted.model_validate(request.model_dump(mode="json"))
         await self._record([PlannedEvent.of(started)])
-        step = loop.begin(request.candidate_hash, self._now())
+        step = loop.begin(request.candidate_hash, started_at)
         while True:
             await self._record(step.events)
             action = step.action
