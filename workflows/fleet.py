@@ -133,6 +133,10 @@ class FleetWorkflow:
         decide_at_start()
         self.request = request
         fleet_id = workflow.info().workflow_id
+        # Whether the server suggests a new run, read only where the task is the one a history
+        # event started (at the start, after a child's start or end): after recording, a local
+        # activity, the code may run in another task live than on a replay (workflows.patches).
+        suggested = workflow.info().is_continue_as_new_suggested()
         if request.version == 0:
             started = FleetStarted(
                 members=len(request.members),
@@ -151,15 +155,17 @@ class FleetWorkflow:
                     request.next_index < len(request.members)
                     and len(pending) < request.concurrency
                     and started_here < request.members_per_run
-                    and not workflow.info().is_continue_as_new_suggested()
+                    and not suggested
                 ):
                     task, member = await self._start(fleet_id, request.next_index)
+                    suggested = workflow.info().is_continue_as_new_suggested()
                     pending[task] = member
                     request.next_index += 1
                     started_here += 1
                 if not pending:
                     break
                 done, _ = await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                suggested = workflow.info().is_continue_as_new_suggested()
                 for task in sorted(done, key=lambda t: pending[t].index):
                     await self._finish(pending.pop(task), task)
         except asyncio.CancelledError:
