@@ -69,12 +69,15 @@ async def run_agent_round(
     tools_left: int,
     tokens_left: int | None,
     record: Callable[[list[PlannedEvent]], Awaitable[None]],
-) -> FixOutcome:
-    """The round's outcome, with the tokens of all its turns and the tool calls it ran.
-    ``tool_routing``: the task queue options of the experiments (workflows.routing)."""
+) -> tuple[FixOutcome, float]:
+    """The round's outcome, with the tokens of all its turns and the tool calls it ran, and
+    the time it ended (``workflow.now()``, read before its last recording: after a recording,
+    a local activity, the code may run in another workflow task live than on a replay, see
+    workflows.patches). ``tool_routing``: the task queue options of the experiments
+    (workflows.routing)."""
     budget = max(0, min(per_round, tools_left))
     step_input = AgentStepInput(fix=fix, tool_budget=budget, tools_allowed=budget > 0)
-    tokens, ran = TokenUsage(), 0
+    tokens, ran, ended = TokenUsage(), 0, _now()
     for _turn in range(budget + EXTRA_TURNS):
         try:
             step = await workflow.execute_activity(
@@ -82,13 +85,14 @@ async def run_agent_round(
             )
         except ActivityError as err:  # retries exhausted, or a non-retryable model error
             reason = f"the fixer failed: {err.cause or err}"
-            return FixOutcome(fatal=True, reason=reason, model=fix.model, tokens=tokens)
+            return FixOutcome(fatal=True, reason=reason, model=fix.model, tokens=tokens), _now()
         tokens = tokens + step.tokens
         answers = list(step.answered)
         events = [_called(fix.round, answer, ran=False) for answer in step.answered]
         if step.outcome is not None:
+            ended = _now()
             await record(events)  # e.g. calls refused because the round had to end
-            return step.outcome.model_copy(update={"tokens": tokens, "tool_calls": ran})
+            return step.outcome.model_copy(update={"tokens": tokens, "tool_calls": ran}), ended
         for call in step.calls:
             if ran >= budget:
                 answer = ToolAnswer.to(call, "not run: the tool budget of this round is spent")
@@ -98,10 +102,11 @@ async def run_agent_round(
                 ran += 1
                 events.append(_called(fix.round, answer, ran=True))
             answers.append(answer)
+        ended = _now()
         await record(events)
         if tokens_left is not None and tokens.total >= tokens_left:
             reason = "the token budget ran out during the round's experiments"
-            return FixOutcome(reason=reason, model=fix.model, tokens=tokens, tool_calls=ran)
+            return FixOutcome(reason=reason, model=fix.model, tokens=tokens, tool_calls=ran), ended
         left = budget - ran
         note = (
             f"{left} tool call(s) left this round."
@@ -117,7 +122,11 @@ async def run_agent_round(
             note=note,
         )
     reason = f"no edit after {budget + EXTRA_TURNS} model turns"
-    return FixOutcome(reason=reason, model=fix.model, tokens=tokens, tool_calls=ran)
+    return FixOutcome(reason=reason, model=fix.model, tokens=tokens, tool_calls=ran), ended
+
+
+def _now() -> float:
+    return workflow.now().timestamp()
 
 
 async def _run_tool(fix: FixInput, call: ToolCall, routing: dict) -> ToolAnswer:

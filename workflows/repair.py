@@ -156,7 +156,8 @@ class RepairWorkflow:
                 step = loop.on_retrieved(await self._retrieve(request))
                 continue  # no tokens spent: the search attribute stays as it is
             if action.kind == "fix":
-                step = loop.on_fix(await self._fix(request, action), self._now())
+                outcome, ended = await self._fix(request, action)
+                step = loop.on_fix(outcome, ended)
             else:
                 check = CheckInput(
                     spec_hash=request.spec_hash,
@@ -212,7 +213,8 @@ class RepairWorkflow:
             **RETRIEVE_OPTIONS,
         )
 
-    async def _fix(self, request: RepairRequest, action: Action) -> FixOutcome:
+    async def _fix(self, request: RepairRequest, action: Action) -> tuple[FixOutcome, float]:
+        """The fix's outcome and the time it ended."""
         assert self.loop is not None  # run() made it before the first round
         state = self.loop.state
         evidence = state.current_evidence
@@ -243,12 +245,14 @@ class RepairWorkflow:
                 record=self._record,
             )
         try:
-            return await workflow.execute_activity(
+            outcome = await workflow.execute_activity(
                 "propose_fix", fix, result_type=FixOutcome, **FIX_OPTIONS
             )
         except ActivityError as err:  # retries exhausted, or a non-retryable model error
             cause = err.cause or err
-            return FixOutcome(fatal=True, reason=f"the fixer failed: {cause}", model=request.model)
+            reason = f"the fixer failed: {cause}"
+            outcome = FixOutcome(fatal=True, reason=reason, model=request.model)
+        return outcome, self._now()
 
     async def _record(self, events: list[PlannedEvent]) -> None:
         self.version = await record(self.version, events)
