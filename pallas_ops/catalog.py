@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from nearmiss.engine.inputs import parse_source
+
 CORPUS_ROOT = Path(__file__).resolve().parent
 
 # The kinds of bug generated kernels have; a variant's label names exactly one.
@@ -88,7 +90,7 @@ def _code_lines(path: Path) -> list[str]:
     """The file's lines after its module docstring (which differs by design: it names the bug)."""
     text = path.read_text()
     lines = text.splitlines(keepends=True)
-    body = ast.parse(text).body
+    body = parse_source(text).body
     first = body[0] if body else None
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
         lines = [""] * first.end_lineno + lines[first.end_lineno :]

@@ -3,8 +3,10 @@ the size limit; anything else is exit 2 with one line, read no further than its 
 
 from __future__ import annotations
 
+import json
 import os
-import threading
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from conftest import ROOT, SOFTMAX_SPEC, run_cli
 from nearmiss.engine.check import admit
 from nearmiss.engine.errors import UsageError
-from nearmiss.engine.inputs import MAX_SOURCE_BYTES, parse_source, read_source
+from nearmiss.engine.inputs import MAX_SOURCE_BYTES, read_source
 
 CANARY = "nearmiss-canary-5f1d"
 GOLDEN = ROOT / "pallas_ops" / "softmax_rows" / "golden.py"
@@ -159,23 +161,29 @@ def test_pseudo_and_device_trees_are_refused(tree, monkeypatch):
             planted.unlink()
 
 
-def test_parse_source_is_safe_from_many_threads():
-    source = GOLDEN.read_text()
-    errors: list[BaseException] = []
+def ast_threads(mode: str, seconds: float) -> dict:
+    """Run ``tests/races/ast_threads.py`` (threads building ASTs at once, provoked)."""
+    script = ROOT / "tests" / "races" / "ast_threads.py"
+    done = subprocess.run(
+        [sys.executable, str(script), mode, str(seconds)],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+        check=True,
+    )
+    return json.loads(done.stdout)
 
-    def parse_many() -> None:
-        try:
-            for _ in range(20):
-                parse_source(source, "golden.py")
-        except BaseException as exc:  # noqa: BLE001 - any failure is the finding
-            errors.append(exc)
 
-    threads = [threading.Thread(target=parse_many) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+def test_parsing_and_reading_arrays_from_many_threads_share_one_lock():
+    # The control: bare ast.parse and np.load in three threads fail within a second here
+    # (CPython 3.11; seen for real in a check whose executor thread read an array file while
+    # the main thread read another). Python 3.12 fixed the race, so there it may not fail.
+    bare = ast_threads("bare", 20)
+    if sys.version_info < (3, 12):
+        assert bare["errors"], bare
+    # The engine's parse_source and load_arrays, the same load for longer: no error.
+    engine = ast_threads("engine", 5)
+    assert engine["errors"] == [] and engine["parses"] > 0 and engine["loads"] > 0, engine
 
 
 def test_a_caller_may_widen_the_tree_to_a_fleet_root(tree):

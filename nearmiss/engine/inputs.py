@@ -22,9 +22,13 @@ regular, UTF-8 ``.py`` file of at most ``MAX_SOURCE_BYTES``:
 Anything else raises ``UsageError`` with a one-line reason (the CLI exits 2). The size is
 checked against the metadata before reading, and again on what is read.
 
-``parse_source`` serialises ``ast.parse``: CPython 3.11's AST construction keeps its recursion
-depth in interpreter-wide state, so two threads parsing at once can fail with ``SystemError: AST
-constructor recursion depth mismatch``. Every parse of candidate or spec text goes through it.
+``AST_LOCK`` serialises the building of Python ASTs: CPython 3.11 keeps the constructor's
+recursion depth in interpreter-wide state, so two threads building one at once (a collection
+switching threads in between) can fail with ``SystemError: AST constructor recursion depth
+mismatch`` (CPython gh-106905; seen in a check whose executor thread read an array file while
+the main thread read another). ``parse_source`` holds it for every parse of candidate or spec
+text, and ``runner.arrays`` while NumPy reads an ``.npz`` (its headers are read with
+``ast.literal_eval``).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from nearmiss.engine.errors import UsageError
 
 MAX_SOURCE_BYTES = 1 << 20  # 1 MiB: a kernel is a few hundred lines
 SPECIAL_TREES = ("/proc", "/sys", "/dev")
-_PARSE_LOCK = threading.Lock()
+AST_LOCK = threading.RLock()
 
 
 @overload
@@ -56,8 +60,8 @@ def parse_source(source: str | bytes, *, mode: Literal["eval"]) -> ast.Expressio
 
 
 def parse_source(source: str | bytes, filename: str = "<unknown>", mode: str = "exec") -> ast.AST:
-    """``ast.parse`` under a process-wide lock (see the module docstring)."""
-    with _PARSE_LOCK:
+    """``ast.parse`` under ``AST_LOCK`` (see the module docstring)."""
+    with AST_LOCK:
         return ast.parse(source, filename=filename, mode=mode)
 
 

@@ -33,6 +33,7 @@ from activities.fixers.playbook.source import (
     _span,
     _text,
 )
+from nearmiss.engine.inputs import parse_source
 
 ENTRY = "kernel"
 
@@ -691,7 +692,7 @@ def _numpy_alias(source: str) -> str | None:
 
 def _parses(source: str) -> bool:
     try:
-        compile(source, "<mutant>", "exec", flags=ast.PyCF_ONLY_AST)
+        parse_source(source, "<mutant>")
     except SyntaxError:
         return False
     return True

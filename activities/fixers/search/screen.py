@@ -31,6 +31,7 @@ from pathlib import Path
 from activities.evidence import score, score_cases
 from nearmiss.engine.check import case_verdict, check
 from nearmiss.engine.errors import UsageError
+from nearmiss.engine.inputs import parse_source
 from nearmiss.engine.integrity.gate import blocks_execution, static_violations
 from nearmiss.engine.runner.edit_screen import EditScreen
 from nearmiss.engine.runner.sandbox import ChildFailure, Limits
@@ -193,7 +194,7 @@ class _Reached:
         self.lines = lines
         self.skipped = 0
         self.statement: dict[int, tuple[int, int]] = {}  # line -> its smallest statement
-        tree = ast.parse(source) if lines else None
+        tree = parse_source(source) if lines else None
         statements = [n for n in ast.walk(tree) if isinstance(n, ast.stmt)] if tree else []
         for node in sorted(statements, key=lambda n: n.lineno - (n.end_lineno or n.lineno)):
             for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):

@@ -14,6 +14,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from nearmiss.engine.inputs import AST_LOCK
+
 _META_KEY = "__nearmiss_meta__"
 
 
@@ -61,8 +63,9 @@ def save_arrays(path: str | Path, arrays: list[np.ndarray], extra: dict | None =
 
 
 def load_arrays(path: str | Path) -> tuple[list[np.ndarray], dict]:
-    """Read a file written by save_arrays; never unpickles."""
-    with np.load(path, allow_pickle=False) as data:
+    """Read a file written by save_arrays; never unpickles. NumPy parses each array's header
+    with ``ast.literal_eval``, so this holds ``AST_LOCK`` (see ``nearmiss.engine.inputs``)."""
+    with AST_LOCK, np.load(path, allow_pickle=False) as data:
         meta = json.loads(bytes(data[_META_KEY]).decode())
         arrays = []
         for index, name in enumerate(meta["dtypes"]):
