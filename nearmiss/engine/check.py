@@ -48,6 +48,7 @@ from nearmiss.engine.runner.environment import isolation_level
 from nearmiss.engine.runner.session import Limits, RawCase, RawRun, run_sandboxed
 from nearmiss.engine.runner.target_plan import plan_targets
 from nearmiss.engine.runner.timing import speedup
+from nearmiss.engine.targets.registry import run_platform
 from nearmiss.engine.targets.verdict import judge_target
 
 log = logging.getLogger(__name__)
@@ -253,7 +254,8 @@ def check(
     ``integrity`` is the gate's mode (see ``nearmiss.engine.integrity.gate``). Raises UsageError
     (one-line reason) for unusable input; a candidate that fails to import, compile or run is a
     finding in the report, never an exception. ``targets`` (default: the spec's, else
-    interpret): certified means right numbers *and* every target accepts the kernel.
+    interpret): certified means right numbers *and* every target accepts the kernel; ``gpu``
+    alone, on a machine whose GPU answers, runs the cases on it (``targets.run_platform``).
     ``controls``: failing numeric cases get control experiments (``forensics.controls``), run
     in the same children after the suite; they name the trigger and settle the class, never
     the verdict. ``profile_runs``: warm runs timed per case, kernel and reference
@@ -268,6 +270,7 @@ def check(
         raise UsageError(
             f"unknown integrity mode {integrity!r}; expected one of {', '.join(MODES)}"
         )
+    platform = run_platform(targets)  # the GPU's, for the gpu target where one answers
     source, static, execute = admit(spec, candidate, integrity)
     seed = secrets.randbelow(2**31) if seed is None else seed
     plan = ControlPlan(source, require_file("spec", spec)) if controls else None
@@ -301,6 +304,7 @@ def check(
         suite,
         seed,
         limits or Limits(),
+        platform=platform,
         audit=integrity != "off",
         execute=execute,
         source=source,
@@ -375,7 +379,10 @@ def target_results(raw: RawRun, cases: list[CaseResult]) -> dict[str, TargetResu
     under the target's semantics count there."""
     in_order = {(c.suite, c.name): c.passed for c in cases}
     results = {}
-    for plan in plan_targets(raw.targets):
+    for plan in plan_targets(raw.targets, on_device=raw.platform != "cpu"):
+        if plan.on_device:
+            results[plan.target] = device_verdict(plan.verified_by, cases)
+            continue
         per_case = [
             {"key": r.info.key, "exported": plan.target in r.targets}
             | r.targets.get(plan.target, {})
@@ -391,6 +398,21 @@ def target_results(raw: RawRun, cases: list[CaseResult]) -> dict[str, TargetResu
             plan.target, plan.verified_by, plan.structure, plan.compile, per_case
         )
     return results
+
+
+def device_verdict(verified_by: str, cases: list[CaseResult]) -> TargetResult:
+    """The target the cases ran on: its verdict is theirs, its compiler's refusal included."""
+    failed = [c for c in cases if not c.passed]
+    if not failed:
+        return TargetResult(ok=True, verified_by=verified_by)
+    first = failed[0]
+    why = f"{first.error.type}: {first.error.message}" if first.error else first.diagnosis
+    return TargetResult(
+        ok=False,
+        verified_by=verified_by,
+        failure_class=first.failure_class,
+        error=f"{len(failed)}/{len(cases)} cases fail; {first.suite}/{first.name}: {why}"[:300],
+    )
 
 
 def semantics_verdict(raw: RawCase, evidence: dict, in_order: bool | None) -> dict | None:

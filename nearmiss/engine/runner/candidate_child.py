@@ -179,9 +179,10 @@ def export_case(kernel, request: dict) -> dict:
             except Exception:  # a forensic hint, like the geometry
                 narrow = None
             phase = "compile"
-            # On a CPU every pallas_call is interpreted, whatever the candidate passed.
-            mode = True if jax.default_backend() == "cpu" else None
-            exported = export_traced(jax.jit(program.function(mode)), avals_of(request))
+            # On a CPU every pallas_call is interpreted, on a device every one is compiled for
+            # it, whatever the candidate passed: a device's verdict is never emulation's.
+            on_cpu = jax.default_backend() == "cpu"
+            exported = export_traced(jax.jit(program.function(on_cpu)), avals_of(request))
             _EXPORTED[key] = (geometry, callbacks, exported, narrow)
         geometry, callbacks, artifact, narrow = _EXPORTED[key]
         (Path(request["dir"]) / ARTIFACT_FILE).write_bytes(artifact)

@@ -117,6 +117,8 @@ SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 CPU_TOPOLOGY = "/sys/devices/system/cpu"
 # Accelerator device nodes, for children that run on one (never needed on CPU).
 DEVICE_PATTERNS = ("/dev/nvidia*", "/dev/accel*", "/dev/vfio")
+# Where a CUDA toolkit usually lives: XLA compiles for a GPU with its ptxas, nvlink and libdevice.
+CUDA_HOMES = ("/usr/local/cuda", "/opt/cuda")
 # Answered with EPERM inside the sandbox: debugging other processes, mounts and namespaces,
 # keyrings, bpf, perf, userfaultfd, kernel images and modules, other processes' memory, file
 # handles (the classic container escape), io_uring, clocks, swap, reboot, accounting.
@@ -212,17 +214,21 @@ def _covered(path: Path, by: Iterable[Path]) -> bool:
     return any(path == other or path.is_relative_to(other) for other in by)
 
 
+def site_directories() -> list[Path]:
+    try:
+        import site
+
+        return [Path(p) for p in site.getsitepackages()]
+    except AttributeError:  # a virtualenv-style site module
+        return []
+
+
 @functools.cache
 def interpreter_paths() -> tuple[Path, ...]:
     """What the interpreter needs read-only: its installation, the virtual environment and any
     site directory outside both — never a folder that holds the project tree or $HOME."""
     wanted = [Path(sys.base_prefix), Path(sys.prefix), Path(sys.executable).resolve().parent]
-    try:
-        import site
-
-        wanted += [Path(p) for p in site.getsitepackages()]
-    except AttributeError:  # a virtualenv-style site module
-        pass
+    wanted += site_directories()
     kept: list[Path] = [Path(d) for d in SYSTEM_DIRS]
     protected = (PROJECT_ROOT, Path.home())
     for path in wanted:
@@ -232,6 +238,49 @@ def interpreter_paths() -> tuple[Path, ...]:
                 continue
             kept.append(path)
     return tuple(kept[len(SYSTEM_DIRS) :])
+
+
+@functools.cache
+def cuda_toolkit() -> Path | None:
+    """The CUDA toolkit XLA compiles GPU kernels with (a folder with ``bin/ptxas``), resolved to
+    its real path. Found here, outside the sandbox, where XLA finds it; a child sees it at that
+    path and is told so (``device_environment``). On the GPU machine ``/usr/local/cuda`` is a
+    link through ``/etc/alternatives``, which a sandbox does not see: without this, XLA inside
+    it finds no ``nvlink`` and every compile for the GPU fails."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    ptxas = shutil.which("ptxas")
+    if ptxas:
+        candidates.append(str(Path(ptxas).resolve().parent.parent))
+    candidates += CUDA_HOMES
+    for site_dir in site_directories():  # pip's CUDA (nvidia/cu13, nvidia/cuda_nvcc)
+        candidates += sorted(glob.glob(f"{site_dir}/nvidia/cu*"))
+    found = [Path(c) for c in candidates if c and (Path(c) / "bin" / "ptxas").is_file()]
+    with_nvlink = [c for c in found if (c / "bin" / "nvlink").is_file()]
+    chosen = with_nvlink or found
+    return chosen[0].resolve() if chosen else None
+
+
+def device_environment(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a child that compiles for a GPU: the CUDA toolkit's tools first on its PATH,
+    where XLA looks for ``nvlink`` and ``ptxas``."""
+    toolkit = cuda_toolkit()
+    if toolkit is not None:
+        env["PATH"] = os.pathsep.join(p for p in (str(toolkit / "bin"), env.get("PATH")) if p)
+    return env
+
+
+def links_to_recreate(path: str, visible: Iterable[Path]) -> list[tuple[str, str]]:
+    """(target, link) for each symbolic link on the way from ``path`` to what it names that a
+    sandbox showing only ``visible`` would lack. XLA finds libdevice only under CUDA's usual
+    homes, and ``/usr/local/cuda`` links through ``/etc/alternatives``, outside the sandbox."""
+    links, seen = [], set()
+    while os.path.islink(path) and path not in seen:
+        seen.add(path)
+        target = os.path.join(os.path.dirname(path), os.readlink(path))
+        if not _covered(Path(path), visible):
+            links.append((os.path.normpath(target), path))
+        path = os.path.normpath(target)
+    return links
 
 
 @dataclass(frozen=True)
@@ -303,6 +352,13 @@ class Bubblewrap:
             for pattern in DEVICE_PATTERNS:
                 for node in sorted(glob.glob(pattern)):
                     args += ["--dev-bind", node, node]
+            visible = [Path(d) for d in SYSTEM_DIRS] + list(interpreter_paths())
+            toolkit = cuda_toolkit()
+            if toolkit is not None and not _covered(toolkit, visible):
+                args += ["--ro-bind", str(toolkit), str(toolkit)]
+            for cuda_home in CUDA_HOMES:
+                for target, link in links_to_recreate(cuda_home, visible):
+                    args += ["--symlink", target, link]
         for path in (home, *writable):
             args += ["--bind", str(path), str(path)]
         # The sandbox's own root and /dev are tmpfs: read-only, nothing can be hoarded there.

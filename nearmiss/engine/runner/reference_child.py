@@ -78,7 +78,10 @@ def _profile_reference(jax, spec, inputs, runs: int) -> dict:
 
     try:
         compiled = jax.jit(spec.reference)
-        return {"reference_warm_s": warm_median_s(lambda: compiled(*inputs), runs)}
+        # Timed as a user would run it on the device: XLA's default precision (TF32 dots on a
+        # GPU), not the full precision the ground truth is computed at (``main``).
+        with jax.default_matmul_precision("default"):
+            return {"reference_warm_s": warm_median_s(lambda: compiled(*inputs), runs)}
     except Exception as exc:
         return {"reference_profile_error": f"{type(exc).__name__}: {exc}"[:200]}
 
@@ -381,8 +384,13 @@ def main() -> None:
     channel = start_child()
     # JAX before the request: a child started ahead of its check (``runner.spares``) has it
     # imported while it waits; a child started for its request loses nothing.
-    import jax  # noqa: F401
+    import jax
     import numpy  # noqa: F401
+
+    if jax.default_backend() != "cpu":
+        # The ground truth at full precision on a device too, as on the CPU: a GPU's default
+        # computes float32 dots in TF32, and a kernel would be certified against rounded values.
+        jax.config.update("jax_default_matmul_precision", "highest")
 
     request = channel.receive()
     if request.get("cmd") == "calibrate":

@@ -30,6 +30,7 @@ from nearmiss.engine.runner.environment import (
     PROJECT_ROOT,
     Bubblewrap,
     child_environment,
+    device_environment,
     sandbox_for,
     seccomp_memfd,
 )
@@ -67,12 +68,24 @@ class Limits:
         return self.case_timeout_s + self.startup_allowance_s
 
 
+JAX_FILTER_NOTE = "For simplicity, JAX has removed its internal frames"
+
+
 class ChildFailure(Exception):
     """Base of the ways a child can stop answering."""
 
     def __init__(self, message: str, log_tail: str = "") -> None:
         super().__init__(message)
         self.log_tail = log_tail
+
+    def last_error_line(self) -> str:
+        """The log's last line that says something: not JAX's note that it filtered its frames
+        out of the traceback (printed after the error itself), nor the rule above that note."""
+        for line in reversed(self.log_tail.splitlines()):
+            line = line.strip()
+            if line and not line.startswith(JAX_FILTER_NOTE) and set(line) != {"-"}:
+                return line
+        return ""
 
 
 class ChildTimeout(ChildFailure):
@@ -187,6 +200,9 @@ class SandboxChild:
             # finds (libtpu, installed for compile-only TPU targets, aborts in the sandbox and
             # costs half a second where it does not).
             env.setdefault("JAX_PLATFORMS", "cpu")
+        else:  # that device only: without it JAX would fall back to the CPU, silently
+            env["JAX_PLATFORMS"] = self.platform_hint
+            device_environment(env)
         argv = [sys.executable, "-m", self.module]
         pass_fds = list(self._child_ends)
         seccomp_fd = None

@@ -204,7 +204,8 @@ class _ReferenceFeed:
             try:
                 message = self._receive()
             except ChildFailure as exc:
-                tail = f" — {exc.log_tail.splitlines()[-1]}" if exc.log_tail else ""
+                line = exc.last_error_line()
+                tail = f" — {line}" if line else ""
                 message = {
                     "event": "spec_error",
                     "message": f"the spec's child failed: {exc}{tail}",
@@ -928,7 +929,7 @@ def run_sandboxed(
         described = feed.next("spec")
         reference = feed.child  # a new one if the spare died
         chosen = choose_targets(targets, described.get("targets"))
-        plans = plan_targets(chosen) if entry.artifact else []
+        plans = plan_targets(chosen, on_device=platform != "cpu") if entry.artifact else []
         lower_for = lowerings(plans)
         if execute:
             runner.wait_ready()

@@ -4,7 +4,10 @@
 - a TPU target: the candidate child also lowers the kernel for that chip (Mosaic), and the
   executor compiles that artifact with libtpu (compile-only) and reads its grid for TPU
   semantics (a reduction axis declared ``parallel``, an output block left and re-entered).
-- ``gpu``: without a GPU, judged by grid semantics only: the kernel's BlockSpecs are read from a
+- ``gpu`` alone on a machine whose GPU answers (``targets.run_platform``): the check runs there,
+  every pallas_call compiled by the GPU's compiler (Triton, else Mosaic GPU), so the cases' own
+  numbers are the target's verdict; nothing more is lowered.
+- ``gpu`` elsewhere: judged by grid semantics only: the kernel's BlockSpecs are read from a
   TPU lowering (GPU lowering needs a GPU), and two grid programs writing one output block are a
   race, because GPU grid programs run concurrently. That lowering is its own (``GPU_GRID``):
   every pallas_call with its grid, BlockSpecs, scratch and aliases but an empty body and no GPU
@@ -31,14 +34,17 @@ class TargetPlan:
     structure: str | None = None  # the TPU lowering its grid is read from (None: interpret)
     compile: bool = False  # compiled by the target's own compiler (libtpu)
     semantics: str | None = None  # "tpu" or "gpu": whose grid rules apply
+    on_device: bool = False  # the check's cases ran on this target's device
 
     @property
     def verified_by(self) -> str:
         """What stands behind this target's verdict, in words for the report."""
+        if self.on_device:
+            return "compiled for the GPU and run there, numbers checked on the device"
         if self.compile:
             return "compiled by the target's compiler (compile-only) and its grid checked"
         if self.semantics == GPU:
-            return "judged by grid semantics only (no GPU here)"
+            return "judged by grid semantics only (no GPU run)"
         return "numbers checked in CPU interpret mode"
 
 
@@ -53,11 +59,14 @@ def choose_targets(
     return DEFAULT_TARGETS
 
 
-def plan_targets(targets: tuple[str, ...]) -> list[TargetPlan]:
+def plan_targets(targets: tuple[str, ...], on_device: bool = False) -> list[TargetPlan]:
+    """What each target adds; ``on_device``: the check runs on this machine's GPU."""
     plans = []
     for name in targets:
         if TARGETS[name].is_tpu:
             plans.append(TargetPlan(name, name, compile=True, semantics="tpu"))
+        elif name == GPU and on_device:
+            plans.append(TargetPlan(name, on_device=True))
         elif name == GPU:
             plans.append(TargetPlan(name, GPU_GRID, semantics="gpu"))
         else:

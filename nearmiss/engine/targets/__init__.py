@@ -25,6 +25,7 @@ from nearmiss.engine.targets.registry import (
     get_target,
     libtpu_problem,
     parse_targets,
+    run_platform,
     target_status,
 )
 from nearmiss.engine.targets.tpu import compile_tpu_artifact, export_for_tpu, lowering_for
@@ -42,6 +43,7 @@ __all__ = [
     "lowering_for",
     "parse_targets",
     "prepare_environment",
+    "run_platform",
     "target_status",
     "trim_error",
     "trim_exception",

@@ -60,7 +60,7 @@ TARGETS: dict[str, Target] = {
         Target(
             "tpu-v6e", TPU, "TPU v6e (Mosaic, compile-only)", "v6e:2x2", "TPU v6 lite", "v6e", 1
         ),
-        Target(GPU, GPU, "GPU (grid semantics; the cases run on a GPU where one is present)"),
+        Target(GPU, GPU, "GPU (the cases run on the GPU where one answers; else grid semantics)"),
     )
 }
 DEFAULT_TARGETS = (INTERPRET,)
@@ -216,16 +216,36 @@ def target_status() -> dict[str, str | None]:
             status[name] = f"libtpu cannot create topology {TARGETS[name].topology}: " + (
                 why or f"its devices are {answer!r}, not {TARGETS[name].device_kind!r}"
             )
-    status[GPU] = "no GPU backend (no JAX GPU plugin installed)"
+    platform, why = _gpu_backend()
+    status[GPU] = None if platform else why
+    return status
+
+
+@functools.cache
+def _gpu_backend() -> tuple[str | None, str]:
+    """(JAX's platform name of a GPU that answers here, e.g. 'cuda', or None; why not)."""
+    why = "no GPU backend (no JAX GPU plugin installed)"
     for platform in _gpu_plugins():
         env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
         env["JAX_PLATFORMS"] = platform  # no CPU fallback: jax fails without that GPU
         answer = _run_probe("gpu", env=env)
         if answer.get("devices"):
-            status[GPU] = None
-            break
-        status[GPU] = f"no GPU backend ({answer.get('error', 'no devices')})"
-    return status
+            return platform, ""
+        why = f"no GPU backend ({answer.get('error', 'no devices')})"
+    return None, why
+
+
+def run_platform(targets: tuple[str, ...] | None) -> str:
+    """Where a check of ``targets`` runs its cases: JAX's platform name of this machine's GPU
+    (``cuda``) when ``gpu`` is the one target asked for and a GPU answers here, else ``cpu``
+    (interpret mode). On the GPU every pallas_call is compiled for it, so the other targets,
+    whose meaning is CPU interpret mode or a TPU compiler's view of it, cannot share that run:
+    asked for with them, ``gpu`` is judged by grid semantics, as on a machine without a GPU, and
+    its report says so."""
+    if targets is None or tuple(targets) != (GPU,):
+        return "cpu"
+    platform, _ = _gpu_backend()
+    return platform or "cpu"
 
 
 def available_targets() -> tuple[str, ...]:
