@@ -118,6 +118,31 @@ def test_work_outside_a_kernel_is_found_through_nested_jit_and_custom_jvp():
     assert found["costliest"][0]["where"].startswith("test_integrity_dynamic.py:")
 
 
+def test_on_a_device_a_kernel_left_in_interpret_mode_is_no_kernel():
+    """A candidate that convinces its own process it is on a CPU exports interpret mode's plain
+    XLA: on a device the executor counts no kernel in it, and the rule says why."""
+
+    def body(x_ref, o_ref):
+        o_ref[...] = jnp.exp(x_ref[...])
+
+    def kernel(x):
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    exported = jax.export.deserialize(bytearray(export_traced(jax.jit(kernel), [A])))
+    module, _context = parse_module(exported.mlir_module())
+    on_cpu = audit_module(module)
+    assert (on_cpu["pallas_calls"], on_cpu["interpreted"]) == (1, 0)
+    on_device = audit_module(module, compiled_only=True)
+    assert (on_device["pallas_calls"], on_device["interpreted"]) == (0, 1)
+    assert on_device["outside_heavy"] >= 32 * 64  # its exp is XLA's work now
+    (violation,) = [
+        v
+        for v in audit_violations(ArtifactAudit(**on_device), 32 * 64)
+        if v.rule == "no_pallas_call"
+    ]
+    assert "interpret mode" in violation.detail
+
+
 def test_kernel_bodies_are_the_kernels_own_work():
     def body(x_ref, o_ref):
         o_ref[...] = jnp.exp(x_ref[...]) / jnp.sum(jnp.exp(x_ref[...]))

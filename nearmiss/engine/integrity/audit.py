@@ -259,7 +259,9 @@ def op_work(op: Any) -> tuple[str, int]:
 class _Walker:
     """Walks a module from ``main``, entering calls and regions, tallying work by place."""
 
-    def __init__(self, module: Any, count_kernels: bool) -> None:
+    def __init__(self, module: Any, count_kernels: bool, compiled_only: bool = False) -> None:
+        self.compiled_only = compiled_only
+        self.interpreted = 0  # labelled functions in interpret mode's form, where not kernels
         self.functions = {}
         for op in module.body.operations:
             if _kind(op) == "func.func":
@@ -282,12 +284,19 @@ class _Walker:
     def _is_kernel_function(self, name: str) -> bool:
         if not name.startswith(KERNEL_LABEL) or name not in self.functions:
             return False
-        top = list(self.functions[name].regions[0].blocks[0].operations)
-        return any(_kind(op) == "stablehlo.while" for op in top) or any(
+        compiled = any(
             _kind(op) == "stablehlo.custom_call"
             and _attr(op, "call_target_name").strip('"').startswith(KERNEL_TARGETS)
             for op in self._all_ops(self.functions[name], 0)
         )
+        if compiled:
+            return True
+        top = list(self.functions[name].regions[0].blocks[0].operations)
+        interpreted = any(_kind(op) == "stablehlo.while" for op in top)
+        if interpreted and self.compiled_only:
+            self.interpreted += 1  # on a device: plain XLA, whatever the label says
+            return False
+        return interpreted
 
     def _all_ops(self, op: Any, depth: int):
         if depth > MAX_DEPTH:
@@ -428,10 +437,15 @@ def _ranked(groups: dict[tuple[str, str, str, str], int]) -> list[dict[str, Any]
     ]
 
 
-def _walk(module: Any, count_kernels: bool, kept: tuple[int, ...] | None = None) -> _Walker:
+def _walk(
+    module: Any,
+    count_kernels: bool,
+    kept: tuple[int, ...] | None = None,
+    compiled_only: bool = False,
+) -> _Walker:
     """Walk from ``main``; its argument i is the function's input ``kept[i]`` (JAX drops unused
     inputs from the module), input i when ``kept`` is None."""
-    walker = _Walker(module, count_kernels)
+    walker = _Walker(module, count_kernels, compiled_only)
     main_args = len(walker.main.regions[0].blocks[0].arguments)
     kept = tuple(range(main_args)) if kept is None else tuple(kept)
     if len(kept) != main_args:
@@ -446,12 +460,21 @@ def total_work(module: Any) -> int:
     return walker.heavy + walker.light
 
 
-def audit_module(module: Any, kept: tuple[int, ...] | None = None) -> dict[str, Any]:
+def audit_module(
+    module: Any, kept: tuple[int, ...] | None = None, compiled_only: bool = False
+) -> dict[str, Any]:
     """The facts about a candidate's artifact that the dynamic rules judge (``kept``: which
-    inputs the module's arguments are, as ``Exported.module_kept_var_idx`` says)."""
-    walker = _walk(module, count_kernels=False, kept=kept)
+    inputs the module's arguments are, as ``Exported.module_kept_var_idx`` says).
+
+    ``compiled_only`` (an artifact run on a device): only a kernel custom_call is a kernel. The
+    candidate's own process decides how it exports, so a candidate that makes itself believe it
+    is on a CPU exports interpret mode's plain XLA, which would be "right on the GPU" without
+    any GPU kernel in it; such functions are counted as ``interpreted`` and their work as XLA's.
+    """
+    walker = _walk(module, count_kernels=False, kept=kept, compiled_only=compiled_only)
     return {
         "pallas_calls": walker.kernels,
+        "interpreted": walker.interpreted,
         "outside_heavy": walker.heavy,
         "outside_light": walker.light,
         "costliest": _ranked(walker.costly),

@@ -63,6 +63,7 @@ class ArtifactAudit(_Strict):
     """The executor's account of an artifact; validated before it is believed."""
 
     pallas_calls: int = Field(ge=0)
+    interpreted: int = Field(default=0, ge=0)  # on a device: kernels left in interpret mode
     outside_heavy: int = Field(ge=0)
     outside_light: int = Field(ge=0)
     costliest: list[OutsideWork] = Field(max_length=64)
@@ -92,12 +93,13 @@ def audit_violations(audit: ArtifactAudit, reference_work: int) -> list[Violatio
     """Violations read from one case's jaxpr audit; ``reference_work`` is never below 1."""
     found = []
     if audit.pallas_calls == 0:
-        found.append(
-            Violation(
-                rule="no_pallas_call",
-                detail="the traced kernel contains no pallas_call: XLA computes everything",
+        detail = "the traced kernel contains no pallas_call: XLA computes everything"
+        if audit.interpreted:
+            detail = (
+                f"{audit.interpreted} pallas_call(s) reached the device in interpret mode, as "
+                "plain XLA: no kernel was compiled for it"
             )
-        )
+        found.append(Violation(rule="no_pallas_call", detail=detail))
     outside = audit.outside_heavy + audit.outside_light
     heavy_share = audit.outside_heavy / reference_work
     if (audit.outside_heavy >= MIN_WORK and heavy_share >= HEAVY_SHARE) or (

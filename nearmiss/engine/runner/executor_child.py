@@ -25,11 +25,15 @@ from nearmiss.engine.runner.child import describe_exception, start_child
 
 
 def _audit(module, exported) -> tuple[dict | None, str]:
-    """The artifact's audit, or None and why: the engine judges a missing audit as unverified."""
+    """The artifact's audit, or None and why: the engine judges a missing audit as unverified.
+    On a device only compiled kernels count: this child's backend, not the candidate's say."""
+    import jax
+
     from nearmiss.engine.integrity.audit import audit_module
 
+    kept = tuple(sorted(exported.module_kept_var_idx))
     try:
-        return audit_module(module, kept=tuple(sorted(exported.module_kept_var_idx))), ""
+        return audit_module(module, kept, compiled_only=jax.default_backend() != "cpu"), ""
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"[:200]
 
