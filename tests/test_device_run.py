@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
-from nearmiss.engine.check import device_verdict
+from conftest import OPS, ROOT
+from nearmiss.engine.check import check, device_verdict
+from nearmiss.engine.errors import UsageError
 from nearmiss.engine.models import CaseResult, ErrorInfo
 from nearmiss.engine.runner import environment
 from nearmiss.engine.runner.sandbox import ChildDied
@@ -34,7 +35,12 @@ def gpu_answers(monkeypatch):
     monkeypatch.setattr(registry, "_gpu_backend", lambda: ("cuda", ""))
 
 
-def test_without_a_gpu_every_check_runs_on_the_cpu():
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(registry, "_gpu_backend", lambda: (None, "no GPU backend"))
+
+
+def test_without_a_gpu_every_check_runs_on_the_cpu(no_gpu):
     assert registry.run_platform(None) == "cpu"
     assert registry.run_platform(("interpret",)) == "cpu"
     assert registry.run_platform(("gpu",)) == "cpu"  # judged by grid semantics instead
@@ -45,6 +51,20 @@ def test_with_a_gpu_the_gpu_target_alone_runs_there(gpu_answers):
     assert registry.run_platform(("interpret",)) == "cpu"
     # With targets that mean CPU interpret mode or a TPU compiler: the CPU, and grid semantics
     assert registry.run_platform(("tpu-v5e", "gpu")) == "cpu"
+    assert registry.run_platform(["GPU", "gpu"]) == "cuda"  # named as check() would parse it
+
+
+def test_a_gpu_check_never_falls_back_to_emulation(gpu_answers):
+    """Told a GPU answers where none does, the check's children are started for that device
+    only: the check fails, loudly, instead of certifying in CPU interpret mode."""
+    with pytest.raises(UsageError, match="the spec's child failed"):
+        check(
+            OPS / "silu_mul" / "spec.py",
+            OPS / "silu_mul" / "golden.py",
+            "compact",
+            0,
+            targets=("gpu",),
+        )
 
 
 def test_on_the_device_the_gpu_target_lowers_nothing_more_and_says_what_it_ran():
@@ -72,6 +92,7 @@ def test_the_device_target_verdict_is_the_cases_compiler_refusal_included():
     assert not verdict.ok
     assert verdict.failure_class == "compile_error"
     assert verdict.error == "1/2 cases fail; compact/b: NotImplementedError: scratch memory"
+    assert not device_verdict("ran there", []).ok  # nothing ran: nothing accepted
 
 
 def _link_chain(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -89,6 +110,14 @@ def test_only_the_links_a_sandbox_would_lack_are_recreated(tmp_path):
     visible, home, hidden_link = _link_chain(tmp_path)
     assert environment.links_to_recreate(str(home), [visible]) == [("/usr/lib", str(hidden_link))]
     assert environment.links_to_recreate(str(home), [visible, hidden_link.parent]) == []
+    # A relative link in a folder reached through a folder link resolves from the real folder.
+    (tmp_path / "real").mkdir()
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    (tmp_path / "via").symlink_to(tmp_path / "deep" / "er")
+    (tmp_path / "deep" / "er" / "x").symlink_to("../../real")
+    assert environment.links_to_recreate(str(tmp_path / "via" / "x"), []) == [
+        (str(tmp_path / "real"), str(tmp_path / "via" / "x"))
+    ]
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
     assert environment.links_to_recreate(str(loop), []) == [(str(loop), str(loop))]
@@ -113,6 +142,17 @@ def test_a_device_child_sees_cudas_home_through_its_links(tmp_path, monkeypatch)
         assert done.returncode == 0, done.stderr
         seen[devices] = done.stdout.strip()
     assert seen == {True: "True", False: "False"}
+
+
+def test_a_toolkit_that_would_show_home_or_the_project_is_never_chosen(tmp_path, monkeypatch):
+    toolkit = tmp_path / "cuda"
+    (toolkit / "bin").mkdir(parents=True)
+    for tool in ("ptxas", "nvlink"):
+        (toolkit / "bin" / tool).write_text("")
+    monkeypatch.setenv("CUDA_HOME", str(toolkit))
+    assert environment.cuda_toolkit.__wrapped__() == toolkit
+    monkeypatch.setattr(Path, "home", lambda: toolkit / "home")  # the toolkit would show $HOME
+    assert environment.cuda_toolkit.__wrapped__() != toolkit
 
 
 def test_a_device_child_finds_the_toolkits_tools_first_on_its_path(monkeypatch):

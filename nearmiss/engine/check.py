@@ -321,7 +321,7 @@ def check(
     if nudges:
         lead(nudges.conclude, cases, raw.controls)
     refine_unstable(cases, decided)
-    on_targets = target_results(raw, cases) if execute else {}
+    on_targets = target_results(raw, cases, on_device=platform != "cpu") if execute else {}
     classes = ranked_classes(
         [c.failure_class for c in cases if c.failure_class]
         + [t.failure_class for t in on_targets.values() if t.failure_class]
@@ -373,13 +373,15 @@ def overall_speedup(cases: list[CaseResult]) -> dict[str, Any]:
     return {"speedup": mean, "slowest_case": f"{least.suite}/{least.name}"}
 
 
-def target_results(raw: RawRun, cases: list[CaseResult]) -> dict[str, TargetResult]:
+def target_results(
+    raw: RawRun, cases: list[CaseResult], on_device: bool = False
+) -> dict[str, TargetResult]:
     """Each target's verdict, from what the executor gathered per case. A case already wrong
     in program order says nothing about the target's order: only its races and exceptions
     under the target's semantics count there."""
     in_order = {(c.suite, c.name): c.passed for c in cases}
     results = {}
-    for plan in plan_targets(raw.targets, on_device=raw.platform != "cpu"):
+    for plan in plan_targets(raw.targets, on_device=on_device):
         if plan.on_device:
             results[plan.target] = device_verdict(plan.verified_by, cases)
             continue
@@ -404,7 +406,7 @@ def device_verdict(verified_by: str, cases: list[CaseResult]) -> TargetResult:
     """The target the cases ran on: its verdict is theirs, its compiler's refusal included."""
     failed = [c for c in cases if not c.passed]
     if not failed:
-        return TargetResult(ok=True, verified_by=verified_by)
+        return TargetResult(ok=bool(cases), verified_by=verified_by)
     first = failed[0]
     why = f"{first.error.type}: {first.error.message}" if first.error else first.diagnosis
     return TargetResult(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from nearmiss.engine.errors import last_error_line
 from nearmiss.engine.models import ErrorInfo
 
 MAX_MESSAGE_LINES = 8
@@ -66,8 +67,8 @@ def crash_evidence(log: str, candidate_name: str) -> tuple[str | None, list[str]
             where = f"{candidate_name}:{match['line']}"
             location = location or where
             excerpt.append(f"{where} in {match['name']}")
-    if not excerpt and log.strip():
-        excerpt = [trim_message(log.strip().splitlines()[-1])]
+    if not excerpt and last_error_line(log):
+        excerpt = [trim_message(last_error_line(log))]
     return location, excerpt[: MAX_FRAMES + 1]
 
 

@@ -116,7 +116,15 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 CPU_TOPOLOGY = "/sys/devices/system/cpu"
 # Accelerator device nodes, for children that run on one (never needed on CPU).
-DEVICE_PATTERNS = ("/dev/nvidia*", "/dev/accel*", "/dev/vfio")
+# CUDA needs the GPUs, the control node and unified memory's: not nvidia-modeset (display),
+# nvidia-caps (MIG administration) or nvidia-uvm-tools (profilers).
+DEVICE_PATTERNS = (
+    "/dev/nvidia[0-9]*",
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/accel*",
+    "/dev/vfio",
+)
 # Where a CUDA toolkit usually lives: XLA compiles for a GPU with its ptxas, nvlink and libdevice.
 CUDA_HOMES = ("/usr/local/cuda", "/opt/cuda")
 # Answered with EPERM inside the sandbox: debugging other processes, mounts and namespaces,
@@ -230,11 +238,10 @@ def interpreter_paths() -> tuple[Path, ...]:
     wanted = [Path(sys.base_prefix), Path(sys.prefix), Path(sys.executable).resolve().parent]
     wanted += site_directories()
     kept: list[Path] = [Path(d) for d in SYSTEM_DIRS]
-    protected = (PROJECT_ROOT, Path.home())
     for path in wanted:
         path = path.resolve()
         if path.is_dir() and not _covered(path, kept):
-            if any(p == path or p.is_relative_to(path) for p in protected):
+            if _holds_protected(path):
                 continue
             kept.append(path)
     return tuple(kept[len(SYSTEM_DIRS) :])
@@ -254,10 +261,20 @@ def cuda_toolkit() -> Path | None:
     candidates += CUDA_HOMES
     for site_dir in site_directories():  # pip's CUDA (nvidia/cu13, nvidia/cuda_nvcc)
         candidates += sorted(glob.glob(f"{site_dir}/nvidia/cu*"))
-    found = [Path(c) for c in candidates if c and (Path(c) / "bin" / "ptxas").is_file()]
+    found = [
+        Path(c).resolve()
+        for c in candidates
+        if c and (Path(c) / "bin" / "ptxas").is_file() and not _holds_protected(Path(c))
+    ]
     with_nvlink = [c for c in found if (c / "bin" / "nvlink").is_file()]
     chosen = with_nvlink or found
-    return chosen[0].resolve() if chosen else None
+    return chosen[0] if chosen else None
+
+
+def _holds_protected(path: Path) -> bool:
+    """Whether showing ``path`` to a sandbox would show the project tree or $HOME (or all)."""
+    path = path.resolve()
+    return any(p == path or p.is_relative_to(path) for p in (PROJECT_ROOT, Path.home()))
 
 
 def device_environment(env: dict[str, str]) -> dict[str, str]:
@@ -276,7 +293,8 @@ def links_to_recreate(path: str, visible: Iterable[Path]) -> list[tuple[str, str
     links, seen = [], set()
     while os.path.islink(path) and path not in seen:
         seen.add(path)
-        target = os.path.join(os.path.dirname(path), os.readlink(path))
+        # relative to the folder the link is really in
+        target = os.path.join(os.path.realpath(os.path.dirname(path)), os.readlink(path))
         if not _covered(Path(path), visible):
             links.append((os.path.normpath(target), path))
         path = os.path.normpath(target)

@@ -387,7 +387,7 @@ def main() -> None:
     import jax
     import numpy  # noqa: F401
 
-    if jax.default_backend() != "cpu":
+    if os.environ.get("JAX_PLATFORMS", "cpu") != "cpu":  # the engine names the device
         # The ground truth at full precision on a device too, as on the CPU: a GPU's default
         # computes float32 dots in TF32, and a kernel would be certified against rounded values.
         jax.config.update("jax_default_matmul_precision", "highest")

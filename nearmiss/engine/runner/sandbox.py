@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nearmiss.engine.errors import UsageError
+from nearmiss.engine.errors import UsageError, last_error_line
 from nearmiss.engine.runner.child import ADDRESS_LIMIT_ENV, MEMORY_ENV
 from nearmiss.engine.runner.environment import (
     ENGINE_MOUNT,
@@ -68,9 +68,6 @@ class Limits:
         return self.case_timeout_s + self.startup_allowance_s
 
 
-JAX_FILTER_NOTE = "For simplicity, JAX has removed its internal frames"
-
-
 class ChildFailure(Exception):
     """Base of the ways a child can stop answering."""
 
@@ -79,13 +76,7 @@ class ChildFailure(Exception):
         self.log_tail = log_tail
 
     def last_error_line(self) -> str:
-        """The log's last line that says something: not JAX's note that it filtered its frames
-        out of the traceback (printed after the error itself), nor the rule above that note."""
-        for line in reversed(self.log_tail.splitlines()):
-            line = line.strip()
-            if line and not line.startswith(JAX_FILTER_NOTE) and set(line) != {"-"}:
-                return line
-        return ""
+        return last_error_line(self.log_tail)
 
 
 class ChildTimeout(ChildFailure):

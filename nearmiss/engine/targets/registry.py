@@ -242,7 +242,7 @@ def run_platform(targets: tuple[str, ...] | None) -> str:
     whose meaning is CPU interpret mode or a TPU compiler's view of it, cannot share that run:
     asked for with them, ``gpu`` is judged by grid semantics, as on a machine without a GPU, and
     its report says so."""
-    if targets is None or tuple(targets) != (GPU,):
+    if not targets or parse_targets(targets) != (GPU,):
         return "cpu"
     platform, _ = _gpu_backend()
     return platform or "cpu"
