@@ -127,6 +127,8 @@ def jax_in_sandbox(platform_name: str, seccomp: bool) -> dict[str, Any]:
                 timeout=120,
                 pass_fds=() if fd is None else (fd,),
             )
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "seccomp": fd is not None, "error": "no answer within 120 s"}
         finally:
             if fd is not None:
                 os.close(fd)
@@ -206,6 +208,41 @@ def escape_attempt(target: str) -> dict[str, Any]:
     }
 
 
+# Prepended to a golden whose grid accumulates across programs (right in interpret mode, a race
+# when compiled for a GPU): the candidate's process believes it is on a CPU, so it exports
+# interpret mode's plain XLA, which would be right on the GPU with no GPU kernel in it.
+FORGERY_PREFIX = """
+import jax as _jax
+_jax.default_backend = lambda: "cpu"
+"""
+
+
+def interpret_forgery(target: str) -> dict[str, Any]:
+    """That forgery, with the static rules (which refuse this patch as written) assumed evaded:
+    the executor's audit, which counts only compiled kernels on a device, must refuse it."""
+    import nearmiss.engine.check as engine
+
+    with tempfile.TemporaryDirectory(prefix="nearmiss-forgery-") as scratch:
+        candidate = Path(scratch) / "forged.py"
+        golden = (ROOT / "pallas_ops/col_sum/golden.py").read_text()
+        candidate.write_text(FORGERY_PREFIX + golden)
+        static = engine.static_violations
+        engine.static_violations = lambda source, filename: []
+        try:
+            report = engine.check(
+                ROOT / "pallas_ops/col_sum/spec.py", candidate, "compact", 0, targets=(target,)
+            )
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        finally:
+            engine.static_violations = static
+    return {
+        "certified": report.certified,
+        "cases_passed": f"{sum(c.passed for c in report.cases)}/{len(report.cases)}",
+        "violations": [f"{v.rule}: {v.detail}"[:200] for v in report.integrity.violations],
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu-dry-run", action="store_true", help="the interpret target, here")
@@ -263,6 +300,9 @@ def main() -> int:
         if position == 0:
             result["escape"] = escape_attempt(target)
             print(json.dumps(result["escape"]), flush=True)
+            if not args.cpu_dry_run:  # on a CPU interpret mode is the rule, not a forgery
+                result["interpret_forgery"] = interpret_forgery(target)
+                print(json.dumps(result["interpret_forgery"]), flush=True)
         result["wall_s"] = round(time.perf_counter() - started, 1)
         out.write_text(json.dumps(result, indent=1))
     result["wall_s"] = round(time.perf_counter() - started, 1)
