@@ -284,19 +284,18 @@ class _Walker:
     def _is_kernel_function(self, name: str) -> bool:
         if not name.startswith(KERNEL_LABEL) or name not in self.functions:
             return False
+        top = list(self.functions[name].regions[0].blocks[0].operations)
+        interpreted = any(_kind(op) == "stablehlo.while" for op in top)
+        if interpreted and not self.compiled_only:
+            return True
         compiled = any(
             _kind(op) == "stablehlo.custom_call"
             and _attr(op, "call_target_name").strip('"').startswith(KERNEL_TARGETS)
             for op in self._all_ops(self.functions[name], 0)
         )
-        if compiled:
-            return True
-        top = list(self.functions[name].regions[0].blocks[0].operations)
-        interpreted = any(_kind(op) == "stablehlo.while" for op in top)
-        if interpreted and self.compiled_only:
+        if interpreted and not compiled:
             self.interpreted += 1  # on a device: plain XLA, whatever the label says
-            return False
-        return interpreted
+        return compiled
 
     def _all_ops(self, op: Any, depth: int):
         if depth > MAX_DEPTH:
