@@ -102,7 +102,6 @@ def jax_in_sandbox(platform_name: str, seccomp: bool) -> dict[str, Any]:
     """JAX on the device in a sandboxed child with the device nodes (and the seccomp filter)."""
     from nearmiss.engine.runner.environment import (
         child_environment,
-        device_environment,
         find_sandbox,
         seccomp_memfd,
     )
@@ -113,7 +112,6 @@ def jax_in_sandbox(platform_name: str, seccomp: bool) -> dict[str, Any]:
     fd = seccomp_memfd(found.seccomp) if seccomp and found.seccomp else None
     with tempfile.TemporaryDirectory(prefix="nearmiss-gpu-probe-") as home:
         env = child_environment(Path(home), {}, extra={"JAX_PLATFORMS": platform_name})
-        device_environment(env)
         argv = found.command(
             [sys.executable, "-c", SANDBOX_PROBE], Path(home), env, devices=True, seccomp_fd=fd
         )

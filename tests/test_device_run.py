@@ -20,10 +20,9 @@ import pytest
 
 from conftest import OPS, ROOT
 from nearmiss.engine.check import check, device_verdict
-from nearmiss.engine.errors import UsageError
+from nearmiss.engine.errors import UsageError, last_error_line
 from nearmiss.engine.models import CaseResult, ErrorInfo
 from nearmiss.engine.runner import environment
-from nearmiss.engine.runner.sandbox import ChildDied
 from nearmiss.engine.runner.target_plan import lowerings, plan_targets
 from nearmiss.engine.targets import registry
 
@@ -171,9 +170,9 @@ def test_a_dead_childs_error_is_its_last_line_not_jaxs_note():
         "For simplicity, JAX has removed its internal frames from the traceback of the "
         "following exception. Set JAX_TRACEBACK_FILTERING=off to include these.\n"
     )
-    line = ChildDied("process exited with status 1", tail).last_error_line()
+    line = last_error_line(tail)
     assert line.endswith("INTERNAL: libdevice not found at ./libdevice.10.bc")
-    assert ChildDied("x", "").last_error_line() == ""
+    assert last_error_line("") == ""
 
 
 def _dry_run(tmp_path: Path, **env_extra: str) -> dict:

@@ -67,8 +67,9 @@ def crash_evidence(log: str, candidate_name: str) -> tuple[str | None, list[str]
             where = f"{candidate_name}:{match['line']}"
             location = location or where
             excerpt.append(f"{where} in {match['name']}")
-    if not excerpt and last_error_line(log):
-        excerpt = [trim_message(last_error_line(log))]
+    last = last_error_line(log)
+    if not excerpt and last:
+        excerpt = [trim_message(last)]
     return location, excerpt[: MAX_FRAMES + 1]
 
 

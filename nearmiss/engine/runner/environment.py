@@ -251,9 +251,9 @@ def interpreter_paths() -> tuple[Path, ...]:
 def cuda_toolkit() -> Path | None:
     """The CUDA toolkit XLA compiles GPU kernels with (a folder with ``bin/ptxas``), resolved to
     its real path. Found here, outside the sandbox, where XLA finds it; a child sees it at that
-    path and is told so (``device_environment``). On the GPU machine ``/usr/local/cuda`` is a
-    link through ``/etc/alternatives``, which a sandbox does not see: without this, XLA inside
-    it finds no ``nvlink`` and every compile for the GPU fails."""
+    path, with its tools first on PATH (``device_environment``). On the GPU machine
+    ``/usr/local/cuda`` is a link through ``/etc/alternatives``, which a sandbox does not see:
+    without this, XLA inside it finds no ``nvlink`` and every compile for the GPU fails."""
     candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
     ptxas = shutil.which("ptxas")
     if ptxas:
@@ -277,9 +277,10 @@ def _holds_protected(path: Path) -> bool:
     return any(p == path or p.is_relative_to(path) for p in (PROJECT_ROOT, Path.home()))
 
 
-def device_environment(env: dict[str, str]) -> dict[str, str]:
+def device_environment(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` for a child that compiles for a GPU: the CUDA toolkit's tools first on its PATH,
     where XLA looks for ``nvlink`` and ``ptxas``."""
+    env = dict(env)
     toolkit = cuda_toolkit()
     if toolkit is not None:
         env["PATH"] = os.pathsep.join(p for p in (str(toolkit / "bin"), env.get("PATH")) if p)
@@ -342,6 +343,8 @@ class Bubblewrap:
         if "--disable-userns" in self.supports:  # no nested user namespaces either
             args.append("--disable-userns")
         args.append("--clearenv")
+        if devices:
+            env = device_environment(env)
         for name, value in env.items():
             args += ["--setenv", name, value]
         args += ["--proc", "/proc", "--dev", "/dev"]

@@ -23,14 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nearmiss.engine.errors import UsageError, last_error_line
+from nearmiss.engine.errors import UsageError
 from nearmiss.engine.runner.child import ADDRESS_LIMIT_ENV, MEMORY_ENV
 from nearmiss.engine.runner.environment import (
     ENGINE_MOUNT,
     PROJECT_ROOT,
     Bubblewrap,
     child_environment,
-    device_environment,
     sandbox_for,
     seccomp_memfd,
 )
@@ -74,9 +73,6 @@ class ChildFailure(Exception):
     def __init__(self, message: str, log_tail: str = "") -> None:
         super().__init__(message)
         self.log_tail = log_tail
-
-    def last_error_line(self) -> str:
-        return last_error_line(self.log_tail)
 
 
 class ChildTimeout(ChildFailure):
@@ -193,7 +189,6 @@ class SandboxChild:
             env.setdefault("JAX_PLATFORMS", "cpu")
         else:  # that device only: without it JAX would fall back to the CPU, silently
             env["JAX_PLATFORMS"] = self.platform_hint
-            device_environment(env)
         argv = [sys.executable, "-m", self.module]
         pass_fds = list(self._child_ends)
         seccomp_fd = None

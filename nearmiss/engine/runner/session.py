@@ -21,7 +21,7 @@ from typing import Any, TypeGuard
 import numpy as np
 from pydantic import ValidationError
 
-from nearmiss.engine.errors import UsageError
+from nearmiss.engine.errors import UsageError, last_error_line
 from nearmiss.engine.integrity.audit import CALLBACK_PRIMITIVES
 from nearmiss.engine.integrity.dynamic import ArtifactAudit, Probe
 from nearmiss.engine.models import CaseSuite
@@ -204,7 +204,7 @@ class _ReferenceFeed:
             try:
                 message = self._receive()
             except ChildFailure as exc:
-                line = exc.last_error_line()
+                line = last_error_line(exc.log_tail)
                 tail = f" — {line}" if line else ""
                 message = {
                     "event": "spec_error",
