@@ -58,6 +58,22 @@ def record_handed_out(monkeypatch) -> list[int]:
     return taken
 
 
+def interpreter_tree(pid: int, timeout_s: float = 30) -> list[int]:
+    """A spare's process tree, its sandboxed interpreter last, once that has started: a spare
+    is started in the background after a check, so bwrap may not have exec'd Python yet."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        tree = _process_tree(pid)
+        for p in tree:
+            try:
+                if b"python" in Path(f"/proc/{p}/cmdline").read_bytes():
+                    return [q for q in tree if q != p] + [p]
+            except OSError:  # gone between the listing and the read
+                pass
+        assert time.monotonic() < deadline, f"spare {pid} started no interpreter: {tree}"
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def handed_out(monkeypatch):
     """Spares on for one test; the pid of every spare handed to a check."""
@@ -95,10 +111,9 @@ def test_each_check_gets_executors_started_before_it_and_never_shared(handed_out
 def test_a_spare_that_died_while_waiting_is_never_handed_out(handed_out):
     check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 1)
     waiting = spares.waiting_pids()
-    trees = [_process_tree(pid) for pid in waiting]
+    trees = [interpreter_tree(pid) for pid in waiting]
     for tree in trees:  # the sandboxed interpreter dies (the OOM killer, say); bwrap follows
-        interpreter = next(p for p in tree if b"python" in Path(f"/proc/{p}/cmdline").read_bytes())
-        os.kill(interpreter, 9)
+        os.kill(tree[-1], 9)
     time.sleep(0.5)
     report = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2)
     assert report.certified  # its children were started for it
