@@ -24,17 +24,23 @@ CACHE_ENV = "NEARMISS_CACHE_DIR"
 MAX_CACHE_BYTES = 512 * 1024**2
 
 
-def reference_cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
-    """Where the spec's children keep compiled programs (None: caching is off)."""
+def cache_root(env: Mapping[str, str] | None = None) -> Path | None:
+    """The engine's cache directory (None: caching is off); see also ``truth_cache``."""
     env = os.environ if env is None else env
     configured = env.get(CACHE_ENV, "")
     if configured.lower() == "off":
         return None
     if configured:
-        root = Path(configured)
-    else:
-        base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".cache")
-        root = Path(base) / "nearmiss"
+        return Path(configured)
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".cache")
+    return Path(base) / "nearmiss"
+
+
+def reference_cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
+    """Where the spec's children keep compiled programs (None: caching is off)."""
+    root = cache_root(env)
+    if root is None:
+        return None
     path = root / "jax-reference"
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)

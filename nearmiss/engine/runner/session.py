@@ -9,6 +9,7 @@ that times out or dies loses that case only; a fresh child takes the remaining c
 from __future__ import annotations
 
 import contextlib
+import copy
 import queue
 import shutil
 import threading
@@ -25,7 +26,7 @@ from nearmiss.engine.errors import UsageError, last_error_line
 from nearmiss.engine.integrity.audit import CALLBACK_PRIMITIVES
 from nearmiss.engine.integrity.dynamic import ArtifactAudit, Probe
 from nearmiss.engine.models import CaseSuite
-from nearmiss.engine.runner import spares
+from nearmiss.engine.runner import spares, truth_cache
 from nearmiss.engine.runner.arrays import load_arrays
 from nearmiss.engine.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES, target_artifact_file
 from nearmiss.engine.runner.candidate_child import CANDIDATE_ENV
@@ -168,18 +169,28 @@ class _ReferenceFeed:
 
     def __init__(
         self,
-        child: SandboxChild,
+        child: SandboxChild | None,
         request: dict[str, Any] | None = None,
         restart: Callable[[], SandboxChild] | None = None,
+        kept: list[dict[str, Any]] | None = None,
     ) -> None:
+        """``kept``: a kept answer (``truth_cache``) to hand out instead of asking ``child``,
+        which may then be None (no child has been started) or a spare left waiting."""
         self.child = child
         self.request = request
         self.restart = restart
         self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.answer: list[dict[str, Any]] = []  # every message, to keep a full answer
+        self.kept = kept is not None
         self.thread = threading.Thread(target=self._pump, daemon=True)
+        if kept is not None:
+            for message in kept:
+                self.messages.put(message)
+            self.thread = threading.Thread(target=lambda: None)  # done: nothing to read
         self.thread.start()
 
     def _receive(self) -> dict[str, Any]:
+        assert self.child is not None  # a feed without a child hands out a kept answer
         timeout_s = self.child.limits.reference_timeout_s
         request, self.request = self.request, None
         if request is None:
@@ -210,6 +221,7 @@ class _ReferenceFeed:
                     "event": "spec_error",
                     "message": f"the spec's child failed: {exc}{tail}",
                 }
+            self.answer.append(copy.deepcopy(message))  # as sent: the engine edits messages
             self.messages.put(message)
             if message["event"] in ("done", "spec_error"):
                 return
@@ -824,6 +836,21 @@ def _control_round(
     return done
 
 
+def _answered_again(
+    child: SandboxChild, request: dict[str, Any], restart: Callable[[], SandboxChild]
+) -> tuple[SandboxChild, str | None]:
+    """A spec's child once it has answered ``request`` again, for control rounds after a kept
+    answer (``truth_cache`` keeps the answer, not the child's state): ``child``, or the one
+    ``restart`` started when it died first (the feed closed the dead one), and why it could not
+    answer in full (None: it did)."""
+    feed = _ReferenceFeed(child, request, restart)
+    feed.thread.join()
+    assert feed.child is not None  # a feed given a child keeps one
+    last = feed.answer[-1]
+    failed = None if last["event"] == "done" else str(last.get("message") or "no answer")
+    return feed.child, failed
+
+
 def describe_spec(spec: Path, limits: Limits | None = None) -> dict[str, Any]:
     """The spec's ``name``, ``category``, ``description`` and ``targets``, read in the spec's
     sandboxed child: the engine never runs spec code itself. UsageError (one line) for a spec
@@ -911,8 +938,6 @@ def run_sandboxed(
             snapshot.write_text(source)
         restart = partial(start_spec_child, workdir, limits, platform)
         from_spare = reference is not None
-        if reference is None:
-            reference = restart()
         request = dict(
             cmd="prepare",
             seed=seed,
@@ -923,7 +948,14 @@ def run_sandboxed(
             profile_runs=profile_runs if execute else 0,
             **spec_request(workdir, spec),
         )
-        feed = _ReferenceFeed(reference, request, restart if from_spare else None)
+        key = truth_cache.entry_key(Path(request["spec"]), request, platform)
+        kept = truth_cache.replay(key, workdir / "cases") if key else None
+        if kept is not None:  # the spec answered this before: no child unless controls need one
+            feed = _ReferenceFeed(reference, request, kept=kept)
+        else:
+            if reference is None:
+                reference = restart()
+            feed = _ReferenceFeed(reference, request, restart if from_spare else None)
         if execute:
             runner.start()  # overlaps the candidates's JAX import with the reference's work
         described = feed.next("spec")
@@ -995,6 +1027,9 @@ def run_sandboxed(
                 executor.submit(partial(executor.probe, raw, artifact, inputs, probe_dirs))
         executor.finish()
         judge.finish()
+        if key and execute and not feed.kept:
+            feed.thread.join(timeout=30)  # "done" follows the last reference at once
+            truth_cache.keep(key, feed.answer, workdir / "cases")
         run = RawRun(
             op=described["name"],
             category=described["category"],
@@ -1013,6 +1048,12 @@ def run_sandboxed(
                 break
             feed.thread.join()  # a feed ends at "done"; each round gets its own
             try:
+                if feed.kept:  # a live child, to answer the request again and then controls
+                    reference = reference or restart()
+                    reference, failed = _answered_again(reference, request, restart)
+                    if failed:
+                        raise ChildDied(failed)
+                assert reference is not None  # the live child, or the one just started
                 reference.send(cmd="controls", cases=wanted)
             except ChildFailure as exc:  # the spec's child is gone: no control can run
                 run.controls |= _unrunnable(wanted, f"the spec's child failed: {exc}")
@@ -1031,9 +1072,10 @@ def run_sandboxed(
             # The reference child may still be working (an early return or a usage error). Kill
             # it and let the feed thread see the end of its pipe *before* the pipe is closed:
             # a thread left reading a closed descriptor would read whatever reuses the number.
-            feed.child.kill()
+            if feed.child is not None:
+                feed.child.kill()
             feed.thread.join(timeout=30)
-            reference = feed.child  # the thread may have replaced a dead spare meanwhile
+            reference = feed.child or reference  # a dead spare replaced; or a child for controls
         if reference is not None:
             reference.kill()
             reference.close()

@@ -46,6 +46,7 @@ def spec_request(workdir: Path, spec: Path) -> dict[str, Any]:
     """The first request's fields that name the spec and the child's directories, the spec
     copied in now. ``shown`` is the user's path, the one the child's messages name."""
     copy = workdir / "spec" / spec.name
+    copy.parent.mkdir(exist_ok=True)  # before the child starts, where its answer is kept
     # A spec that cannot be read is left out: the child reports it missing, under its own name.
     with contextlib.suppress(OSError):
         shutil.copyfile(spec, copy)

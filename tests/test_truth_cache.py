@@ -1,0 +1,136 @@
+"""The spec's answers, kept (``nearmiss.engine.runner.truth_cache``).
+
+The effects: a second check of the same spec starts no spec child and says the same; a changed
+spec is answered afresh; control experiments after a kept answer find what a fresh run finds;
+a candidate cannot reach the kept answers; nothing is kept where the spec would run unsandboxed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from conftest import OPS
+from nearmiss.engine.check import check
+from nearmiss.engine.forensics.controls import CACHE as control_results
+from nearmiss.engine.runner import session
+
+SOFTMAX = OPS / "softmax_rows"
+SPEC, GOLDEN = SOFTMAX / "spec.py", SOFTMAX / "golden.py"
+# Fails its offset case; the controls that explain it are drawn by the spec's child.
+STANDARDISE = Path(__file__).parent / "controls" / "standardise_spec.py"
+UNMASKED = Path(__file__).parent / "controls" / "unmasked_variance.py"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("NEARMISS_CACHE_DIR", str(root))
+    return root
+
+
+@pytest.fixture
+def spec_children(monkeypatch) -> list[Path]:
+    """The work directory of every spec child started from now on."""
+    started: list[Path] = []
+    original = session.start_spec_child
+
+    def start(workdir, limits, platform):
+        started.append(workdir)
+        return original(workdir, limits, platform)
+
+    monkeypatch.setattr(session, "start_spec_child", start)
+    return started
+
+
+def kept_files(cache: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(cache)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted((cache / "ground-truth").rglob("*"))
+        if p.is_file()
+    }
+
+
+def verdicts(report) -> list[tuple]:
+    return [(c.suite, c.name, c.passed, c.failure_class, c.diagnosis) for c in report.cases]
+
+
+def test_a_second_check_of_the_same_spec_starts_no_spec_child_and_says_the_same(
+    cache, spec_children
+):
+    first = check(SPEC, GOLDEN, "all", 1)
+    assert first.certified and len(spec_children) == 1
+    assert len(list((cache / "ground-truth").iterdir())) == 1
+    again = check(SPEC, GOLDEN, "all", 1)
+    assert again.certified and len(spec_children) == 1  # the kept answer: no spec child
+    assert [c.leaves for c in again.cases] == [c.leaves for c in first.cases]
+    assert again.integrity.ok and again.integrity == first.integrity  # probes kept too
+    check(SPEC, GOLDEN, "all", 2)  # another seed is another request
+    assert len(spec_children) == 2
+
+
+def test_a_changed_spec_is_answered_afresh(cache, spec_children, tmp_path):
+    spec = tmp_path / "spec.py"
+    spec.write_text(SPEC.read_text())
+    assert check(spec, GOLDEN, "compact", 1).certified
+    source = spec.read_text()
+    spec.write_text(source.replace("axis=-1).astype(x.dtype)", "axis=-1).astype(x.dtype) * 2"))
+    assert spec.read_text() != source
+    changed = check(spec, GOLDEN, "compact", 1)
+    assert not changed.certified and changed.cases[0].failure_class == "wrong_values"
+    assert len(spec_children) == 2
+
+
+def test_controls_after_a_kept_answer_find_what_a_fresh_run_finds(
+    cache, spec_children, monkeypatch
+):
+    monkeypatch.setenv("NEARMISS_CACHE_DIR", "off")
+    control_results.entries.clear()  # the engine's own memory of control results: runs here
+    fresh = check(STANDARDISE, UNMASKED, "all", 3)
+    assert not fresh.certified and any(c.controls for c in fresh.cases), fresh.diagnosis
+    monkeypatch.setenv("NEARMISS_CACHE_DIR", str(cache))
+    check(STANDARDISE, UNMASKED, "all", 3)  # kept now
+    children = len(spec_children)
+    control_results.entries.clear()
+    replayed = check(STANDARDISE, UNMASKED, "all", 3)
+    # One spec child, started only for the controls (after answering the request again).
+    assert len(spec_children) == children + 1
+    assert verdicts(replayed) == verdicts(fresh)
+    assert [c.controls for c in replayed.cases] == [c.controls for c in fresh.cases]
+    assert {r.source for c in replayed.cases for r in c.controls} == {"run"}
+    assert replayed.diagnosis == fresh.diagnosis
+
+
+def test_a_candidate_cannot_reach_the_kept_answers(cache, tmp_path):
+    assert check(SPEC, GOLDEN, "compact", 1).certified
+    before = kept_files(cache)
+    assert any(name.endswith("reference.npz") for name in before)
+    planted = cache / "ground-truth" / "planted"
+    # At import the candidate writes where the kept answers are, and overwrites each kept
+    # reference with zeros: in the sandbox none of those paths exists. (Reported, not refused,
+    # by the static rules, so that it runs.)
+    attack = (
+        "import glob\n"
+        "import numpy as _np\n"
+        f"for _path in [{str(planted)!r}, *glob.glob({str(cache)!r} + '/ground-truth/*/cases/"
+        "*/reference.npz')]:\n"
+        "    try:\n"
+        "        _np.save(_path, _np.zeros(1))\n"
+        "    except OSError:\n"
+        "        print('REFUSED', _path, flush=True)\n"
+    )
+    candidate = tmp_path / "kernel.py"
+    candidate.write_text(attack + GOLDEN.read_text())
+    report = check(SPEC, candidate, "compact", 1, integrity="report")
+    assert [c.passed for c in report.cases] == [True]  # it ran, and is right otherwise
+    assert not planted.exists()
+    assert kept_files(cache) == before
+    assert check(SPEC, GOLDEN, "compact", 1).certified
+
+
+def test_nothing_is_kept_where_the_spec_would_run_unsandboxed(cache, monkeypatch):
+    monkeypatch.setenv("NEARMISS_UNSAFE_NO_SANDBOX", "1")
+    assert check(SPEC, GOLDEN, "compact", 1).certified
+    assert not (cache / "ground-truth").exists() or not any((cache / "ground-truth").iterdir())
