@@ -74,6 +74,13 @@ def interpreter_tree(pid: int, timeout_s: float = 30) -> list[int]:
         time.sleep(0.05)
 
 
+@pytest.fixture(autouse=True)
+def no_kept_answers(monkeypatch):
+    """These tests count the spec's children a check takes: a kept answer takes none
+    (``truth_cache``), so none is kept here unless a test says so."""
+    monkeypatch.setenv("NEARMISS_CACHE_DIR", "off")
+
+
 @pytest.fixture
 def handed_out(monkeypatch):
     """Spares on for one test; the pid of every spare handed to a check."""
@@ -119,6 +126,23 @@ def test_a_spare_that_died_while_waiting_is_never_handed_out(handed_out):
     assert report.certified  # its children were started for it
     assert handed_out == []
     assert not any(alive(pid) for tree in trees for pid in tree)  # nothing of them is left
+
+
+def test_a_check_whose_spec_answer_is_kept_leaves_the_spec_spare_waiting(
+    handed_out, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("NEARMISS_CACHE_DIR", str(tmp_path / "cache"))
+    assert check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 1).certified  # kept now
+    waiting = {module: spares.waiting_pids(module) for module in spares.DEPTH}
+    assert all(waiting.values())
+    assert check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 1).certified
+    # The candidate's and an executor's spares served it; the spec's was not needed.
+    others = {
+        pid for module, pids in waiting.items() if module != spares.REFERENCE_MODULE for pid in pids
+    }
+    assert handed_out and set(handed_out) <= others
+    assert spares.waiting_pids(spares.REFERENCE_MODULE) == waiting[spares.REFERENCE_MODULE]
+    assert all(alive(pid) for pid in waiting[spares.REFERENCE_MODULE])
 
 
 @pytest.mark.parametrize("module", [spares.CANDIDATE_MODULE, spares.REFERENCE_MODULE])

@@ -8,14 +8,19 @@ a candidate cannot reach the kept answers; nothing is kept where the spec would 
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import OPS
 from nearmiss.engine.check import check
 from nearmiss.engine.forensics.controls import CACHE as control_results
-from nearmiss.engine.runner import session
+from nearmiss.engine.runner import session, truth_cache
 
 SOFTMAX = OPS / "softmax_rows"
 SPEC, GOLDEN = SOFTMAX / "spec.py", SOFTMAX / "golden.py"
@@ -134,3 +139,75 @@ def test_nothing_is_kept_where_the_spec_would_run_unsandboxed(cache, monkeypatch
     monkeypatch.setenv("NEARMISS_UNSAFE_NO_SANDBOX", "1")
     assert check(SPEC, GOLDEN, "compact", 1).certified
     assert not (cache / "ground-truth").exists() or not any((cache / "ground-truth").iterdir())
+
+
+# --- the store itself, without checks ------------------------------------------------------
+
+
+def answer(cases: Path, name: str, payload: bytes = b"x") -> list[dict]:
+    """A full answer naming one case directory under ``cases``, with one file in it."""
+    (cases / name).mkdir(parents=True, exist_ok=True)
+    (cases / name / "reference.npz").write_bytes(payload)
+    where = str(cases / name)
+    return [
+        {"event": "spec"},
+        {"event": "case_ready", "dir": where, "probes": []},
+        {"event": "done"},
+    ]
+
+
+def test_answers_round_trip_and_the_least_recently_used_go_first(cache, tmp_path, monkeypatch):
+    cases, elsewhere = tmp_path / "cases", tmp_path / "elsewhere"
+    monkeypatch.setattr(truth_cache, "MAX_ENTRIES", 2)
+    for key in ("a", "b"):
+        truth_cache.keep(key, answer(cases, key), cases)
+    old = time.time() - 100
+    os.utime(cache / "ground-truth" / "b", (old, old))
+    replayed = truth_cache.replay("b", elsewhere)  # b is used now; a is the least recent
+    assert replayed is not None and replayed[1]["dir"] == str(elsewhere / "b")
+    assert (elsewhere / "b" / "reference.npz").read_bytes() == b"x"
+    truth_cache.keep("c", answer(cases, "c"), cases)
+    assert sorted(p.name for p in (cache / "ground-truth").iterdir()) == ["b", "c"]
+    monkeypatch.setattr(truth_cache, "MAX_BYTES", 1)  # by bytes too: only the newest stays
+    truth_cache.keep("d", answer(cases, "d"), cases)
+    assert sorted(p.name for p in (cache / "ground-truth").iterdir()) == ["d"]
+
+
+def test_an_unfinished_or_stray_answer_is_never_kept(cache, tmp_path):
+    cases = tmp_path / "cases"
+    full = answer(cases, "base")
+    truth_cache.keep("unfinished", full[:-1], cases)  # no "done": the child stopped early
+    stray = [*full[:-1], {"event": "case_ready", "dir": str(tmp_path), "probes": []}, full[-1]]
+    truth_cache.keep("stray", stray, cases)  # names a directory outside its cases
+    assert truth_cache.replay("unfinished", cases) is None
+    assert truth_cache.replay("stray", cases) is None
+    assert [p.name for p in (cache / "ground-truth").iterdir()] == []
+
+
+def test_a_kept_reference_changed_on_disk_is_dropped_not_believed(cache, spec_children):
+    assert check(SPEC, GOLDEN, "compact", 1).certified
+    (kept,) = (cache / "ground-truth").glob("*/cases/*/reference.npz")
+    forged = kept.parent / "forged.npz"
+    np.savez(forged, np.zeros(1, np.float32))  # a well-formed file with other numbers
+    forged.replace(kept)
+    again = check(SPEC, GOLDEN, "compact", 1)
+    assert again.certified and len(spec_children) == 2  # answered afresh, not from the forgery
+    assert len(list((cache / "ground-truth").glob("*/cases/*/reference.npz"))) == 1  # re-kept
+
+
+def test_the_cache_is_off_where_a_child_could_read_it_or_another_user_write_it(
+    tmp_path, monkeypatch
+):
+    open_to_all = tmp_path / "shared"
+    (open_to_all / "ground-truth").mkdir(parents=True)
+    (open_to_all / "ground-truth").chmod(0o777)
+    monkeypatch.setenv("NEARMISS_CACHE_DIR", str(open_to_all))
+    assert truth_cache._entries() is None
+    inside = Path(sys.prefix) / f"nearmiss-test-cache-{os.getpid()}"  # the interpreter's
+    monkeypatch.setenv("NEARMISS_CACHE_DIR", str(inside))
+    try:
+        assert truth_cache._entries() is None
+    finally:
+        shutil.rmtree(inside, ignore_errors=True)
+    monkeypatch.setenv("NEARMISS_CACHE_DIR", str(tmp_path / "mine"))
+    assert truth_cache._entries() == (tmp_path / "mine" / "ground-truth").resolve()

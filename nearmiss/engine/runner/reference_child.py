@@ -158,6 +158,10 @@ def prepare(channel: Channel, request: dict) -> None:
     if request.get("describe_only"):
         channel.send(event="done")
         return
+    if request.get("controls_only"):  # the suite's answer was kept (``truth_cache``): only the
+        channel.send(event="done")  # controls are asked of this child, drawn from their keys
+        control_round(channel, request, spec, parameter_names(spec), cases)
+        return
     workdir = Path(request["workdir"])
     integrity = bool(request.get("integrity"))
     parameters = parameter_names(spec)  # the signature once; a case may have fewer inputs

@@ -47,6 +47,7 @@ from nearmiss.engine.runner.spares import (
 from nearmiss.engine.runner.spec_sandbox import (
     REFERENCE_MODULE,
     REFERENCE_PREFIX,
+    read_spec,
     spec_request,
     start_spec_child,
 )
@@ -839,11 +840,12 @@ def _control_round(
 def _answered_again(
     child: SandboxChild, request: dict[str, Any], restart: Callable[[], SandboxChild]
 ) -> tuple[SandboxChild, str | None]:
-    """A spec's child once it has answered ``request`` again, for control rounds after a kept
-    answer (``truth_cache`` keeps the answer, not the child's state): ``child``, or the one
-    ``restart`` started when it died first (the feed closed the dead one), and why it could not
-    answer in full (None: it did)."""
-    feed = _ReferenceFeed(child, request, restart)
+    """A spec's child with the spec loaded, for control rounds after a kept answer
+    (``truth_cache`` keeps the answer, not the child's state; a control is drawn from its own
+    key, so the child skips the suite's cases): ``child``, or the one ``restart`` started when
+    it died first (the feed closed the dead one), and why it could not load the spec (None: it
+    did)."""
+    feed = _ReferenceFeed(child, {**request, "controls_only": True}, restart)
     feed.thread.join()
     assert feed.child is not None  # a feed given a child keeps one
     last = feed.answer[-1]
@@ -920,7 +922,20 @@ def run_sandboxed(
     """
     spec, candidate = spec.resolve(), candidate.resolve()
     profile_runs = profile_runs_for(platform, profile_runs) if entry.artifact else 0
-    reference = spares.take(REFERENCE_MODULE, limits, platform)
+    spec_text = read_spec(spec)  # read once: what is keyed is what the spec's child reads
+    asked = dict(
+        cmd="prepare",
+        seed=seed,
+        suite=suite,
+        integrity=audit,
+        select=select,
+        controls=controls is not None and execute and entry.artifact,
+        profile_runs=profile_runs if execute else 0,
+    )
+    key = truth_cache.entry_key(spec_text, {**asked, "shown": str(spec)}, platform, limits)
+    # A kept answer needs no spec child: a waiting spare is left for the next check.
+    kept_before = key is not None and truth_cache.has(key)
+    reference = None if kept_before else spares.take(REFERENCE_MODULE, limits, platform)
     workdir = spares.root(reference) if reference is not None else scratch_dir(REFERENCE_PREFIX)
     snapshot = workdir / "candidate" / candidate.name
     shown, candidate = candidate, snapshot
@@ -938,20 +953,10 @@ def run_sandboxed(
             snapshot.write_text(source)
         restart = partial(start_spec_child, workdir, limits, platform)
         from_spare = reference is not None
-        request = dict(
-            cmd="prepare",
-            seed=seed,
-            suite=suite,
-            integrity=audit,
-            select=select,
-            controls=controls is not None and execute and entry.artifact,
-            profile_runs=profile_runs if execute else 0,
-            **spec_request(workdir, spec),
-        )
-        key = truth_cache.entry_key(Path(request["spec"]), request, platform)
-        kept = truth_cache.replay(key, workdir / "cases") if key else None
+        request = {**asked, **spec_request(workdir, spec, spec_text)}
+        kept = truth_cache.replay(key, workdir / "cases") if key and kept_before else None
         if kept is not None:  # the spec answered this before: no child unless controls need one
-            feed = _ReferenceFeed(reference, request, kept=kept)
+            feed = _ReferenceFeed(None, request, kept=kept)
         else:
             if reference is None:
                 reference = restart()
@@ -1049,8 +1054,12 @@ def run_sandboxed(
             feed.thread.join()  # a feed ends at "done"; each round gets its own
             try:
                 if feed.kept:  # a live child, to answer the request again and then controls
-                    reference = reference or restart()
+                    try:
+                        reference = reference or restart()
+                    except (UsageError, OSError) as exc:
+                        raise ChildDied(f"could not be started: {exc}") from exc
                     reference, failed = _answered_again(reference, request, restart)
+                    feed.child = reference  # the one the end of the check closes
                     if failed:
                         raise ChildDied(failed)
                 assert reference is not None  # the live child, or the one just started

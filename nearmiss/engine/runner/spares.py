@@ -176,10 +176,15 @@ def refill_after(limits: Limits, platform: str) -> None:
         refill(limits, platform)
 
 
-def waiting_pids() -> list[int]:
-    """The process ids of the spares now waiting, for tests."""
+def waiting_pids(module: str | None = None) -> list[int]:
+    """The process ids of the spares now waiting (of ``module``'s only, if given), for tests."""
     with _lock:
-        return [c.process.pid for cs in _spares.values() for c in cs if c.process is not None]
+        return [
+            c.process.pid
+            for key, cs in _spares.items()
+            for c in cs
+            if c.process is not None and module in (None, key[0])
+        ]
 
 
 def close_all() -> None:

@@ -14,8 +14,6 @@ Knowing them before the spec is known lets a busy worker start the child ahead o
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +40,24 @@ def start_spec_child(workdir: Path, limits: Limits, platform: str) -> SandboxChi
     )
 
 
-def spec_request(workdir: Path, spec: Path) -> dict[str, Any]:
+def read_spec(spec: Path) -> bytes | None:
+    """The spec's bytes, read once (None: unreadable, which the spec's child reports)."""
+    try:
+        return spec.read_bytes()
+    except OSError:
+        return None
+
+
+def spec_request(workdir: Path, spec: Path, text: bytes | None = None) -> dict[str, Any]:
     """The first request's fields that name the spec and the child's directories, the spec
-    copied in now. ``shown`` is the user's path, the one the child's messages name."""
+    copied in now (``text``: the bytes already read of it). ``shown`` is the user's path, the
+    one the child's messages name."""
     copy = workdir / "spec" / spec.name
     copy.parent.mkdir(exist_ok=True)  # before the child starts, where its answer is kept
+    text = read_spec(spec) if text is None else text
     # A spec that cannot be read is left out: the child reports it missing, under its own name.
-    with contextlib.suppress(OSError):
-        shutil.copyfile(spec, copy)
+    if text is not None:
+        copy.write_bytes(text)
     cache = reference_cache_dir()
     return {
         "spec": str(copy),

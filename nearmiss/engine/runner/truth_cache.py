@@ -9,16 +9,24 @@ from the seed. So once a child has answered a request in full (``done``), its me
 files they name are kept under a key that hashes all of it:
 
 - the spec's bytes and the path its messages name;
-- the request's fields that shape the answer (seed, suite, selection, integrity evidence);
-- the platform; every installed distribution's name and version; the Python version; the
-  engine package's source; the ``JAX_*``/``XLA_*`` settings a child inherits.
+- the request's fields that shape the answer (seed, suite, selection, integrity evidence) and
+  the child's memory limit;
+- every installed distribution's name and version, the Python version and the engine package's
+  source, re-read whenever a site directory or an engine file changes (a long-lived worker
+  upgraded in place keys its next answers anew);
+- the environment the child is given (``child_environment``, less its own directories), and
+  the CPU XLA compiles for: its model, its flags and the cores this process may use.
 
 Only the engine reads and writes entries, from the host; no sandboxed child ever sees this
 directory (a candidate's child and the executors get copies of inputs in their own homes, as
-they always did). An entry is used only where the spec's child would run sandboxed (without the
-sandbox a spec could read files the key does not cover) and only when no timing is asked for
-(a device's reference times are measured per check). Entries are written whole, then renamed
-into place; the least recently used go past ``MAX_ENTRIES``.
+they always did), and the cache is off where it would lie under a path every child sees (the
+system, the interpreter's directories, the engine) or is not this user's alone. An entry is used
+only on the CPU (a device's answer depends on its model, driver and toolkit, and its reference
+times are measured per check), and only where the spec's child would run sandboxed (without the
+sandbox a spec could read files the key does not cover). Entries are written whole, each file's
+digest with them, then renamed into place; a replay whose copies do not match their digests
+drops the entry. Removal renames first, so a replay never reads half an entry; the least
+recently used go once there are more than ``MAX_ENTRIES`` or they hold more than ``MAX_BYTES``.
 
 ``NEARMISS_CACHE_DIR`` moves it with the compile cache (``compile_cache``);
 ``NEARMISS_CACHE_DIR=off`` turns both off.
@@ -26,6 +34,7 @@ into place; the least recently used go past ``MAX_ENTRIES``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -33,6 +42,8 @@ import os
 import platform as python_platform
 import secrets
 import shutil
+import sys
+import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -41,68 +52,132 @@ from typing import Any
 from nearmiss.engine.runner.compile_cache import cache_root
 from nearmiss.engine.runner.environment import (
     PACKAGE_DIR,
+    SYSTEM_DIRS,
     Bubblewrap,
+    child_environment,
     find_sandbox,
+    interpreter_paths,
     unsafe_requested,
 )
+from nearmiss.engine.runner.sandbox import Limits
 
 MAX_ENTRIES = 400
+MAX_BYTES = 1024**3
+STALE_STAGING_S = 3600  # a staging directory this old was left by a process that died
 MESSAGES_FILE = "messages.json"
+SIZE_FILE = "bytes"
 # The request's fields that shape the spec's answer (``cmd``, the directories, ``controls`` and
 # ``cache`` do not: a later control round is asked of a live child, never of an entry).
 ANSWER_FIELDS = ("seed", "suite", "select", "integrity", "describe_only")
 
 
-@functools.cache
+_signatures: dict[str, tuple[object, str]] = {}
+
+
+def _remembered(name: str, stamp: object, compute: Callable[[], str]) -> str:
+    """``compute()``, again only when ``stamp`` (what it depends on, cheaply read) changes."""
+    known = _signatures.get(name)
+    if known is None or known[0] != stamp:
+        known = (stamp, compute())
+        _signatures[name] = known
+    return known[1]
+
+
+def _stamp(paths: list[Path]) -> tuple:
+    stamps = []
+    for path in paths:
+        try:
+            info = path.stat()
+        except OSError:
+            continue
+        stamps.append((str(path), info.st_mtime_ns, info.st_size))
+    return tuple(stamps)
+
+
 def _installed() -> str:
-    """Every installed distribution and its version, and the Python that runs them."""
-    names = sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
-    return f"{python_platform.python_version()} {';'.join(names)}"
+    """Every installed distribution and its version, and the Python that runs them. An install
+    or upgrade adds or renames a ``dist-info`` directory, changing its site directory's stamp."""
+    sites = [Path(p) for p in sys.path if p and Path(p).is_dir()]
+
+    def listing() -> str:
+        names = sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
+        return f"{python_platform.python_version()} {';'.join(names)}"
+
+    return _remembered("installed", _stamp(sites), listing)
 
 
-@functools.cache
 def _engine_source() -> str:
     """A digest of the engine package's Python source, which the spec's child runs."""
-    digest = hashlib.sha256()
-    for path in sorted(PACKAGE_DIR.rglob("*.py")):
-        digest.update(str(path.relative_to(PACKAGE_DIR)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+    files = sorted(PACKAGE_DIR.rglob("*.py"))
+
+    def digest() -> str:
+        hashed = hashlib.sha256()
+        for path in files:
+            hashed.update(str(path.relative_to(PACKAGE_DIR)).encode() + b"\0" + path.read_bytes())
+        return hashed.hexdigest()
+
+    return _remembered("engine", _stamp(files), digest)
 
 
-def entry_key(spec_copy: Path, request: dict[str, Any], platform: str) -> str | None:
-    """The key of the answer to ``request`` (the spec's child's first request, its ``spec``
-    the copy it reads), or None where no answer may be kept or used."""
-    if int(request.get("profile_runs") or 0) > 0 or unsafe_requested():
+@functools.cache
+def _cpu() -> str:
+    """The CPU XLA compiles for (model and flags) and the cores this process may use."""
+    described = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                described += line.split(":", 1)[-1].strip() + "\n"
+            if line.strip() == "":
+                break  # the first processor's lines describe them all here
+    return f"{described}{len(os.sched_getaffinity(0))} cores"
+
+
+def entry_key(
+    spec_bytes: bytes | None, request: dict[str, Any], platform: str, limits: Limits
+) -> str | None:
+    """The key of the answer to ``request`` (the spec's child's first request, without the
+    fields that name its directories) for a spec of ``spec_bytes``, or None where no answer may
+    be kept or used."""
+    if spec_bytes is None or platform != "cpu" or int(request.get("profile_runs") or 0) > 0:
         return None
-    if not isinstance(find_sandbox(), Bubblewrap):
+    if unsafe_requested() or not isinstance(find_sandbox(), Bubblewrap):
         return None
-    try:
-        spec_bytes = spec_copy.read_bytes()
-    except OSError:
-        return None  # the child reports a missing spec, every time
-    settings = sorted((k, v) for k, v in os.environ.items() if k.startswith(("JAX_", "XLA_")))
+    environment = child_environment(Path("/home"), extra={"JAX_PLATFORMS": platform})
+    for own in ("HOME", "TMPDIR", "PYTHONPATH"):  # the child's directories, not its settings
+        environment.pop(own, None)
     described = {
         "spec": hashlib.sha256(spec_bytes).hexdigest(),
         "shown": request.get("shown"),
         "request": {name: request.get(name) for name in ANSWER_FIELDS},
+        "memory_mb": limits.memory_mb,
         "platform": platform,
         "installed": _installed(),
         "engine": _engine_source(),
-        "settings": settings,
+        "environment": sorted(environment.items()),
+        "cpu": _cpu(),
     }
     text = json.dumps(described, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _entries() -> Path | None:
+    """The entries' directory, or None: caching is off, or the directory could be read by a
+    child (under a path every child sees) or written by another user."""
     root = cache_root()
     if root is None:
         return None
-    path = root / "ground-truth"
+    path = (root / "ground-truth").absolute()
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = path.resolve()
+        info = path.stat()
     except OSError:
         return None
+    seen = [Path(d) for d in SYSTEM_DIRS] + list(interpreter_paths()) + [PACKAGE_DIR]
+    if any(path == d or path.is_relative_to(d) for d in seen):
+        return None  # a candidate could read the references it is compared against
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        return None  # another user could plant answers
     return path
 
 
@@ -114,6 +189,14 @@ def _moved(message: dict[str, Any], where: Callable[[str], str]) -> dict[str, An
     if out.get("probes"):
         out["probes"] = [{**probe, "dir": where(probe["dir"])} for probe in out["probes"]]
     return out
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
 
 
 def keep(key: str, messages: list[dict[str, Any]], cases: Path) -> None:
@@ -132,43 +215,101 @@ def keep(key: str, messages: list[dict[str, Any]], cases: Path) -> None:
         for named in sorted({m["dir"] for m in relative if "dir" in m}):
             shutil.copytree(cases / named, staging / "cases" / named)
         staging.mkdir(exist_ok=True)
-        (staging / MESSAGES_FILE).write_text(json.dumps(relative))
+        files = _digests(staging / "cases") if (staging / "cases").is_dir() else {}
+        kept = {"messages": relative, "files": files}
+        (staging / MESSAGES_FILE).write_text(json.dumps(kept))
+        size = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
+        (staging / SIZE_FILE).write_text(str(size))
         os.rename(staging, final)
     except (OSError, ValueError):  # a path outside ``cases`` (ValueError) is never kept
         shutil.rmtree(staging, ignore_errors=True)
         return
-    _evict(entries)
+    _evict(entries, final.name)
+
+
+def has(key: str) -> bool:
+    """Whether an answer is kept under ``key`` (``replay`` may still find none: eviction)."""
+    entries = _entries()
+    return entries is not None and (entries / key / MESSAGES_FILE).is_file()
 
 
 def replay(key: str, cases: Path) -> list[dict[str, Any]] | None:
     """A kept answer's messages, its files copied into ``cases`` (copies: nothing a check does
-    with its files reaches the entry), or None where there is none."""
+    with its files reaches the entry), or None where there is none. An entry whose copies do
+    not match the digests it was kept with is dropped, and the copies with it."""
     entries = _entries()
     if entries is None:
         return None
     entry = entries / key
     try:
-        messages = json.loads((entry / MESSAGES_FILE).read_text())
-        kept = entry / "cases"
-        if kept.is_dir():
-            shutil.copytree(kept, cases, dirs_exist_ok=True)
-        os.utime(entry)  # recently used
-    except (OSError, ValueError):
+        kept = json.loads((entry / MESSAGES_FILE).read_text())
+        messages, files = kept["messages"], kept["files"]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
+    copied = sorted({Path(name).parts[0] for name in files})
+    try:
+        if files:
+            shutil.copytree(entry / "cases", cases, dirs_exist_ok=True)
+        whole = all(_digests(cases / top) == _part(files, top) for top in copied)
+    except OSError:
+        whole = False
+    if not whole:
+        for top in copied:
+            shutil.rmtree(cases / top, ignore_errors=True)
+        _remove(entry)
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(entry)  # recently used
     return [_moved(m, lambda p: str(cases / p)) for m in messages]
 
 
-def _evict(entries: Path) -> None:
-    kept = [p for p in entries.iterdir() if not p.name.startswith(".")]
-    if len(kept) <= MAX_ENTRIES:
-        return
+def _part(files: dict[str, str], top: str) -> dict[str, str]:
+    """The digests of the files under ``top``, relative to it."""
+    prefix = f"{top}/"
+    return {
+        name[len(prefix) :]: digest for name, digest in files.items() if name.startswith(prefix)
+    }
 
-    def used(path: Path) -> float:
+
+def _remove(entry: Path) -> None:
+    """Rename first, so no replay reads a half-removed entry; then delete."""
+    trash = entry.parent / f".trash-{secrets.token_hex(8)}"
+    try:
+        os.rename(entry, trash)
+    except OSError:
+        return  # gone already
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _size(entry: Path) -> int:
+    try:
+        return int((entry / SIZE_FILE).read_text())
+    except (OSError, ValueError):
+        return sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+
+
+def _evict(entries: Path, newest: str) -> None:
+    """Remove the least recently used entries past the bounds (never ``newest``, the one just
+    written), and staging or trash left by processes that died."""
+    now = time.time()
+    kept = []
+    for path in entries.iterdir():
         try:
-            return path.stat().st_mtime
-        except OSError:  # removed meanwhile by another worker's eviction
-            return 0.0
-
-    kept.sort(key=used)
-    for old in kept[: len(kept) - MAX_ENTRIES]:
-        shutil.rmtree(old, ignore_errors=True)
+            used = path.stat().st_mtime
+            if path.name.startswith("."):
+                if now - used > STALE_STAGING_S:
+                    shutil.rmtree(path, ignore_errors=True)
+                continue
+            kept.append((used, _size(path), path))
+        except OSError:  # removed meanwhile by another process
+            continue
+    kept.sort()
+    total = sum(size for _, size, _ in kept)
+    count = len(kept)
+    for _, size, path in kept:
+        if count <= MAX_ENTRIES and total <= MAX_BYTES:
+            break
+        if path.name == newest:
+            continue
+        _remove(path)
+        count, total = count - 1, total - size
