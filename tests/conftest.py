@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -57,6 +59,32 @@ SWEEP_KINDS = {
     "test_playbook_over_the_corpus": "variants failing with their labelled class (then repaired)",
     "test_integrity_case": "integrity cases (cheats rejected with their rule, honest clean)",
 }
+
+
+# One cache (the spec's compiled programs and kept answers) for the whole run, shared by its
+# xdist workers and removed at its end: tests neither read nor fill the user's ~/.cache.
+CACHE_ENV = "NEARMISS_CACHE_DIR"
+
+
+def pytest_configure(config) -> None:
+    given = getattr(config, "workerinput", {}).get(CACHE_ENV)
+    if given is not None:  # an xdist worker: its controller's cache
+        os.environ[CACHE_ENV] = given
+    elif CACHE_ENV not in os.environ:
+        config.nearmiss_cache = tempfile.mkdtemp(prefix="nearmiss-test-cache-")
+        os.environ[CACHE_ENV] = config.nearmiss_cache
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    node.workerinput[CACHE_ENV] = os.environ[CACHE_ENV]
+
+
+def pytest_unconfigure(config) -> None:
+    made = getattr(config, "nearmiss_cache", None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop(CACHE_ENV, None)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
