@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -14,8 +15,9 @@ from conftest import OPS, PLANTED, SOFTMAX_SPEC, check_json, processes_under, ru
 from nearmiss.engine.check import check
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.runner.environment import UNSAFE_ENV, child_environment, isolation_level
-from nearmiss.engine.runner.sandbox import Limits
+from nearmiss.engine.runner.sandbox import Limits, SandboxChild
 from nearmiss.engine.runner.session import describe_spec
+from nearmiss.engine.runner.spec_sandbox import REFERENCE_MODULE
 
 
 @pytest.fixture
@@ -294,3 +296,16 @@ def test_the_engine_reads_a_specs_name_without_running_the_spec_itself(tmp_path)
     broken.write_text("raise RuntimeError('no spec here')\n")
     with pytest.raises(UsageError, match="no spec here"):
         describe_spec(broken)
+
+
+def test_a_child_closed_twice_closes_its_pipes_once():
+    child = SandboxChild(REFERENCE_MODULE, Path(tempfile.mkdtemp(prefix="nearmiss-t-")), Limits())
+    try:
+        child.close()
+        reused = os.pipe()  # most likely the numbers the child's pipes had
+        child.close()
+        assert all(os.fstat(fd) for fd in reused)  # still open: not closed by the second call
+        for fd in reused:
+            os.close(fd)
+    finally:
+        shutil.rmtree(child.home, ignore_errors=True)

@@ -8,6 +8,7 @@ a candidate cannot reach the kept answers; nothing is kept where the spec would 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -211,3 +212,22 @@ def test_the_cache_is_off_where_a_child_could_read_it_or_another_user_write_it(
         shutil.rmtree(inside, ignore_errors=True)
     monkeypatch.setenv("NEARMISS_CACHE_DIR", str(tmp_path / "mine"))
     assert truth_cache._entries() == (tmp_path / "mine" / "ground-truth").resolve()
+
+
+def test_a_folder_holding_a_link_is_never_kept_nor_a_stray_path_replayed(cache, tmp_path):
+    cases = tmp_path / "cases"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host file")
+    linked = answer(cases, "base")
+    (cases / "base" / "leak").symlink_to(secret)  # the engine must not copy the host's file
+    truth_cache.keep("linked", linked, cases)
+    assert not any((cache / "ground-truth").iterdir())
+    truth_cache.keep("fine", answer(cases, "other"), cases)
+    entry = cache / "ground-truth" / "fine" / truth_cache.MESSAGES_FILE
+    kept = json.loads(entry.read_text())
+    kept["messages"][1]["dir"] = "../outside"  # an entry edited to reach out of its cases
+    entry.write_text(json.dumps(kept))
+    (tmp_path / "outside").mkdir()
+    elsewhere = tmp_path / "work" / "cases"
+    assert truth_cache.replay("fine", elsewhere) is None
+    assert (tmp_path / "outside").is_dir() and not (cache / "ground-truth" / "fine").exists()

@@ -172,6 +172,7 @@ class SandboxChild:
         self._child_ends = [to_child_r, from_child_w]  # closed here once the child has them
         self._reader = LineReader(self._from_child_r)
         self.peak_rss_mb = 0.0
+        self._closed = False
         self.process: subprocess.Popen | None = None
         self._start(read_only, writable)
 
@@ -308,7 +309,11 @@ class SandboxChild:
             _wait_gone(tree[1:], timeout_s=5)
 
     def close(self) -> None:
-        """Ask the child to exit, then make sure it has, and release the pipes."""
+        """Ask the child to exit, then make sure it has, and release the pipes. Once: a second
+        call would close descriptor numbers that another child may have been given since."""
+        if self._closed:
+            return
+        self._closed = True
         self._close_child_ends()  # still here when the child never started
         if self.process is not None and self.process.returncode is None:
             with contextlib.suppress(OSError):

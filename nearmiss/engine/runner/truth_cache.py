@@ -178,6 +178,14 @@ def _entries() -> Path | None:
         return None  # a candidate could read the references it is compared against
     if info.st_uid != os.getuid() or info.st_mode & 0o022:
         return None  # another user could plant answers
+    for parent in path.parents:  # or swap a folder above it (a sticky /tmp cannot)
+        try:
+            above = parent.stat()
+        except OSError:
+            return None
+        open_to_others = above.st_mode & 0o022 and not above.st_mode & 0o1000
+        if above.st_uid not in (0, os.getuid()) or open_to_others:
+            return None
     return path
 
 
@@ -210,10 +218,13 @@ def keep(key: str, messages: list[dict[str, Any]], cases: Path) -> None:
         return
     staging = entries / f".staging-{secrets.token_hex(8)}"
     try:
-        relative = [_moved(m, lambda p: str(Path(p).relative_to(cases))) for m in messages]
+        relative = [_moved(m, lambda p: _inside(Path(p), cases)) for m in messages]
         # A case's inputs and its reference share its directory; its probes are inside it.
         for named in sorted({m["dir"] for m in relative if "dir" in m}):
-            shutil.copytree(cases / named, staging / "cases" / named)
+            source = cases / named
+            if any(p.is_symlink() or not (p.is_dir() or p.is_file()) for p in source.rglob("*")):
+                raise ValueError(f"{named} holds a link or a special file")
+            shutil.copytree(source, staging / "cases" / named)
         staging.mkdir(exist_ok=True)
         files = _digests(staging / "cases") if (staging / "cases").is_dir() else {}
         kept = {"messages": relative, "files": files}
@@ -224,7 +235,24 @@ def keep(key: str, messages: list[dict[str, Any]], cases: Path) -> None:
     except (OSError, ValueError):  # a path outside ``cases`` (ValueError) is never kept
         shutil.rmtree(staging, ignore_errors=True)
         return
-    _evict(entries, final.name)
+    with contextlib.suppress(OSError):  # the cache removed meanwhile, say
+        _evict(entries, final.name)
+
+
+def _plain(name: str) -> bool:
+    """A relative path of plain names: never absolute, never ``..``."""
+    path = Path(name)
+    return bool(path.parts) and not path.is_absolute() and ".." not in path.parts
+
+
+def _inside(path: Path, cases: Path) -> str:
+    """``path`` relative to ``cases``: ValueError unless it is a folder inside it, links and
+    ``..`` resolved."""
+    resolved = path.resolve(strict=True)
+    named = str(resolved.relative_to(cases.resolve(strict=True)))
+    if not _plain(named) or path.is_symlink() or not resolved.is_dir():
+        raise ValueError(f"{path} is not a folder inside {cases}")
+    return named
 
 
 def has(key: str) -> bool:
@@ -243,24 +271,48 @@ def replay(key: str, cases: Path) -> list[dict[str, Any]] | None:
     entry = entries / key
     try:
         kept = json.loads((entry / MESSAGES_FILE).read_text())
-        messages, files = kept["messages"], kept["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
+        return None  # none kept (or being removed)
+    try:
+        messages, files = _checked(kept)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        _remove(entry)  # not what ``keep`` writes
         return None
     copied = sorted({Path(name).parts[0] for name in files})
     try:
         if files:
             shutil.copytree(entry / "cases", cases, dirs_exist_ok=True)
         whole = all(_digests(cases / top) == _part(files, top) for top in copied)
-    except OSError:
-        whole = False
+    except OSError:  # a full disk, say: the entry may be fine, this copy is not
+        whole = None
     if not whole:
         for top in copied:
             shutil.rmtree(cases / top, ignore_errors=True)
-        _remove(entry)
+        if whole is False:
+            _remove(entry)
         return None
     with contextlib.suppress(OSError):
         os.utime(entry)  # recently used
     return [_moved(m, lambda p: str(cases / p)) for m in messages]
+
+
+def _checked(kept: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """An entry's messages and file digests, as ``keep`` writes them: ValueError otherwise
+    (a path that is not plain, a message naming a folder the entry does not hold)."""
+    messages, files = kept["messages"], kept["files"]
+    if not isinstance(messages, list) or not isinstance(files, dict):
+        raise ValueError("not an entry")
+    if not all(isinstance(n, str) and _plain(n) and isinstance(d, str) for n, d in files.items()):
+        raise ValueError("a file name that is not plain")
+    tops = {Path(name).parts[0] for name in files}
+    for message in messages:
+        named = [message.get("dir")] + [p.get("dir") for p in message.get("probes") or []]
+        for name in (n for n in named if n is not None):
+            if not isinstance(name, str) or not _plain(name) or Path(name).parts[0] not in tops:
+                raise ValueError(f"a message names {name!r}")
+    if not messages or messages[-1].get("event") != "done":
+        raise ValueError("an unfinished answer")
+    return messages, files
 
 
 def _part(files: dict[str, str], top: str) -> dict[str, str]:
