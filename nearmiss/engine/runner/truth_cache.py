@@ -229,8 +229,7 @@ def keep(key: str, messages: list[dict[str, Any]], cases: Path) -> None:
         files = _digests(staging / "cases") if (staging / "cases").is_dir() else {}
         kept = {"messages": relative, "files": files}
         (staging / MESSAGES_FILE).write_text(json.dumps(kept))
-        size = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
-        (staging / SIZE_FILE).write_text(str(size))
+        (staging / SIZE_FILE).write_text(str(_bytes_under(staging)))
         os.rename(staging, final)
     except (OSError, ValueError):  # a path outside ``cases`` (ValueError) is never kept
         shutil.rmtree(staging, ignore_errors=True)
@@ -333,11 +332,16 @@ def _remove(entry: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def _bytes_under(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
 def _size(entry: Path) -> int:
+    """An entry's bytes, as ``keep`` wrote them down (counted again where it did not)."""
     try:
         return int((entry / SIZE_FILE).read_text())
     except (OSError, ValueError):
-        return sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+        return _bytes_under(entry)
 
 
 def _evict(entries: Path, newest: str) -> None:
