@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from nearmiss.engine.runner.compile_cache import CACHE_ENV
 from nearmiss.engine.targets.libtpu_env import prepare_environment
 
 # The tests' PostgreSQL clusters skip fsync (a machine crash is not what they test); a server
@@ -63,7 +64,6 @@ SWEEP_KINDS = {
 
 # One cache (the spec's compiled programs and kept answers) for the whole run, shared by its
 # xdist workers and removed at its end: tests neither read nor fill the user's ~/.cache.
-CACHE_ENV = "NEARMISS_CACHE_DIR"
 
 
 def pytest_configure(config) -> None:
