@@ -142,6 +142,33 @@ def test_nothing_is_kept_where_the_spec_would_run_unsandboxed(cache, monkeypatch
     assert not (cache / "ground-truth").exists() or not any((cache / "ground-truth").iterdir())
 
 
+def test_an_install_or_upgrade_on_sys_path_changes_the_key(tmp_path, monkeypatch):
+    """A worker upgraded in place (a library's ``name-version.dist-info`` renamed) keys anew:
+    an answer computed under the old library is never replayed under the new one."""
+    site = tmp_path / "site"
+    (site / "somelib-1.0.dist-info").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(site))
+    request = {"seed": 1, "suite": "compact", "shown": "spec.py"}
+    limits = session.Limits()
+
+    def key() -> str | None:
+        return truth_cache.entry_key(b"spec", request, "cpu", limits)
+
+    def later(step: int) -> None:  # the folder's new time: a coarse clock may not have moved
+        os.utime(site, ns=(step * 10**9, step * 10**9))
+
+    later(1)
+    before = key()
+    assert before is not None and key() == before
+    (site / "somelib-1.0.dist-info").rename(site / "somelib-1.1.dist-info")
+    later(2)
+    upgraded = key()
+    assert upgraded not in (None, before)
+    (site / "otherlib-2.0.dist-info").mkdir()
+    later(3)
+    assert key() not in (None, before, upgraded)
+
+
 # --- the store itself, without checks ------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ from activities.fixers.playbook.source import (
     _refs,
     _replace,
     _text,
+    walk,
 )
 from nearmiss.engine.models import Evidence
 
@@ -141,7 +142,7 @@ def block_rank_reshape(mod: _Module, evidence: Evidence) -> list[_Edit]:
     if extra <= 0 or any(s not in ("1", "None") for s in sizes[:extra]):
         return []
     for call in _pallas_calls(mod):
-        for node in ast.walk(call.scope):
+        for node in walk(call.scope):
             if isinstance(node, ast.Call) and node.func is call.node and len(node.args) > index:
                 operand = _atom(mod.source, node.args[index])
                 ones = "1, " * extra
@@ -163,12 +164,12 @@ def python_if_to_when(mod: _Module, evidence: Evidence) -> list[_Edit]:
     edits = []
     for body in _bodies(mod):
         pids, refs = _program_ids(mod, body), set(_refs(body))
-        for node in ast.walk(body):
+        for node in walk(body):
             if not isinstance(node, ast.If) or node.orelse:
                 continue
-            names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+            names = {n.id for n in walk(node.test) if isinstance(n, ast.Name)}
             on_pid = names & set(pids) or any(
-                _program_id_axis(mod, n) is not None for n in ast.walk(node.test)
+                _program_id_axis(mod, n) is not None for n in walk(node.test)
             )
             only_refs = all(
                 isinstance(s, ast.Expr)
@@ -207,10 +208,10 @@ def ifexp_to_where(mod: _Module, evidence: Evidence) -> list[_Edit]:
     static = ("shape", "ndim", "dtype", "size")
     edits = []
     for body in _bodies(mod):
-        for node in ast.walk(body):
+        for node in walk(body):
             if not isinstance(node, ast.IfExp):
                 continue
-            if any(isinstance(n, ast.Attribute) and n.attr in static for n in ast.walk(node.test)):
+            if any(isinstance(n, ast.Attribute) and n.attr in static for n in walk(node.test)):
                 continue  # decided at trace time: legitimate Python
             parts = [_text(mod.source, p) for p in (node.test, node.body, node.orelse)]
             edits.append(_replace(node, f"{mod.np}.where({', '.join(parts)})"))

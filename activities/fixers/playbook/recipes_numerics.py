@@ -16,6 +16,7 @@ from activities.fixers.playbook.source import (
     _replace,
     _text,
     _values_of,
+    walk,
 )
 from nearmiss.engine.models import Evidence
 
@@ -23,13 +24,13 @@ LOG2_E = 1.4426950408889634
 
 
 def _names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {n.id for n in walk(node) if isinstance(n, ast.Name)}
 
 
 def _scales_by_log2e(fn: ast.AST) -> bool:
     """The function (or what it encloses) rescales logits into base 2: ``log2(e)``,
     ``math.log2(math.e)`` or the constant 1.4427 (a softmax computed with ``exp2``)."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         log2 = isinstance(node, ast.Call) and (_dotted(node.func) or "").endswith("log2")
         if log2 and any((_dotted(a) or "").split(".")[-1] == "e" for a in node.args):
             return True
@@ -52,8 +53,8 @@ def exp_base(mod: _Module, evidence: Evidence) -> list[_Edit]:
     takes theirs (base 2 when the kernel scales by ``log2(e)``, else base e)."""
     edits = []
     for fn in _kernel_functions(mod):
-        exps = [n for n in ast.walk(fn) if _is_call(n, mod.np_names, "exp")]
-        exp2s = [n for n in ast.walk(fn) if _is_call(n, mod.np_names, "exp2")]
+        exps = [n for n in walk(fn) if _is_call(n, mod.np_names, "exp")]
+        exp2s = [n for n in walk(fn) if _is_call(n, mod.np_names, "exp2")]
         if not exps or not exp2s:
             continue
         wrong, right = (exps, exp2s) if _scales_by_log2e(fn) else (exp2s, exps)
@@ -95,7 +96,7 @@ def narrowing_cast(mod: _Module, evidence: Evidence) -> list[_Edit]:
     dot of two narrowed operands gets float32."""
     edits = []
     for fn in _kernel_functions(mod):
-        for node in ast.walk(fn):
+        for node in walk(fn):
             called = (_dotted(node.func) or "").split(".")[-1] if isinstance(node, ast.Call) else ""
             if called not in _DOTS:
                 continue
@@ -149,11 +150,11 @@ def softmax_axes(mod: _Module, evidence: Evidence) -> list[_Edit]:
     edits = []
     for fn in _kernel_functions(mod):
         max_axes: dict[str, set[int]] = {}
-        for node in ast.walk(fn):
+        for node in walk(fn):
             found = _reduction(mod, node, ("max",))
             if found and isinstance(found[0], ast.Name):
                 max_axes.setdefault(found[0].id, set()).add(found[1].value)
-        for node in ast.walk(fn):
+        for node in walk(fn):
             found = _reduction(mod, node, ("sum",))
             if found is None:
                 continue
@@ -162,7 +163,7 @@ def softmax_axes(mod: _Module, evidence: Evidence) -> list[_Edit]:
                 sub.left.id
                 for value in _values_of(fn, operand, depth=2)
                 if _is_call(value, mod.np_names, "exp", "exp2")
-                for sub in ast.walk(value)
+                for sub in walk(value)
                 if isinstance(sub, ast.BinOp)
                 and isinstance(sub.op, ast.Sub)
                 and isinstance(sub.left, ast.Name)
@@ -202,16 +203,16 @@ def attention_scale(mod: _Module, evidence: Evidence) -> list[_Edit]:
     dot-product attention divides the logits by the square root of the head dimension, so the
     softmax comes out far too flat. Fix: ``1 / head_dim ** 0.5``. Only in an assignment to a
     name that says scale, in a module that exponentiates (a softmax)."""
-    if not any(_is_call(n, mod.np_names, "exp", "exp2") for n in ast.walk(mod.tree)):
+    if not any(_is_call(n, mod.np_names, "exp", "exp2") for n in walk(mod.tree)):
         return []
     edits = []
-    for node in ast.walk(mod.tree):
+    for node in walk(mod.tree):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
             continue
         target = node.targets[0]
         if not (isinstance(target, ast.Name) and "scale" in target.id.lower()):
             continue
-        for div in ast.walk(node.value):
+        for div in walk(node.value):
             if not (isinstance(div, ast.BinOp) and isinstance(div.op, ast.Div)):
                 continue
             one = isinstance(div.left, ast.Constant) and div.left.value == 1
@@ -224,7 +225,7 @@ def _corrections(mod: _Module, fn: ast.AST) -> dict[str, ast.Assign]:
     """Names bound to an online softmax's correction ``exp(m_prev - m_next)`` (or exp2), and
     the names derived from one (``alpha_o = jnp.tile(alpha, ...)``): name → its assignment."""
     found: dict[str, ast.Assign] = {}
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
             continue
         target, value = node.targets[0], node.value
@@ -244,8 +245,7 @@ def _corrections(mod: _Module, fn: ast.AST) -> dict[str, ast.Assign]:
 
 def _read(fn: ast.AST, name: str) -> bool:
     return any(
-        isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-        for n in ast.walk(fn)
+        isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in walk(fn)
     )
 
 
@@ -267,7 +267,7 @@ def online_rescale(mod: _Module, evidence: Evidence) -> list[_Edit]:
             continue
         unused = [n for n in corrections if not _read(fn, n)]
         factor = unused[0] if len(unused) == 1 else next(iter(corrections))
-        for node in ast.walk(fn):
+        for node in walk(fn):
             if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
                 continue
             target, value = node.targets[0], node.value
@@ -281,7 +281,7 @@ def online_rescale(mod: _Module, evidence: Evidence) -> list[_Edit]:
                 from_dot = any(
                     (_dotted(c.func) or "").split(".")[-1] in _DOTS
                     for v in _values_of(fn, other, depth=2)
-                    for c in ast.walk(v)
+                    for c in walk(v)
                     if isinstance(c, ast.Call)
                 )
                 if reads_acc and from_dot:
@@ -302,7 +302,7 @@ def correction_sign(mod: _Module, evidence: Evidence) -> list[_Edit]:
     m_next)`` (exp2 alike)."""
     edits = []
     for fn in _kernel_functions(mod):
-        for node in ast.walk(fn):
+        for node in walk(fn):
             if not _is_call(node, mod.np_names, "exp", "exp2") or len(node.args) != 1:
                 continue
             diff = node.args[0]

@@ -26,6 +26,7 @@ from activities.fixers.playbook.source import (
     _text,
     _uncast,
     _values_of,
+    walk,
 )
 from nearmiss.engine.models import Evidence
 
@@ -38,7 +39,7 @@ def _loads(fn: ast.FunctionDef) -> list[tuple[str, ast.Call]]:
     """``name = <module>.load(...)`` (a trailing ``.astype(...)`` allowed) in ``fn``: (name,
     the load call)."""
     found = []
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
             continue
         target, value = node.targets[0], _uncast(node.value)
@@ -61,7 +62,7 @@ def _consumers(mod: _Module, fn: ast.FunctionDef, name: str) -> set[str]:
     """The reductions and exponentials ``name``'s value reaches directly: ``jnp.max(name)``,
     ``jnp.exp(name - m)``, ``jnp.sum(name)`` (by their jnp function name)."""
     found = set()
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if not _is_call(node, mod.np_names, *_SUM_LIKE, *_MAX_LIKE):
             continue
         first = _uncast(node.args[0]) if node.args else None
@@ -113,7 +114,7 @@ def padding_identity(mod: _Module, evidence: Evidence) -> list[_Edit]:
 def _accumulated(fn: ast.FunctionDef, name: str) -> bool:
     """``name`` ends in a sum: ``acc + name * name`` (a loop carry), ``jnp.sum(... name ...)``
     or ``total += ...name...``."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             sides = (node.left, node.right)
         elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
@@ -122,7 +123,7 @@ def _accumulated(fn: ast.FunctionDef, name: str) -> bool:
             sides = tuple(node.args[:1])
         else:
             continue
-        if any(isinstance(n, ast.Name) and n.id == name for s in sides for n in ast.walk(s)):
+        if any(isinstance(n, ast.Name) and n.id == name for s in sides for n in walk(s)):
             return True
     return False
 
@@ -142,7 +143,7 @@ def masked_shift(mod: _Module, evidence: Evidence) -> list[_Edit]:
             mask, other = _kwarg(load, "mask"), _kwarg(load, "other")
             if not (_is_zero(other) and isinstance(mask, ast.Name)):
                 continue
-            for node in ast.walk(fn):
+            for node in walk(fn):
                 if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
                     continue
                 target, value = node.targets[0], node.value
@@ -165,7 +166,7 @@ def _trip_counts(mod: _Module, fn: ast.FunctionDef) -> list[ast.expr]:
     """Upper bounds of the loops in ``fn``: ``lax.fori_loop(lower, upper, ...)`` and
     ``pl.loop(lower, upper)``, followed through a local name."""
     found = []
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if not isinstance(node, ast.Call):
             continue
         called = (_dotted(node.func) or "").split(".")[-1]
@@ -198,7 +199,7 @@ def ceil_div_loop(mod: _Module, evidence: Evidence) -> list[_Edit]:
     edits = []
     for fn in _kernel_functions(mod):
         for bound in _trip_counts(mod, fn):
-            for node in ast.walk(bound):
+            for node in walk(bound):
                 if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv)):
                     continue
                 if _rounds_up(mod.source, node) or _static_size(node.left):
@@ -214,7 +215,7 @@ def _keep_mask_names(fn: ast.FunctionDef) -> set[str]:
     n_col``): the keep-masks a load in the same function can take."""
     return {
         node.targets[0].id
-        for node in ast.walk(fn)
+        for node in walk(fn)
         if isinstance(node, ast.Assign)
         and len(node.targets) == 1
         and isinstance(node.targets[0], ast.Name)
@@ -245,16 +246,16 @@ def mask_load(mod: _Module, evidence: Evidence) -> list[_Edit]:
         # jnp.arange(block)``: a load of ``pl.ds(0, block)`` reads those positions too).
         compared = {
             n.id
-            for node in ast.walk(fn)
+            for node in walk(fn)
             if isinstance(node, ast.Assign) and _bound_to(node, mask)
             for value in _values_of(fn, node.value.left, depth=1)
-            for n in ast.walk(value)
+            for n in walk(value)
             if isinstance(n, ast.Name) and n.id not in mod.np_names
         }
         for name, value in _loads(fn):
             if _kwarg(value, "mask") is not None:
                 continue
-            index = {n.id for a in value.args[:1] for n in ast.walk(a) if isinstance(n, ast.Name)}
+            index = {n.id for a in value.args[:1] for n in walk(a) if isinstance(n, ast.Name)}
             if not index & compared:
                 continue
             consumers = _consumers(mod, fn, name)

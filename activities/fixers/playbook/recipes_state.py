@@ -40,6 +40,7 @@ from activities.fixers.playbook.source import (
     _stores,
     _text,
     _when_cond,
+    walk,
 )
 from nearmiss.engine.models import Evidence
 
@@ -109,7 +110,7 @@ def _written_out_along(mod: _Module, body: ast.FunctionDef, carried: set[str], p
     """The grid axes of the ``@pl.when(<program id> == <its last step>)`` blocks that read the
     carried refs (to write them out): one frozenset of axes per such block."""
     found = set()
-    for fn in ast.walk(body):
+    for fn in walk(body):
         cond = _when_cond(mod, fn) if isinstance(fn, ast.FunctionDef) else None
         if not (isinstance(cond, ast.Compare) and len(cond.ops) == 1):
             continue
@@ -197,7 +198,7 @@ def out_index_map_axis(mod: _Module, evidence: Evidence) -> list[_Edit]:
             continue
         inits, refs, n_in = _inits(mod, body), _refs(body), call.body_inputs
         initialised = {r for i in inits for r in i.refs}
-        whens = {f for f in ast.walk(body) if isinstance(f, ast.FunctionDef) and _when_cond(mod, f)}
+        whens = {f for f in walk(body) if isinstance(f, ast.FunctionDef) and _when_cond(mod, f)}
         for position, spec in enumerate(call.out_specs):
             index_map = _index_map(spec)
             if index_map is None or n_in + position >= len(refs):
@@ -251,7 +252,7 @@ def reduction_axis_last(mod: _Module, evidence: Evidence) -> list[_Edit]:
             params = _grid_params(index_map, call.scalar_prefetch) if index_map else []
             if len(params) == rank:
                 edits += [_replace(params[n], params[o].arg) for n, o in enumerate(order) if n != o]
-        for node in ast.walk(body):
+        for node in walk(body):
             if _is_call(node, mod.pl_names, "program_id", "num_programs") and node.args:
                 axis = node.args[0]
                 known = isinstance(axis, ast.Constant) and axis.value in order
@@ -295,7 +296,7 @@ def untiled_reduction_axis(mod: _Module, evidence: Evidence) -> list[_Edit]:
             continue
         rank, target = len(kept), untiled[0]
         text = "-1" if target == rank - 1 else str(target)
-        for node in ast.walk(body):
+        for node in walk(body):
             if not _is_call(node, mod.np_names, *_REDUCTIONS):
                 continue
             axis = _kwarg(node, "axis", 1)
@@ -395,7 +396,7 @@ def index_map_missing_axis(mod: _Module, evidence: Evidence) -> list[_Edit]:
     that dim walks ``j``. Only where exactly one unused axis counts in that block size."""
     edits = []
     for t in _tilings(mod):
-        used = {n.id for e in t.returned for n in ast.walk(e) if isinstance(n, ast.Name)}
+        used = {n.id for e in t.returned for n in walk(e) if isinstance(n, ast.Name)}
         unused = [a for a, name in enumerate(t.params) if name not in used and t.divisors[a]]
         for i, entry in enumerate(t.returned):
             if not (isinstance(entry, ast.Constant) and entry.value == 0):

@@ -30,6 +30,7 @@ from activities.fixers.playbook.source import (
     _replace,
     _resolve,
     _text,
+    walk,
 )
 from nearmiss.engine.models import Evidence
 from nearmiss.engine.targets.tpu import vmem_figures
@@ -58,7 +59,7 @@ _PARALLEL_AXES = re.compile(r"grid axis ([\d, ]+) declared parallel")
 
 def _tpu_alias(mod: _Module) -> str | None:
     """The name the module gives jax.experimental.pallas.tpu, if it imports it."""
-    for node in ast.walk(mod.tree):
+    for node in walk(mod.tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name == TPU_MODULE and alias.asname:
@@ -101,7 +102,7 @@ def _module_constant(mod: _Module, name: str) -> ast.Constant | None:
 def _local_value(scope: ast.AST, name: str) -> ast.expr | None:
     """The value ``name`` is bound to in ``scope`` by ``name = v`` or ``a, name = u, v``."""
     found = None
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if not isinstance(node, ast.Assign) or len(node.targets) != 1:
             continue
         target, value = node.targets[0], node.value
@@ -301,7 +302,7 @@ def vmem_scratch(mod: _Module, evidence: Evidence) -> list[_Edit]:
             if base.endswith(".ANY") and (owner in mod.pl_names or owner == tpu):
                 edits.append(_replace(scratch.func, f"{tpu or 'pltpu'}.VMEM"))
     if edits and tpu is None:
-        if "pltpu" in {n.id for n in ast.walk(mod.tree) if isinstance(n, ast.Name)}:
+        if "pltpu" in {n.id for n in walk(mod.tree) if isinstance(n, ast.Name)}:
             return []  # the name is taken: no import to add safely
         if (imported := _import_tpu(mod, "pltpu")) is None:
             return []

@@ -36,6 +36,7 @@ from activities.fixers.playbook.source import (
     _text,
     _uncast,
     _values_of,
+    walk,
 )
 from nearmiss.engine.models import Evidence
 
@@ -43,10 +44,10 @@ from nearmiss.engine.models import Evidence
 def _iota_dims(mod: _Module, body: ast.FunctionDef) -> dict[str, int]:
     """Names computed from ``broadcasted_iota(dtype, shape, dim)``: name → dim."""
     dims = {}
-    for node in ast.walk(body):
+    for node in walk(body):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
-            for sub in ast.walk(node.value):
+            for sub in walk(node.value):
                 is_iota = isinstance(sub, ast.Call) and _dotted(sub.func) in (
                     "jax.lax.broadcasted_iota",
                     "lax.broadcasted_iota",
@@ -85,7 +86,7 @@ def _keep_masks(mod: _Module, fn: ast.AST) -> list[ast.expr]:
     additive ``s + jnp.where(keep, 0.0, mask_value)``, ``s += (~keep) * mask_value`` and the
     ``mask=`` of a masked load or store (``plgpu.load(ref.at[idx], mask=keep, other=0.)``)."""
     found = []
-    for node in ast.walk(fn):
+    for node in walk(fn):
         called = (_dotted(node.func) or "").split(".")[-1] if isinstance(node, ast.Call) else ""
         if called in ("load", "store") and (keep := _kwarg(node, "mask")) is not None:
             found.append(keep)
@@ -107,7 +108,7 @@ def _mask_comparisons(mod: _Module, fn: ast.AST) -> list[ast.Compare]:
     found: list[ast.Compare] = []
     for cond in _keep_masks(mod, fn):
         for value in _values_of(fn, cond):
-            for cmp in ast.walk(value):
+            for cmp in walk(value):
                 if isinstance(cmp, ast.Compare) and len(cmp.ops) == 1 and cmp not in found:
                     found.append(cmp)
     return found
@@ -145,8 +146,7 @@ _LENGTH = re.compile(r"(len|length|size|count|extent|limit)s?$|^(n|num)_", re.IG
 
 def _is_position(node: ast.expr, positions: dict[str, ast.Call]) -> bool:
     return any(
-        (isinstance(n, ast.Name) and n.id in positions) or _is_position_call(n)
-        for n in ast.walk(node)
+        (isinstance(n, ast.Name) and n.id in positions) or _is_position_call(n) for n in walk(node)
     )
 
 
@@ -219,7 +219,7 @@ def f32_accumulation(mod: _Module, evidence: Evidence) -> list[_Edit]:
         # (``scratch_shapes=scratch_shapes``, ``pltpu.VMEM((l, r), acc_dtype)``).
         scratch = call.scratch
         for value in _values_of(call.scope, scratch) if scratch is not None else []:
-            for node in ast.walk(value):
+            for node in walk(value):
                 if _is_low(mod, node):
                     edits.append(_replace(node, f32))
     for body in _bodies(mod):
@@ -227,10 +227,10 @@ def f32_accumulation(mod: _Module, evidence: Evidence) -> list[_Edit]:
         stored = {id(s.value) for _, s in _stores(body, refs)}
         accumulated = {
             n.target.id
-            for n in ast.walk(body)
+            for n in walk(body)
             if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)
         }
-        for node in ast.walk(body):
+        for node in walk(body):
             if _is_call(node, mod.np_names, "dot", "matmul") or (
                 isinstance(node, ast.Call) and _dotted(node.func) in ("jax.lax.dot_general",)
             ):
@@ -296,7 +296,7 @@ def population_variance(mod: _Module, evidence: Evidence) -> list[_Edit]:
         return []
     edits = []
     for body in _kernel_functions(mod):
-        for node in ast.walk(body):
+        for node in walk(body):
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
                 divided, right = node.left, node.right
             elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div):
@@ -337,7 +337,7 @@ def _squares_summed(mod: _Module, fn: ast.FunctionDef, node: ast.expr) -> bool:
         if _sum_of_squares(mod, value):
             return True
         for loop in _fori_loops(fn, value):
-            if any(_squared(n) for r in loop.returned for n in ast.walk(r)):
+            if any(_squared(n) for r in loop.returned for n in walk(r)):
                 return True
     return False
 
@@ -347,7 +347,7 @@ def _masks(mod: _Module, body: ast.FunctionDef) -> dict[str, tuple[int, str]]:
     keyword the body receives): mask name → (dim, extent name)."""
     dims, extents = _iota_dims(mod, body), {a.arg for a in body.args.kwonlyargs}
     found = {}
-    for node in ast.walk(body):
+    for node in walk(body):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, cmp = node.targets[0], node.value
             if not (isinstance(target, ast.Name) and isinstance(cmp, ast.Compare)):
@@ -381,20 +381,20 @@ def masked_mean(mod: _Module, evidence: Evidence) -> list[_Edit]:
         if not masks:
             continue
         padded: dict[str, list[tuple[int, int, str]]] = {}  # name → [(line, dim, extent)]
-        for node in ast.walk(body):
+        for node in walk(body):
             if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
                 continue
             target, value = node.targets[0], node.value
             if isinstance(target, ast.Name) and _is_call(value, mod.np_names, "where"):
-                used = [n.id for n in ast.walk(value.args[0]) if isinstance(n, ast.Name)]
+                used = [n.id for n in walk(value.args[0]) if isinstance(n, ast.Name)]
                 for name in used:
                     if name in masks:
                         padded.setdefault(target.id, []).append((node.lineno, *masks[name]))
-        for node in ast.walk(body):
+        for node in walk(body):
             if not _is_call(node, mod.np_names, "mean") or not node.args:
                 continue
             axis = _kwarg(node, "axis", 1)
-            names = [n.id for n in ast.walk(node.args[0]) if isinstance(n, ast.Name)]
+            names = [n.id for n in walk(node.args[0]) if isinstance(n, ast.Name)]
             bindings = [
                 max((b for b in padded.get(n, []) if b[0] < node.lineno), default=None)
                 for n in names
@@ -420,7 +420,7 @@ def _padded_divisors(mod: _Module) -> list[_Edit]:
     for fn in _kernel_functions(mod):
         positions = _positions(fn)
         extents: dict[str, set[str]] = {}  # padded width → the extents masks compare with
-        for cmp in ast.walk(fn):
+        for cmp in walk(fn):
             if not (isinstance(cmp, ast.Compare) and len(cmp.ops) == 1):
                 continue
             left, right = cmp.left, cmp.comparators[0]
@@ -433,7 +433,7 @@ def _padded_divisors(mod: _Module) -> list[_Edit]:
                 width = call.args[0]
                 if isinstance(width, ast.Name) and width.id != right.id:
                     extents.setdefault(width.id, set()).add(right.id)
-        for node in ast.walk(fn):
+        for node in walk(fn):
             if isinstance(node, ast.AugAssign | ast.BinOp) and isinstance(node.op, ast.Div):
                 divisor = node.value if isinstance(node, ast.AugAssign) else node.right
                 if isinstance(divisor, ast.Name) and len(extents.get(divisor.id, ())) == 1:
@@ -478,7 +478,7 @@ def _extents(scope: ast.AST) -> dict[str, tuple[str, int]]:
     """Names bound to an array's extent in ``scope``: ``rows, cols = x.shape`` or
     ``n = x.shape[0]`` → name → (array name, dim)."""
     found = {}
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
             continue
         target, value = node.targets[0], node.value
@@ -500,7 +500,7 @@ def _bound_keywords(call: _PallasCall) -> dict[str, ast.expr]:
 
 
 def _operands(call: _PallasCall) -> list[ast.expr]:
-    for node in ast.walk(call.scope):
+    for node in walk(call.scope):
         if isinstance(node, ast.Call) and node.func is call.node:
             return node.args
     return []
@@ -527,9 +527,9 @@ def mask_tail(mod: _Module, evidence: Evidence) -> list[_Edit]:
         extents, refs = _extents(call.scope), _refs(body)
         compared = {
             n.id
-            for c in ast.walk(body)
+            for c in walk(body)
             if isinstance(c, ast.Compare)
-            for n in ast.walk(c)
+            for n in walk(c)
             if isinstance(n, ast.Name)
         }
         by_input: dict[int, list[tuple[int, str]]] = {}
@@ -587,27 +587,27 @@ def mask_tail(mod: _Module, evidence: Evidence) -> list[_Edit]:
 
 def _statement_of(body: ast.FunctionDef, node: ast.AST) -> tuple[list[ast.stmt], int] | None:
     """The statement list holding ``node`` and the index of the statement in it."""
-    for holder in ast.walk(body):
+    for holder in walk(body):
         for field in ("body", "orelse"):
             stmts = getattr(holder, field, None)
             if not isinstance(stmts, list):
                 continue
             for index, stmt in enumerate(stmts):
                 simple = not isinstance(stmt, ast.FunctionDef | ast.If)
-                if simple and any(sub is node for sub in ast.walk(stmt)):
+                if simple and any(sub is node for sub in walk(stmt)):
                     return stmts, index
     return None
 
 
 def _assigns(stmt: ast.stmt, name: str) -> bool:
     targets = stmt.targets if isinstance(stmt, ast.Assign) else []
-    return any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t))
+    return any(isinstance(n, ast.Name) and n.id == name for t in targets for n in walk(t))
 
 
 def _sum_of(mod: _Module, body: ast.FunctionDef, exp: ast.Call):
     """The ``jnp.sum`` that adds up ``exp``'s values — directly, or through the name ``exp`` is
     assigned to — with the statements that follow; None when nothing sums them."""
-    for node in ast.walk(body):
+    for node in walk(body):
         if _is_call(node, mod.np_names, "sum") and node.args and node.args[0] is exp:
             return node
     located = _statement_of(body, exp)
@@ -620,10 +620,10 @@ def _sum_of(mod: _Module, body: ast.FunctionDef, exp: ast.Call):
     if not isinstance(name := stmt.targets[0], ast.Name):
         return None
     for later in stmts[index + 1 :]:
-        for node in ast.walk(later):
+        for node in walk(later):
             summed = _is_call(node, mod.np_names, "sum") and node.args
             if summed and any(
-                isinstance(n, ast.Name) and n.id == name.id for n in ast.walk(node.args[0])
+                isinstance(n, ast.Name) and n.id == name.id for n in walk(node.args[0])
             ):
                 return node
         if _assigns(later, name.id):
@@ -633,7 +633,7 @@ def _sum_of(mod: _Module, body: ast.FunctionDef, exp: ast.Call):
 
 def _log_of(mod: _Module, body: ast.FunctionDef, total: ast.Call, arg_name: str | None):
     """The ``jnp.log`` of a sum (directly or through its name) in a logsumexp-like formula."""
-    for node in ast.walk(body):
+    for node in walk(body):
         if _is_call(node, mod.np_names, "log") and node.args and node.args[0] is total:
             return node
     located = _statement_of(body, total)
@@ -646,7 +646,7 @@ def _log_of(mod: _Module, body: ast.FunctionDef, total: ast.Call, arg_name: str 
     if not isinstance(name := stmt.targets[0], ast.Name):
         return None
     for later in stmts[index + 1 :]:
-        for node in ast.walk(later):
+        for node in walk(later):
             logged = _is_call(node, mod.np_names, "log") and node.args
             if logged and isinstance(node.args[0], ast.Name) and node.args[0].id == name.id:
                 return node
@@ -661,7 +661,7 @@ def _shifted(mod: _Module, body: ast.FunctionDef, arg: ast.expr, line: int) -> b
     if isinstance(arg, ast.Name):
         bindings = [
             n.value
-            for n in ast.walk(body)
+            for n in walk(body)
             if isinstance(n, ast.Assign) and n.lineno < line and _assigns(n, arg.id)
         ]
         arg = max(bindings, key=lambda v: v.lineno, default=arg)
@@ -681,7 +681,7 @@ def _summed_then_logged(mod: _Module, body: ast.FunctionDef, total: ast.Call) ->
         _is_call(n, mod.np_names, "log")
         and any(isinstance(a, ast.Name) and a.id in names for a in n.args)
         for later in stmts[index + 1 :]
-        for n in ast.walk(later)
+        for n in walk(later)
     )
 
 
@@ -697,7 +697,7 @@ def max_subtraction(mod: _Module, evidence: Evidence) -> list[_Edit]:
     ``m + jnp.log(s)``."""
     edits = []
     for body in _bodies(mod):
-        for exp in ast.walk(body):
+        for exp in walk(body):
             if not _is_call(exp, mod.np_names, "exp") or len(exp.args) != 1:
                 continue
             arg = exp.args[0]
@@ -742,7 +742,7 @@ def stable_softplus(mod: _Module, evidence: Evidence) -> list[_Edit]:
     """Pattern: softplus written ``jnp.log(1 + jnp.exp(x))`` or ``jnp.log1p(jnp.exp(x))``: exp
     overflows for large x. Fix: ``jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x)))``."""
     np_, edits = mod.np, []
-    for node in ast.walk(mod.tree):
+    for node in walk(mod.tree):
         x = None
         if _is_call(node, mod.np_names, "log1p") and len(node.args) == 1:
             x = _exp_arg(mod, node.args[0])
@@ -781,14 +781,14 @@ def stable_tanh(mod: _Module, evidence: Evidence) -> list[_Edit]:
     edits = []
     for scope in _bodies(mod) or [mod.tree]:
         exps = {}
-        for node in ast.walk(scope):
+        for node in walk(scope):
             if isinstance(node, ast.Assign) and len(node.targets) == 1:
                 target = node.targets[0]
                 arg = _exp_arg(mod, node.value)
                 z = _doubled(mod, arg) if arg is not None else None
                 if isinstance(target, ast.Name) and z is not None:
                     exps[target.id] = z
-        for node in ast.walk(scope):
+        for node in walk(scope):
             if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)):
                 continue
             numerator, factor = node.left, None
@@ -821,7 +821,7 @@ def _inverse_sqrt_args(mod: _Module, fn: ast.AST) -> list[ast.expr]:
     """What a body normalises by: the argument of ``rsqrt(v)`` or of a ``jnp.sqrt(v)`` it divides
     by (``1 / jnp.sqrt(var)``, ``x / jnp.sqrt(var)``)."""
     found = []
-    for node in ast.walk(fn):
+    for node in walk(fn):
         rsqrt = isinstance(node, ast.Call) and _dotted(node.func) in _RSQRT
         if rsqrt and len(node.args) == 1:
             found.append(node.args[0])
@@ -861,7 +861,7 @@ def rsqrt_eps(mod: _Module, evidence: Evidence) -> list[_Edit]:
         if len(eps) != 1:
             continue
         for arg in _inverse_sqrt_args(mod, fn):
-            names = {n.id for n in ast.walk(arg) if isinstance(n, ast.Name)}
+            names = {n.id for n in walk(arg) if isinstance(n, ast.Name)}
             if eps[0] not in names and not (names & set(constants)):
                 edits.append(_replace(arg, f"{_text(mod.source, arg)} + {eps[0]}"))
     return edits
@@ -892,7 +892,7 @@ def two_pass_variance(mod: _Module, evidence: Evidence) -> list[_Edit]:
     ``(x - mean) * (x - mean)`` with ``mean_sq``'s own reduction."""
     edits = []
     for body in _bodies(mod):
-        for node in ast.walk(body):
+        for node in walk(body):
             if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub)):
                 continue
             right = node.right

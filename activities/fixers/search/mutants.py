@@ -32,6 +32,7 @@ from activities.fixers.playbook.source import (
     _replace,
     _span,
     _text,
+    walk,
 )
 from nearmiss.engine.inputs import parse_source
 
@@ -71,7 +72,7 @@ def reachable(tree: ast.Module, entry: str = ENTRY) -> list[ast.FunctionDef]:
         return []
     found = list(named[entry])
     for item in found:  # grows while it is walked
-        for node in ast.walk(item):
+        for node in walk(item):
             more = named.get(node.id, []) if isinstance(node, ast.Name) else []
             found.extend(n for n in more if n not in found)
     functions = [n for n in found if isinstance(n, _Def)]
@@ -92,7 +93,7 @@ _SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv
 
 def _transposes(source: str, fn: ast.AST) -> Iterator[Site]:
     """``x.T`` -> ``x``: a stray transpose (the q k^T habit applied to the wrong operand)."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.Attribute) and node.attr == "T":
             yield node, _text(source, node.value)
 
@@ -100,7 +101,7 @@ def _transposes(source: str, fn: ast.AST) -> Iterator[Site]:
 def _extrema(source: str, fn: ast.AST) -> Iterator[Site]:
     """``max`` <-> ``min``, ``sum`` <-> ``mean`` (a function, a method, or a ``jnp.`` call): the
     wrong reduction (a mean taken, then divided by the count again)."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.Call):
             name = node.func
             if isinstance(name, ast.Attribute) and name.attr in _OPPOSITE:
@@ -111,7 +112,7 @@ def _extrema(source: str, fn: ast.AST) -> Iterator[Site]:
 
 def _selects(source: str, fn: ast.AST) -> Iterator[Site]:
     """``where(c, a, b)`` -> ``where(c, b, a)``, and ``a if c else b`` -> ``b if c else a``."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.Call) and _called(node) == "where" and len(node.args) == 3:
             c, a, b = (_text(source, arg) for arg in node.args)
             yield node, f"{_text(source, node.func)}({c}, {b}, {a})"
@@ -124,7 +125,7 @@ def _narrow_dtypes(source: str, fn: ast.AST) -> Iterator[Site]:
     """An accumulation asked in a narrow float: ``dtype=jnp.bfloat16`` (or ``float16``, or a
     ``preferred_element_type``) -> ``float32``. Only in those keywords: an ``astype`` to the
     output's narrow type is usually right."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.keyword) and node.arg in ("dtype", "preferred_element_type"):
             value = node.value
             if isinstance(value, ast.Attribute) and value.attr in ("bfloat16", "float16"):
@@ -139,8 +140,8 @@ def _kept_axes(source: str, fn: ast.AST) -> Iterator[Site]:
     keepdims=True)`` (every row divided by the tile's total). Only for a call not yet indexed
     (``[:, None]``) or told ``keepdims``, naming its ``axis=`` or given nothing but its
     operand."""
-    indexed = {id(n.value) for n in ast.walk(fn) if isinstance(n, ast.Subscript)}
-    for node in ast.walk(fn):
+    indexed = {id(n.value) for n in walk(fn) if isinstance(n, ast.Subscript)}
+    for node in walk(fn):
         if (
             not isinstance(node, ast.Call)
             or _called(node) not in _REDUCTIONS
@@ -165,14 +166,14 @@ def _unused_parameters(source: str, fn: ast.AST) -> Iterator[Site]:
     belongs: an index map ``(b, h, i, _) -> (b, 0, i, 0)`` that ignores the grid's head axis,
     so every head writes one block and the others are never written. Each such 0 -> each
     unread parameter (not an ``_``-named one, which is unread on purpose)."""
-    for scope in ast.walk(fn):
+    for scope in walk(fn):
         if isinstance(scope, ast.Lambda):
             returned = [scope.body]
         elif isinstance(scope, ast.FunctionDef):
             returned = [n.value for n in _own_nodes(scope) if isinstance(n, ast.Return)]
         else:
             continue
-        read = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name)}
+        read = {n.id for n in walk(scope) if isinstance(n, ast.Name)}
         params = [a.arg for a in [*scope.args.posonlyargs, *scope.args.args]]
         unread = [p for p in params if p not in read and not p.startswith("_")]
         for value in returned:
@@ -188,7 +189,7 @@ def _pinned_keywords(source: str, fn: ast.AST) -> Iterator[Site]:
     """A keyword argument pinned to a literal where the function has a variable of that very
     name to pass on: ``partial(_fwd, causal=False)`` -> ``causal=causal`` inside a function
     that takes ``causal`` (a flag hard-coded while the caller's is ignored)."""
-    for scope in ast.walk(fn):
+    for scope in walk(fn):
         if not isinstance(scope, ast.FunctionDef):
             continue
         local = _local_names(scope)
@@ -206,7 +207,7 @@ def _multiplied_masks(source: str, fn: ast.AST) -> Iterator[Site]:
     numpy = _numpy_alias(source)
     if numpy is None:
         return
-    for scope in ast.walk(fn):
+    for scope in walk(fn):
         if not isinstance(scope, ast.FunctionDef):
             continue
         own = list(_own_nodes(scope))
@@ -252,7 +253,7 @@ def _same_name(node: ast.AST, other: ast.AST) -> bool:
 
 def _broadcasts(source: str, fn: ast.AST) -> Iterator[Site]:
     """``a[:, None]`` <-> ``a[None, :]``: a broadcast along the wrong axis."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if not isinstance(node, ast.Subscript) or not isinstance(node.slice, ast.Tuple):
             continue
         parts = node.slice.elts
@@ -264,7 +265,7 @@ def _broadcasts(source: str, fn: ast.AST) -> Iterator[Site]:
 def _comparisons(source: str, fn: ast.AST) -> Iterator[Site]:
     """A comparison off by one (``<`` <-> ``<=``, ``==`` <-> ``!=`` last), or facing the wrong
     way (``<`` -> ``>``)."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if not isinstance(node, ast.Compare) or len(node.ops) != 1:
             continue
         left, right = _text(source, node.left), _text(source, node.comparators[0])
@@ -278,7 +279,7 @@ def _logic(source: str, fn: ast.AST) -> Iterator[Site]:
     """Two conditions joined the wrong way: ``a | b`` <-> ``a & b`` for masks built from
     comparisons (a window's two bounds: every key passes one of them), ``logical_or`` <->
     ``logical_and``, ``or`` <-> ``and``."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.BinOp) and type(node.op) in _JOIN and _is_boolean(node):
             left, right = _text(source, node.left), _text(source, node.right)
             joined = f"{_paren(node.left, left)} {_JOIN[type(node.op)]} {_paren(node.right, right)}"
@@ -303,7 +304,7 @@ def _off_by_one(source: str, fn: ast.AST) -> Iterator[Site]:
     """An operand of a comparison, a ``range``/``fori_loop`` bound or a slice bound one off:
     ``n`` -> ``n - 1``/``n + 1``, ``n - 1`` -> ``n``; and a loop, a slice or a ``pl.ds`` that
     starts at a literal 1 started at 0 (the first element skipped)."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         operands: list[ast.expr] = []
         if isinstance(node, ast.Compare) and len(node.ops) == 1:
             operands = [node.left, *node.comparators]
@@ -346,7 +347,7 @@ def _axes(source: str, fn: ast.AST) -> Iterator[Site]:
     for each entry of a dimension tuple: a ``broadcast_in_dim``'s broadcast dimensions (a row
     statistic spread along the lanes instead of the rows), a ``transpose``'s permutation, a
     ``vmap``'s ``in_axes``/``out_axes`` (the sequence axis mapped instead of the batch)."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.keyword) and node.arg in _MAPPED_AXES:  # vmap's: one or a tuple
             yield from (_tuple_axes if isinstance(node.value, ast.Tuple) else _other_axes)(
                 node.value
@@ -392,7 +393,7 @@ def _tuple_axes(value: ast.expr) -> Iterator[Site]:
 def _swaps(source: str, fn: ast.AST) -> Iterator[Site]:
     """Two neighbours swapped: a kernel's ``*_ref`` parameters, the entries of a tuple (an
     index map's block indices, a grid)."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.FunctionDef):
             params = node.args.args
             for a, b in zip(params, params[1:], strict=False):
@@ -404,7 +405,7 @@ def _swaps(source: str, fn: ast.AST) -> Iterator[Site]:
 
 def _argument_swaps(source: str, fn: ast.AST) -> Iterator[Site]:
     """Two neighbouring positional arguments of a call swapped (``dot(b, a)``)."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.Call) and 2 <= len(node.args) <= 4:
             yield from _neighbours(source, node.args)
 
@@ -412,7 +413,7 @@ def _argument_swaps(source: str, fn: ast.AST) -> Iterator[Site]:
 def _pair_swaps(source: str, fn: ast.AST) -> Iterator[Site]:
     """A call's two argument pairs swapped, ``f(a, b, c, d)`` -> ``f(c, d, a, b)``: a helper
     taking (index, size) of one operand then of the other, called in the other order."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.Call) and len(node.args) == 4:
             if any(isinstance(a, ast.Starred) for a in node.args):
                 continue
@@ -424,7 +425,7 @@ def _pair_swaps(source: str, fn: ast.AST) -> Iterator[Site]:
 def _operand_swaps(source: str, fn: ast.AST) -> Iterator[Site]:
     """A difference taken the wrong way round, ``a - b`` -> ``b - a``: a rescale exponent
     ``exp(m_next - m_prev)`` that should shrink and grows (an overflow, NaN downstream)."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
             left, right = _text(source, node.left), _text(source, node.right)
             yield node, f"{_paren(node.right, right)} - {_paren(node.left, left)}"
@@ -435,7 +436,7 @@ def _rebindings(source: str, fn: ast.AST) -> Iterator[Site]:
     or ``x += y`` for a name already bound (a parameter, or set on an earlier line) and not read
     by ``y`` (``qk_scale = sm_scale`` for ``qk_scale *= sm_scale``: the log2(e) factor lost);
     ``x *= y``/``x += y`` -> ``x = y``."""
-    for scope in ast.walk(fn):
+    for scope in walk(fn):
         if not isinstance(scope, ast.FunctionDef):
             continue
         own = list(_own_nodes(scope))
@@ -452,7 +453,7 @@ def _rebindings(source: str, fn: ast.AST) -> Iterator[Site]:
             target, value = node.targets[0], node.value
             if not isinstance(target, ast.Name) or bound.get(target.id, node.lineno) >= node.lineno:
                 continue
-            if any(_same_name(n, target) for n in ast.walk(value)):
+            if any(_same_name(n, target) for n in walk(value)):
                 continue  # `acc = acc + x` folds already
             for op in ("*", "+"):
                 yield node, f"{target.id} {op}= {_text(source, value)}"
@@ -461,7 +462,7 @@ def _rebindings(source: str, fn: ast.AST) -> Iterator[Site]:
 def _strides(source: str, fn: ast.AST) -> Iterator[Site]:
     """A dynamic slice started at a block's index instead of its first element:
     ``pl.ds(i, n)`` -> ``pl.ds(i * n, n)`` (the converse is a dropped factor)."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.Call) and _called(node) in ("ds", "dslice") and len(node.args) == 2:
             start, size = node.args
             if isinstance(start, ast.Constant) or _is_literal(size, 1):
@@ -475,7 +476,7 @@ def _strides(source: str, fn: ast.AST) -> Iterator[Site]:
 def _squares(source: str, fn: ast.AST) -> Iterator[Site]:
     """A term of a sum not squared: ``acc + a`` -> ``acc + a * a`` (a variance or a norm's
     loop copied from the mean's)."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             term = node.right
             if isinstance(term, ast.Name | ast.Subscript | ast.Attribute):
@@ -494,7 +495,7 @@ def _neighbours(source: str, nodes: list[ast.expr]) -> Iterator[Site]:
 def _arithmetic(source: str, fn: ast.AST) -> Iterator[Site]:
     """``+`` <-> ``-``, ``*`` <-> ``/``: a sign or a scale inverted, in an expression or an
     augmented assignment (``s /= scale``)."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
             left, right = _text(source, node.left), _text(source, node.right)
             yield node, f"{left} {_ARITH[type(node.op)]} {_paren(node.right, right)}"
@@ -506,7 +507,7 @@ def _arithmetic(source: str, fn: ast.AST) -> Iterator[Site]:
 def _dropped_terms(source: str, fn: ast.AST) -> Iterator[Site]:
     """A factor or a term the right operand of which is the bug: ``a * c`` -> ``a``,
     ``a - c`` -> ``a``, and a missing factor's converse is out of reach (it needs a name)."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.BinOp) and type(node.op) in _SYMBOL:
             yield node, _text(source, node.left)
             if isinstance(node.op, ast.Mult | ast.Add):
@@ -517,7 +518,7 @@ def _names(source: str, fn: ast.AST) -> Iterator[Site]:
     """One name read where a sibling was meant: within a function, a loaded name replaced by
     another local of the same naming family (``q_seq_index`` for ``kv_seq_index``,
     ``block_row`` for ``row_len``). Families: names sharing a suffix or a prefix."""
-    for scope in ast.walk(fn):
+    for scope in walk(fn):
         if not isinstance(scope, ast.FunctionDef | ast.Lambda):
             continue
         local = _local_names(scope)
@@ -580,7 +581,7 @@ def mutants(
     builders = [c.scope for c in _pallas_calls(mod)] if mod.pl else []
     builders = [f for f in functions if f in builders and f not in bodies]
     tiers = [bodies, builders, [f for f in functions if f not in bodies + builders]]
-    guarded = {id(n) for fn in functions for test in _guard_tests(fn) for n in ast.walk(test)}
+    guarded = {id(n) for fn in functions for test in _guard_tests(fn) for n in walk(test)}
     lines = source.split("\n")  # as ast numbers them (splitlines also splits at \f)
     planned: list[tuple[int, str, ast.AST | _Span, str]] = []  # (rank, operator, site, text)
     for tier in tiers:
@@ -607,7 +608,7 @@ def mutants(
 
 def _guard_tests(fn: ast.AST) -> Iterator[ast.expr]:
     """The tests of a function's guards: ``if`` statements whose body only raises, asserts."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         raises = isinstance(node, ast.If) and all(isinstance(s, ast.Raise) for s in node.body)
         if raises or isinstance(node, ast.Assert):
             yield node.test
@@ -660,7 +661,7 @@ class _Statements:
         at \f)."""
         self.newlines = len(lines) - 1
         self.covering: dict[int, list[tuple[int, int]]] = {}  # line -> statements' line spans
-        for node in ast.walk(tree):
+        for node in walk(tree):
             if not isinstance(node, ast.stmt) or node.end_lineno is None:
                 continue
             decorators = getattr(node, "decorator_list", [])

@@ -96,11 +96,21 @@ def _match(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> dict[int, int]
     return mapping
 
 
-def _correlations(values: np.ndarray, slices: np.ndarray) -> np.ndarray:
-    """Per row, the correlation of ``values`` (n, F) with each slice of ``slices`` (n, R, F)."""
-    v = values - values.mean(axis=-1, keepdims=True)
-    x = slices - slices.mean(axis=-1, keepdims=True)
-    norms = np.linalg.norm(v, axis=-1)[:, None] * np.linalg.norm(x, axis=-1)
+def _centred(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` less its mean along the last axis, and the norms of what is left."""
+    x = x - x.mean(axis=-1, keepdims=True)
+    return x, np.linalg.norm(x, axis=-1)
+
+
+def _correlations(
+    values: np.ndarray, slices: np.ndarray | tuple[np.ndarray, np.ndarray]
+) -> np.ndarray:
+    """Per row, the correlation of ``values`` (n, F) with each slice of ``slices`` (n, R, F).
+    Where several ``values`` meet the same slices, pass ``_centred(slices)`` once: centring the
+    (n, R, F) slices is most of the work."""
+    v, v_norms = _centred(values)
+    x, x_norms = slices if isinstance(slices, tuple) else _centred(slices)
+    norms = v_norms[:, None] * x_norms
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         corr = np.where(norms > 0, np.einsum("nf,nrf->nr", v, x) / norms, 0.0)
     # Non-finite inputs (an adversarial profile's huge values) correlate with nothing.
@@ -163,13 +173,14 @@ def _gather(
 
 def _candidate(name: str, reduced: int, g: _Rows, shape) -> Attribution | None:
     """The attribution of each failing row's error to its best-correlated slice of ``x``."""
-    corr = np.abs(_correlations(g.errors, g.slices))
+    slices = _centred(g.slices)
+    corr = np.abs(_correlations(g.errors, slices))
     best = corr.argmax(axis=-1)
     n = len(g.rows)
     strength = float(np.median(corr[np.arange(n), best]))
     # Where the reference itself follows that slice, it is the output's own source (a scale or
     # offset error of an elementwise path), not an element a reduction took or dropped.
-    own = np.abs(_correlations(g.references, g.slices))[np.arange(n), best]
+    own = np.abs(_correlations(g.references, slices))[np.arange(n), best]
     if np.all(np.isfinite(g.references)) and float(np.median(own)) >= STRONG:
         return None
     size, features = g.slices.shape[1:]
@@ -201,13 +212,14 @@ def _several(name: str, reduced: int, g: _Rows) -> Sites | None:
         return None
     with np.errstate(all="ignore"):
         slices = np.nan_to_num(g.slices)
+        centred = _centred(slices)
         base = np.stack([np.ones_like(g.references), g.references], axis=-1)  # (n, F, 2)
         left = _residuals(g.errors, base)
         picked = np.zeros((n, size), bool)
         order = np.zeros((n, 0), int)  # each row's picks, in the order picked
         for _ in range(MAX_SITES):
             # A picked position can never win again (-1), nor can one that explains nothing.
-            corr = np.where(picked, -1.0, np.abs(_correlations(left, slices)))
+            corr = np.where(picked, -1.0, np.abs(_correlations(left, centred)))
             pick = corr.argmax(axis=-1)
             useful = corr[np.arange(n), pick] > 0
             picked[np.arange(n)[useful], pick[useful]] = True

@@ -47,7 +47,11 @@ def _tile_profile(bad: np.ndarray, blocks: list[int]) -> TileProfile:
     shape = bad.shape
     grid = [-(-n // b) for n, b in zip(shape, blocks, strict=True)]
     coords = np.argwhere(bad) // np.asarray(blocks)
-    tiles = np.unique(coords, axis=0) if coords.size else np.zeros((0, len(shape)), dtype=int)
+    tiles = np.zeros((0, len(shape)), dtype=int)
+    if coords.size:  # the bad tiles in row-major order: marked on the grid, not sorted rows
+        hit = np.zeros(grid, dtype=bool)
+        hit[tuple(coords.T)] = True
+        tiles = np.argwhere(hit)
     partial_axes = (
         [(t + 1) * b > n for t, b, n in zip(tiles.T, blocks, shape, strict=True)]
         if len(tiles)

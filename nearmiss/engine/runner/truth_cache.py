@@ -45,7 +45,6 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -94,13 +93,28 @@ def _stamp(paths: list[Path]) -> tuple:
     return tuple(stamps)
 
 
+def _entries_of(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:  # a folder on sys.path this process may not list: nothing of it to key
+        return []
+
+
 def _installed() -> str:
     """Every installed distribution and its version, and the Python that runs them. An install
-    or upgrade adds or renames a ``dist-info`` directory, changing its site directory's stamp."""
+    or upgrade adds or renames a ``dist-info`` directory (``name-version.dist-info``), changing
+    its site directory's stamp. The directories' names, not their metadata: parsing every
+    ``METADATA`` file took 0.15 s a check where a folder on ``sys.path`` changes between checks
+    (a script's own folder in /tmp)."""
     sites = [Path(p) for p in sys.path if p and Path(p).is_dir()]
 
     def listing() -> str:
-        names = sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
+        names = sorted(
+            entry.name
+            for site in sites
+            for entry in _entries_of(site)
+            if entry.name.endswith((".dist-info", ".egg-info"))
+        )
         return f"{python_platform.python_version()} {';'.join(names)}"
 
     return _remembered("installed", _stamp(sites), listing)
