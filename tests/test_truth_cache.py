@@ -109,6 +109,25 @@ def test_controls_after_a_kept_answer_find_what_a_fresh_run_finds(
     assert replayed.diagnosis == fresh.diagnosis
 
 
+def test_a_check_asking_controls_asked_before_starts_no_spec_child(cache, spec_children):
+    """The control rounds' answers are kept with the request's: the same failing check again
+    (the engine's memory of control results cleared, so the candidate runs every control)
+    starts no spec child at all, and finds what the first found."""
+    control_results.entries.clear()
+    first = check(STANDARDISE, UNMASKED, "all", 3)
+    assert not first.certified and any(c.controls for c in first.cases), first.diagnosis
+    assert len(spec_children) == 1
+    rounds = len(list((cache / "ground-truth").iterdir())) - 1
+    assert rounds >= 1  # the request's answer, and one entry per control round
+    control_results.entries.clear()
+    again = check(STANDARDISE, UNMASKED, "all", 3)
+    assert len(spec_children) == 1
+    assert verdicts(again) == verdicts(first)
+    assert [c.controls for c in again.cases] == [c.controls for c in first.cases]
+    assert {r.source for c in again.cases for r in c.controls} == {"run"}
+    assert again.diagnosis == first.diagnosis
+
+
 def test_a_candidate_cannot_reach_the_kept_answers(cache, tmp_path):
     assert check(SPEC, GOLDEN, "compact", 1).certified
     before = kept_files(cache)

@@ -1044,6 +1044,7 @@ def run_sandboxed(
             cases=cases,
             targets=chosen,
         )
+        live = not feed.kept  # a child that answered the request waits for control rounds
         for _ in range(
             CONTROL_ROUNDS if controls is not None and execute and entry.artifact else 0
         ):
@@ -1052,16 +1053,24 @@ def run_sandboxed(
             if not wanted:
                 break
             feed.thread.join()  # a feed ends at "done"; each round gets its own
+            # A round asked before of the same request is kept too: its cases are drawn from
+            # their own keys, so the answer depends on the request and the cases asked alone.
+            round_key = truth_cache.round_key(key, wanted) if key else None
+            kept = truth_cache.replay(round_key, workdir / "cases") if round_key else None
+            if kept is not None:
+                feed = _ReferenceFeed(None, kept=kept)
+                run.controls |= _control_round(wanted, feed, runner, executor, workdir)
+                continue
             try:
-                if feed.kept:  # a live child, to answer the request again and then controls
+                if not live:  # a live child, to answer the request again and then controls
                     try:
                         reference = reference or restart()
                     except (UsageError, OSError) as exc:
                         raise ChildDied(f"could not be started: {exc}") from exc
                     reference, failed = _answered_again(reference, request, restart)
-                    feed.child = reference  # the one the end of the check closes
                     if failed:
                         raise ChildDied(failed)
+                    live = True
                 assert reference is not None  # the live child, or the one just started
                 reference.send(cmd="controls", cases=wanted)
             except ChildFailure as exc:  # the spec's child is gone: no control can run
@@ -1069,6 +1078,9 @@ def run_sandboxed(
                 break
             feed = _ReferenceFeed(reference)
             run.controls |= _control_round(wanted, feed, runner, executor, workdir)
+            if round_key is not None:
+                feed.thread.join(timeout=30)  # "done" follows the round's last case at once
+                truth_cache.keep(round_key, feed.answer, workdir / "cases")
         return run
     finally:
         runner.stop()

@@ -28,6 +28,11 @@ digest with them, then renamed into place; a replay whose copies do not match th
 drops the entry. Removal renames first, so a replay never reads half an entry; the least
 recently used go once there are more than ``MAX_ENTRIES`` or they hold more than ``MAX_BYTES``.
 
+A failing check then asks the spec's child for control cases (``forensics.controls``), in up to
+a few rounds. Each round's answer is kept the same way, under the request's key and the cases
+the round asks (``round_key``): the next check of the same spec asking the same controls (a
+repair's next round, another kernel planted in the same module) starts no spec child at all.
+
 ``NEARMISS_CACHE_DIR`` moves it with the compile cache (``compile_cache``);
 ``NEARMISS_CACHE_DIR=off`` turns both off.
 """
@@ -171,6 +176,15 @@ def entry_key(
         "cpu": _cpu(),
     }
     text = json.dumps(described, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def round_key(key: str, wanted: list[dict[str, Any]]) -> str:
+    """The key of a control round's answer (``wanted``: the control cases the engine asks of
+    the spec's child after it answered the request kept under ``key``). A control is drawn
+    from its own key and computed by the loaded spec: the request and the cases asked are all
+    its answer depends on, whichever child or round asks."""
+    text = json.dumps({"request": key, "controls": wanted}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
