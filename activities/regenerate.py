@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -38,10 +39,11 @@ def spec_fields(spec_source: str) -> dict[str, str]:
         return {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "OpSpec":
-            fields = {}
+            fields: dict[str, str] = {}
             for keyword in node.keywords:
-                if isinstance(keyword.value, ast.Constant) and isinstance(keyword.value.value, str):
-                    fields[keyword.arg] = keyword.value.value
+                value = keyword.value
+                if keyword.arg and isinstance(value, ast.Constant) and isinstance(value.value, str):
+                    fields[keyword.arg] = value.value
             return fields
     return {}
 
@@ -81,7 +83,9 @@ class OpenAIKernelGenerator:
             temperature=request.temperature,
             seed=request.seed,
         )
-        common = dict(model=f"openai:{self.model}", tokens=tokens, prompt=prompt_text(messages))
+        common: dict[str, Any] = dict(
+            model=f"openai:{self.model}", tokens=tokens, prompt=prompt_text(messages)
+        )
         if answer is None:
             return FixResult(reason=why, **common)
         try:

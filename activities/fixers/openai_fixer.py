@@ -21,9 +21,12 @@ import json
 import os
 import re
 import time
+from collections.abc import Mapping, Sequence
 from email.utils import parsedate_to_datetime
+from typing import Any, cast
 
 import openai
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
 from activities import prompts
 from activities.fixers.base import FixerError
@@ -204,15 +207,17 @@ def make_client(
 
 
 async def complete(
-    client: openai.AsyncOpenAI, model: str, messages: list[dict[str, str]], **params
-) -> tuple[object, TokenUsage, str | None, str]:
+    client: openai.AsyncOpenAI, model: str, messages: Sequence[Mapping[str, Any]], **params
+) -> tuple[ChatCompletion, TokenUsage, str | None, str]:
     """One chat call: (completion, tokens, answer or None, why there is none).
 
     Endpoint failures raise ``FixerError`` (retryable or not, see ``to_fixer_error``); an empty
     answer is not an error but ``None`` with its reason, so its tokens are still counted.
     """
     try:
-        completion = await client.chat.completions.create(model=model, messages=messages, **params)
+        # Plain dicts, as the endpoint reads them; the SDK's TypedDicts are its spelling of them.
+        sent = cast("list[ChatCompletionMessageParam]", list(messages))
+        completion = await client.chat.completions.create(model=model, messages=sent, **params)
     except (openai.APIError, json.JSONDecodeError) as exc:
         raise to_fixer_error(exc) from exc
     if isinstance(completion, str):  # a 200 with a non-JSON content type: the SDK's text
@@ -247,7 +252,7 @@ class OpenAIFixer:
         completion, tokens, answer, why = await complete(
             self.client, self.model, messages, temperature=0
         )
-        common = dict(model=f"openai:{self.model}", tokens=tokens, prompt=prompt)
+        common: dict[str, Any] = dict(model=f"openai:{self.model}", tokens=tokens, prompt=prompt)
         if answer is None:
             return FixResult(reason=why, response="", **common)
         try:
