@@ -24,13 +24,28 @@ from nearmiss.engine.runner.sandbox import Limits, _process_tree
 MATMUL = OPS / "matmul"
 
 
-def alive(pid: int) -> bool:
+Process = tuple[int, str | None]  # a pid and its start time: a pid alone may be reused
+
+
+def _stat(pid: int) -> list[str] | None:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def identify(pids) -> list[Process]:
+    """Each process as itself: on a busy machine (pid_max 32768, every JAX thread takes a
+    pid) a pid freed during a check can belong to another process by its end."""
+    return [(pid, (_stat(pid) or [None] * 20)[19]) for pid in pids]
+
+
+def alive(process: int | Process) -> bool:
+    pid, started = process if isinstance(process, tuple) else (process, None)
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":
         return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return started is None or fields[19] == started  # else the pid was given to another
 
 
 def my_spare_homes() -> set[str]:
@@ -99,6 +114,7 @@ def test_each_check_gets_executors_started_before_it_and_never_shared(handed_out
     assert handed_out == []  # nothing was waiting for the first check
     waiting = spares.waiting_pids()
     assert len(waiting) == sum(spares.DEPTH.values()) and all(alive(pid) for pid in waiting)
+    processes = identify(waiting)
 
     second = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2, targets=("tpu-v5e",))
     assert second.certified and second.targets["tpu-v5e"].ok
@@ -106,12 +122,13 @@ def test_each_check_gets_executors_started_before_it_and_never_shared(handed_out
     # candidate's child, the runs' and the target judge's executors)...
     assert sorted(handed_out) == sorted(waiting)
     # ...which ended with it, and new ones wait for the next check.
-    assert not any(alive(pid) for pid in waiting)
+    assert not any(alive(process) for process in processes)
     again = spares.waiting_pids()
     assert len(again) == len(waiting) and not set(again) & set(waiting)
+    processes = identify(again)
 
     spares.disable()
-    assert not any(alive(pid) for pid in again)
+    assert not any(alive(process) for process in processes)
     assert my_spare_homes() == homes_before  # every spare's home removed
 
 
@@ -119,13 +136,14 @@ def test_a_spare_that_died_while_waiting_is_never_handed_out(handed_out):
     check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 1)
     waiting = spares.waiting_pids()
     trees = [interpreter_tree(pid) for pid in waiting]
+    processes = identify(pid for tree in trees for pid in tree)
     for tree in trees:  # the sandboxed interpreter dies (the OOM killer, say); bwrap follows
         os.kill(tree[-1], 9)
     time.sleep(0.5)
     report = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2)
     assert report.certified  # its children were started for it
     assert handed_out == []
-    assert not any(alive(pid) for tree in trees for pid in tree)  # nothing of them is left
+    assert not any(alive(process) for process in processes)  # nothing of them is left
 
 
 def test_a_check_whose_spec_answer_is_kept_leaves_the_spec_spare_waiting(
@@ -184,9 +202,10 @@ def test_a_check_that_ends_while_others_keep_the_cores_busy_starts_no_spares(mon
         spares.refill_after(Limits(), "cpu")  # the last one ends: the cores are free
         waiting = spares.waiting_pids()
         assert len(waiting) == sum(spares.DEPTH.values()) and all(alive(p) for p in waiting)
+        processes = identify(waiting)
     finally:
         spares.disable()
-    assert not any(alive(pid) for pid in waiting)
+    assert not any(alive(process) for process in processes)
 
 
 KEEPER = r"""
@@ -221,14 +240,15 @@ def test_spares_die_with_a_worker_killed_outright(tmp_path):
         time.sleep(1)  # the sandboxed interpreters under each bwrap are up by now
         pids = [pid for spare in spare_pids for pid in _process_tree(spare)]
         assert len(pids) > len(spare_pids)
+        processes = identify(pids)
     finally:
         keeper.send_signal(signal.SIGKILL)
         keeper.wait()
         keeper.stdout.close()
     deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(alive(process) for process in processes) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(alive(pid) for pid in pids)
+    assert not any(alive(process) for process in processes)
 
 
 async def test_a_repair_commands_own_worker_keeps_spares_and_closes_them_when_done(
@@ -243,11 +263,13 @@ async def test_a_repair_commands_own_worker_keeps_spares_and_closes_them_when_do
 
     taken = record_handed_out(monkeypatch)  # spares stay off: the command turns them on
     started: list[int] = []
+    processes: list[Process] = []
     original_start = spares._start
 
     def start(module, limits, platform):
         child = original_start(module, limits, platform)
         started.append(child.process.pid)
+        processes.extend(identify([child.process.pid]))
         return child
 
     monkeypatch.setattr(spares, "_start", start)
@@ -271,5 +293,5 @@ async def test_a_repair_commands_own_worker_keeps_spares_and_closes_them_when_do
     assert taken and set(taken) <= set(started)  # a check after the first ran on spares
     assert len(started) > len(taken)  # some were still waiting when the command ended...
     assert spares.waiting_pids() == []  # ...and were closed with it
-    assert not any(alive(pid) for pid in started)
+    assert not any(alive(process) for process in processes)
     assert my_spare_homes() == homes_before  # ...and every home removed
