@@ -64,8 +64,6 @@ SWEEP_KINDS = {
 
 # One cache (the spec's compiled programs and kept answers) for the whole run, shared by its
 # xdist workers and removed at its end: tests neither read nor fill the user's ~/.cache.
-
-
 def pytest_configure(config) -> None:
     given = getattr(config, "workerinput", {}).get(CACHE_ENV)
     if given is not None:  # an xdist worker: its controller's cache
