@@ -2,8 +2,8 @@
 has PostgreSQL killed (immediate stop, as a crash) and restarted mid-fleet, then Temporal killed
 (SIGKILL) and restarted on the same SQLite file: every member ends once, as it does undisturbed,
 and the command reconnects. A command that cannot get Temporal back says how to follow the fleet.
-Workers that start remove the scratch directories of dead ones. Real Temporal, real PostgreSQL,
-real checks, `nearmiss` processes."""
+Workers that start remove the scratch directories of dead ones, and stop what those left running.
+Real Temporal, real PostgreSQL, real checks, `nearmiss` processes."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ from infra.devstack import PostgresService, TemporalService, wait_exit
 from kb.events import EventStore
 from nearmiss.client.faults import is_infrastructure_error
 from nearmiss.engine.runner import scratch
-from nearmiss.engine.runner.scratch import scratch_dir, sweep_orphans
+from nearmiss.engine.runner.environment import find_sandbox
+from nearmiss.engine.runner.protocol import CHANNEL_ENV
+from nearmiss.engine.runner.scratch import scratch_dir, stop_orphaned_children, sweep_orphans
 
 # Quick playbook sessions, and how each ends undisturbed (tests/test_fleet.py pins three of them).
 MEMBERS = {
@@ -283,10 +285,61 @@ def test_the_sweep_removes_the_scratch_of_dead_processes_only(tmp_path, monkeypa
     shutil.rmtree(mine)
 
 
+def _sandbox_in(folder: Path) -> subprocess.Popen:
+    """A real bwrap naming ``folder`` as a sandbox's home does, waiting: what an engine's child
+    looks like from outside (the shape a killed worker's half-started sandbox was left in)."""
+    sandbox = find_sandbox()
+    assert not isinstance(sandbox, str), sandbox
+    command = [sandbox.executable, "--ro-bind", "/", "/", "--bind", str(folder), str(folder)]
+    return subprocess.Popen([*command, "--chdir", str(folder), "sleep", "300"], cwd=folder)
+
+
+def _gone(process: subprocess.Popen, timeout_s: float = 10) -> bool:
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def test_the_sweep_stops_the_children_of_dead_processes_only(tmp_path):
+    dead, alive = _scratch_of_a_killed_process("nearmiss-candidate-"), scratch_dir("nearmiss-x-")
+    to_child, from_child = os.pipe(), os.pipe()  # ends held here: the child waits for a message
+    env = dict(os.environ, **{CHANNEL_ENV: f"{to_child[0]},{from_child[1]}"})
+    doomed = [
+        _sandbox_in(dead),
+        subprocess.Popen(  # an unsandboxed child (--unsafe-no-sandbox) working there
+            [sys.executable, "-m", "nearmiss.engine.runner.executor_child"],
+            cwd=dead, env=env, pass_fds=(to_child[0], from_child[1]),
+        ),
+    ]  # fmt: skip
+    spared = [
+        _sandbox_in(alive),  # its owner, this process, is alive
+        subprocess.Popen(["sleep", "300"], cwd=dead),  # works there, but is no engine's child
+    ]
+    try:
+        time.sleep(1)  # bwrap has set up and the child is waiting, both named as they will be
+        assert all(p.poll() is None for p in doomed + spared)
+        assert stop_orphaned_children() >= len(doomed)
+        assert all(_gone(p) for p in doomed)
+        assert all(p.poll() is None for p in spared)
+        assert stop_orphaned_children() == 0
+    finally:
+        for process in doomed + spared:
+            process.kill()
+            process.wait()
+        for fd in (*to_child, *from_child):
+            os.close(fd)
+        shutil.rmtree(dead, ignore_errors=True)
+        shutil.rmtree(alive, ignore_errors=True)
+
+
 def test_a_starting_worker_removes_the_scratch_of_dead_workers(
     temporal_address, postgres_dsn, tmp_path
 ):
+    """...and stops what they left running there."""
     orphans = [_scratch_of_a_killed_process(f"nearmiss-{k}-") for k in ("check", "candidate")]
+    left_running = _sandbox_in(orphans[1])
     alive = scratch_dir("nearmiss-check-")
     env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
     worker = None
@@ -297,8 +350,11 @@ def test_a_starting_worker_removes_the_scratch_of_dead_workers(
             while any(p.exists() for p in orphans) and time.monotonic() < deadline:
                 time.sleep(0.2)
         assert not any(p.exists() for p in orphans), (tmp_path / "worker.log").read_text()
+        assert _gone(left_running), (tmp_path / "worker.log").read_text()
         assert alive.is_dir()  # a live process's scratch is left alone
     finally:
+        left_running.kill()
+        left_running.wait()
         stop_workers(worker)
         shutil.rmtree(alive, ignore_errors=True)
         for orphan in orphans:

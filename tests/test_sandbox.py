@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import OPS, PLANTED, SOFTMAX_SPEC, check_json, processes_under, run_cli
+from conftest import OPS, PLANTED, ROOT, SOFTMAX_SPEC, check_json, processes_under, run_cli
 from nearmiss.engine.check import check
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.runner.environment import UNSAFE_ENV, child_environment, isolation_level
@@ -309,3 +313,64 @@ def test_a_child_closed_twice_closes_its_pipes_once():
             os.close(fd)
     finally:
         shutil.rmtree(child.home, ignore_errors=True)
+
+
+# An engine that starts a fresh candidate child (the candidate named at start, as a check does
+# without spares) and dies at once, before bwrap has bound the sandbox to it: a worker's SIGKILL
+# or the OOM killer at the wrong moment.
+ENGINE_DIES_AS_ITS_CHILD_STARTS = """
+import os, sys
+from pathlib import Path
+from nearmiss.engine.runner.candidate_child import CANDIDATE_ENV
+from nearmiss.engine.runner.sandbox import Limits, SandboxChild
+home = Path(sys.argv[1])
+SandboxChild("nearmiss.engine.runner.candidate_child", home, Limits(),
+             extra_env={CANDIDATE_ENV: str(home / "kernel.py")})
+os._exit(0)
+"""
+RUNS_FOR_EVER = (
+    "import pathlib, time\n"
+    "while True:\n"
+    "    pathlib.Path('ran').write_text(str(time.time()))\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def _working_in(home: Path) -> list[int]:
+    """Processes whose command line names ``home`` (bwrap) or whose working directory it is."""
+    named = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if str(home) in command:
+            named.append(int(entry))
+    return sorted(set(named) | set(processes_under(home)))
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["bubblewrap", "unsafe-no-sandbox"])
+def test_a_candidate_whose_engine_died_as_its_child_started_never_runs(tmp_path, sandboxed):
+    """Before: the sandbox outlived its engine and ran the candidate unwatched, for ever (every
+    time). Now the child sees that nobody holds the other end of its pipe and exits first."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "kernel.py").write_text(RUNS_FOR_EVER)
+    env = dict(os.environ)
+    env.pop(UNSAFE_ENV, None)
+    if not sandboxed:
+        env[UNSAFE_ENV] = "1"
+    engine = subprocess.run(
+        [sys.executable, "-c", ENGINE_DIES_AS_ITS_CHILD_STARTS, str(home)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert engine.returncode == 0, engine.stderr
+    deadline = time.monotonic() + 20  # a candidate would be running by then: JAX is in ~1 s
+    while _working_in(home) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _working_in(home)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, (home / "child.log").read_text(errors="replace")
+    assert not (home / "ran").exists()

@@ -55,7 +55,7 @@ from nearmiss.engine.check import require_file
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.inputs import read_source
 from nearmiss.engine.runner import spares
-from nearmiss.engine.runner.scratch import sweep_orphans
+from nearmiss.engine.runner.scratch import stop_orphaned_children, sweep_orphans
 from nearmiss.engine.targets.registry import (
     GPU,
     TARGETS,
@@ -245,7 +245,11 @@ def build_worker(
 
 
 def sweep_scratch() -> None:
-    """Remove the scratch directories of workers that died (a worker is starting)."""
+    """Stop what workers that died left running, and remove their scratch directories (a worker
+    is starting)."""
+    stopped = stop_orphaned_children()
+    if stopped:
+        _say(f"stopped {stopped} sandbox process{'' if stopped == 1 else 'es'} of dead workers")
     removed = sweep_orphans()
     if removed:
         _say(f"removed {removed} scratch director{'y' if removed == 1 else 'ies'} of dead workers")

@@ -260,6 +260,8 @@ def serve(entry: str, run, *, interpret: bool = True, label_kernels: bool = Fals
         if request.get("cmd") != "load" or not isinstance(request.get("candidate"), str):
             os._exit(0)
         os.environ[CANDIDATE_ENV] = request["candidate"]
+    if channel.engine_gone():  # asked again just before the first untrusted line (``child``)
+        os._exit(0)
     try:
         module = import_candidate(os.environ[CANDIDATE_ENV])
     except (Exception, SystemExit) as exc:

@@ -3,12 +3,23 @@
 A child limits itself first thing, while only engine code has run: address space (on CPU, where
 XLA tolerates it), file size, core dumps. The engine also watches the child's resident memory
 from outside, which covers accelerator platforms and a candidate that raises its own limits.
+
+Then it makes sure an engine is still there to watch it. bwrap binds the sandbox's lifetime to
+the engine's (``--die-with-parent``) only once it has set the sandbox up, a few milliseconds
+after it starts; an engine killed in that window (a worker's SIGKILL, the OOM killer) left a
+sandbox that went on to import its candidate and run it with no deadline and no memory watch,
+for ever (measured: every time, for an engine that exits right after starting a child). The
+engine holds the only writing end of the child's message pipe, so the pipe reports a hang-up
+exactly when the engine is gone; a child that sees one exits before any spec or candidate code
+runs. An engine still alive here means both bwraps are already bound to it: each arms its
+parent-death signal before the next process starts, and this interpreter is the last one.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import select
 import traceback
 from typing import Any
 
@@ -32,6 +43,12 @@ class Channel:
 
     def receive(self) -> dict[str, Any]:
         return self.reader.read_blocking()
+
+    def engine_gone(self) -> bool:
+        """Whether every writing end of the engine's pipe is closed: the engine has exited."""
+        poller = select.poll()
+        poller.register(self.reader.fd, select.POLLIN)  # a hang-up is reported regardless
+        return any(events & select.POLLHUP for _, events in poller.poll(0))
 
 
 def apply_limits() -> None:
@@ -72,4 +89,7 @@ def describe_exception(exc: BaseException, phase: str) -> dict[str, Any]:
 
 def start_child() -> Channel:
     apply_limits()
-    return Channel()
+    channel = Channel()
+    if channel.engine_gone():
+        os._exit(0)  # nobody would watch, stop or read this child: see the module's docstring
+    return channel

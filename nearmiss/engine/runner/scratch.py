@@ -8,6 +8,12 @@ start time (so a reused pid is not mistaken for the owner) and the boot it belon
 removes every such directory of ours whose owner is no longer alive on this machine, and
 directories in the old, ownerless form once they are a day old. Nothing else is touched: other
 names, other users' directories, directories of live processes.
+
+``stop_orphaned_children()`` (run with it) kills what a dead owner may have left running in
+them: bwrap processes whose command line names such a directory (the sandbox's home), and
+unsandboxed children (``--unsafe-no-sandbox``) working in one. A child exits by itself once its
+engine is gone (``runner.child``), but a bwrap killed mid-way through setting up a sandbox has
+been seen to leave its inner half waiting for ever, with nobody to reap it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +32,8 @@ from pathlib import Path
 KINDS = ("check", "candidate", "reference", "executor", "tool", "audit", "probe")
 _OWNED = re.compile(r"^nearmiss-(?P<kind>[a-z]+)-p(?P<pid>\d+)s(?P<start>\d+)b(?P<boot>[0-9a-f]+)-")
 _OWNERLESS = re.compile(rf"^nearmiss-(?:{'|'.join(KINDS)})-[a-z0-9_]+$")
+# The engine's children: what runs them when there is no sandbox (``python -m MODULE``).
+CHILD_MODULES = "nearmiss.engine.runner."
 # An ownerless directory (made before owners were recorded) may belong to a live process; none
 # of the engine's runs lasts anywhere near this long.
 OWNERLESS_AGE_S = 24 * 3600.0
@@ -100,3 +109,51 @@ def sweep_orphans(root: Path | None = None) -> int:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed += not os.path.lexists(entry.path)
     return removed
+
+
+def _scratch_owner(pid: int) -> re.Match | None:
+    """The owner tag of the scratch directory an engine's child works in, if ``pid`` is one:
+    a bwrap naming such a directory on its command line (its home), or an unsandboxed child
+    whose working directory is one. Any other process is no child of the engine's: None."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    if os.path.basename(argv[0]) == "bwrap":
+        places = argv[1:]
+    elif argv[1:2] == ["-m"] and len(argv) > 2 and argv[2].startswith(CHILD_MODULES):
+        try:
+            places = [os.readlink(f"/proc/{pid}/cwd")]
+        except OSError:
+            return None
+    else:
+        return None
+    for place in places:
+        for part in place.split("/"):
+            owned = _OWNED.match(part)
+            if owned is not None:
+                return owned
+    return None
+
+
+def stop_orphaned_children() -> int:
+    """Kill (SIGKILL) this user's engine children whose scratch directory's owner is dead;
+    returns how many processes were killed. Children of live engines are left alone."""
+    boot, uid, me = _boot_id(), os.geteuid(), os.getpid()
+    killed = 0
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return 0  # no /proc: nothing to tell the engine's children by
+    for pid in pids:
+        try:
+            if pid == me or os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+        except OSError:
+            continue
+        owned = _scratch_owner(pid)
+        if owned is not None and not _owner_alive(owned, boot):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+    return killed
