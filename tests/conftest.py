@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from nearmiss.engine.runner import scratch
 from nearmiss.engine.runner.compile_cache import CACHE_ENV
 from nearmiss.engine.targets.libtpu_env import prepare_environment
 
@@ -83,6 +87,36 @@ def pytest_unconfigure(config) -> None:
     if made is not None:
         shutil.rmtree(made, ignore_errors=True)
         os.environ.pop(CACHE_ENV, None)
+
+
+# Nothing a run started may outlive it: an engine child whose engine died (a killed worker, a
+# test's own engine) and is still running after the run is a leak, and fails the run.
+LEAK_GRACE_S = 15.0
+
+
+def pytest_sessionstart(session) -> None:
+    session.config.nearmiss_started = scratch._start_time(os.getpid()) or 0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # the controller looks, once every worker has finished
+    started = getattr(session.config, "nearmiss_started", 0)
+    deadline = time.monotonic() + LEAK_GRACE_S  # a child exits soon after its engine
+    while (left := scratch.orphaned_children(started)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not left:
+        return
+    commands = []
+    for pid in left:
+        with contextlib.suppress(OSError):
+            commands.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:300])
+            os.kill(pid, signal.SIGKILL)  # the inner bwrap goes with the outer: read first
+    print(f"\nnearmiss: {len(left)} engine children outlived their engines (killed now):")
+    for command in filter(None, commands):
+        print("  " + command.decode(errors="replace"))
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

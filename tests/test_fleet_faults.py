@@ -290,7 +290,8 @@ def _sandbox_in(folder: Path) -> subprocess.Popen:
     looks like from outside (the shape a killed worker's half-started sandbox was left in)."""
     sandbox = find_sandbox()
     assert not isinstance(sandbox, str), sandbox
-    command = [sandbox.executable, "--ro-bind", "/", "/", "--bind", str(folder), str(folder)]
+    command = [sandbox.executable, "--unshare-pid", "--die-with-parent", "--ro-bind", "/", "/"]
+    command += ["--bind", str(folder), str(folder)]
     return subprocess.Popen([*command, "--chdir", str(folder), "sleep", "300"], cwd=folder)
 
 

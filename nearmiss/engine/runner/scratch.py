@@ -136,15 +136,15 @@ def _scratch_owner(pid: int) -> re.Match | None:
     return None
 
 
-def stop_orphaned_children() -> int:
-    """Kill (SIGKILL) this user's engine children whose scratch directory's owner is dead;
-    returns how many processes were killed. Children of live engines are left alone."""
+def orphaned_children(started_since: int = 0) -> list[int]:
+    """This user's engine children whose scratch directory's owner is dead (started at or after
+    ``started_since``, in clock ticks since boot)."""
     boot, uid, me = _boot_id(), os.geteuid(), os.getpid()
-    killed = 0
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
-        return 0  # no /proc: nothing to tell the engine's children by
+        return []  # no /proc: nothing to tell the engine's children by
+    found = []
     for pid in pids:
         try:
             if pid == me or os.stat(f"/proc/{pid}").st_uid != uid:
@@ -152,8 +152,19 @@ def stop_orphaned_children() -> int:
         except OSError:
             continue
         owned = _scratch_owner(pid)
-        if owned is not None and not _owner_alive(owned, boot):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
+        if owned is None or _owner_alive(owned, boot):
+            continue
+        if (_start_time(pid) or 0) >= started_since:
+            found.append(pid)
+    return found
+
+
+def stop_orphaned_children() -> int:
+    """Kill (SIGKILL) this user's engine children whose scratch directory's owner is dead;
+    returns how many processes were killed. Children of live engines are left alone."""
+    killed = 0
+    for pid in orphaned_children():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
     return killed
