@@ -188,6 +188,21 @@ def test_an_install_or_upgrade_on_sys_path_changes_the_key(tmp_path, monkeypatch
     assert key() not in (None, before, upgraded)
 
 
+def test_a_system_package_upgrade_changes_the_key(tmp_path, monkeypatch):
+    """The child maps the host's /usr: a system library upgraded (dpkg rewrites its status file)
+    keys anew, as a Python library does."""
+    status = tmp_path / "status"
+    status.write_text("Package: libc6\nVersion: 2.36-9\n")
+    monkeypatch.setattr(truth_cache, "PACKAGE_DATABASES", (status,))
+    request = {"seed": 1, "suite": "compact", "shown": "spec.py"}
+    before = truth_cache.entry_key(b"spec", request, "cpu", session.Limits())
+    assert before is not None
+    assert truth_cache.entry_key(b"spec", request, "cpu", session.Limits()) == before
+    status.write_text("Package: libc6\nVersion: 2.36-9+deb12u13\n")
+    os.utime(status, ns=(10**9, 10**9))  # a coarse clock may not have moved
+    assert truth_cache.entry_key(b"spec", request, "cpu", session.Limits()) not in (None, before)
+
+
 # --- the store itself, without checks ------------------------------------------------------
 
 

@@ -15,7 +15,10 @@ files they name are kept under a key that hashes all of it:
   source, re-read whenever a site directory or an engine file changes (a long-lived worker
   upgraded in place keys its next answers anew);
 - the environment the child is given (``child_environment``, less its own directories), and
-  the CPU XLA compiles for: its model, its flags and the cores this process may use.
+  the CPU XLA compiles for: its model, its flags and the cores this process may use;
+- the system's libraries, which the child maps from the host's ``/usr``: the C library's
+  version and the system's package database (an upgrade of glibc's ``libm``, which NumPy and a
+  spec's math may call, rewrites it).
 
 Only the engine reads and writes entries, from the host; no sandboxed child ever sees this
 directory (a candidate's child and the executors get copies of inputs in their own homes, as
@@ -151,6 +154,24 @@ def _cpu() -> str:
     return f"{described}{len(os.sched_getaffinity(0))} cores"
 
 
+# Where the system's package managers record what is installed (Debian's dpkg, RPM's two
+# formats, Alpine's apk): any install, upgrade or removal rewrites the one in use.
+PACKAGE_DATABASES = (
+    Path("/var/lib/dpkg/status"),
+    Path("/var/lib/rpm/rpmdb.sqlite"),
+    Path("/var/lib/rpm/Packages"),
+    Path("/lib/apk/db/installed"),
+)
+
+
+def _system() -> str:
+    """The C library's version and the stamps of the system's package databases."""
+    libc = ""
+    with contextlib.suppress(ValueError, OSError):
+        libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    return json.dumps([libc, _stamp(list(PACKAGE_DATABASES))])
+
+
 def entry_key(
     spec_bytes: bytes | None, request: dict[str, Any], platform: str, limits: Limits
 ) -> str | None:
@@ -174,6 +195,7 @@ def entry_key(
         "engine": _engine_source(),
         "environment": sorted(environment.items()),
         "cpu": _cpu(),
+        "system": _system(),
     }
     text = json.dumps(described, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
