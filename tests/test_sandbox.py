@@ -374,3 +374,37 @@ def test_a_candidate_whose_engine_died_as_its_child_started_never_runs(tmp_path,
             os.kill(pid, signal.SIGKILL)
     assert not left, (home / "child.log").read_text(errors="replace")
     assert not (home / "ran").exists()
+
+
+# A candidate that swaps its log for a link to a host file, then dies: the engine quotes the log
+# of a child that died, and read it again by its path, in a directory the child can write.
+LOG_SWAPPED_FOR_A_LINK = """
+import typing
+os = typing.sys.modules["importlib"].import_module("os")
+os.unlink("child.log")
+os.symlink({target!r}, "child.log")
+os._exit(3)
+
+
+def kernel(x):
+    return x
+"""
+
+
+def test_a_log_swapped_for_a_link_never_reads_a_host_file_into_the_report(tmp_path):
+    """Before: the canary (and, through /proc/self/environ, the engine's secrets) came back in
+    the diagnosis, which the fix model reads."""
+    canary = f"nearmiss-canary-{os.urandom(8).hex()}"
+    secret = tmp_path / "secret.txt"
+    secret.write_text(f"Evidence: {canary}\n")
+    secret.chmod(0o600)
+    for target in (str(secret), "/proc/self/environ"):
+        candidate = tmp_path / "swap_log.py"
+        candidate.write_text(LOG_SWAPPED_FOR_A_LINK.format(target=target))
+        env = dict(os.environ, NEARMISS_TEST_CANARY=canary)
+        code, report = check_json(
+            SOFTMAX_SPEC, candidate, "--suite", "compact", "--integrity", "report", env=env
+        )
+        assert code == 1 and not report["certified"]
+        assert canary not in json.dumps(report), target
+        assert secret.read_text() == f"Evidence: {canary}\n"  # and nothing written to it

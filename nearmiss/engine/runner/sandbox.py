@@ -36,6 +36,7 @@ from nearmiss.engine.runner.environment import (
 from nearmiss.engine.runner.protocol import CHANNEL_ENV, LineReader, write_message
 
 POLL_S = 0.05
+LOG_TAIL_BYTES = 256 * 1024  # enough for the last lines a failure quotes
 # Children that run only engine and spec code; every other module runs candidate code and is
 # refused where no sandbox can start (unless the user opted out).
 TRUSTED_MODULES = frozenset({"nearmiss.engine.runner.reference_child"})
@@ -167,6 +168,10 @@ class SandboxChild:
             raise
         home.mkdir(parents=True, exist_ok=True)
         self.log_path = home / "child.log"
+        # Read through the descriptor the child writes to, never the path again: the path is in
+        # a directory the child can write, and a link put there would have the engine read any
+        # host file (its own /proc/self/environ) into the diagnosis.
+        self._log_fd: int | None = None
         to_child_r, self._to_child_w = os.pipe()
         self._from_child_r, from_child_w = os.pipe()
         self._child_ends = [to_child_r, from_child_w]  # closed here once the child has them
@@ -207,17 +212,21 @@ class SandboxChild:
                 seccomp_fd=seccomp_fd,
             )
         try:
-            with open(self.log_path, "wb") as log:
-                self.process = subprocess.Popen(
-                    argv,
-                    cwd=self.home,
-                    env=env,  # bwrap's own environment too: /proc/1/environ in the sandbox
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    pass_fds=pass_fds,
-                    start_new_session=True,
-                )
+            self._log_fd = os.open(
+                self.log_path,
+                os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
+            self.process = subprocess.Popen(
+                argv,
+                cwd=self.home,
+                env=env,  # bwrap's own environment too: /proc/1/environ in the sandbox
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_fd,
+                stderr=subprocess.STDOUT,
+                pass_fds=pass_fds,
+                start_new_session=True,
+            )
         finally:
             self._close_child_ends()
             if seccomp_fd is not None:
@@ -288,8 +297,12 @@ class SandboxChild:
             time.sleep(POLL_S)
 
     def log_tail(self, lines: int = 60) -> str:
+        if self._log_fd is None:
+            return ""
         try:
-            text = self.log_path.read_text(errors="replace")
+            size = os.fstat(self._log_fd).st_size
+            start = max(0, size - LOG_TAIL_BYTES)
+            text = os.pread(self._log_fd, size - start, start).decode(errors="replace")
         except OSError:
             return ""
         return "\n".join(text.strip().splitlines()[-lines:])
@@ -323,6 +336,9 @@ class SandboxChild:
         for fd in (self._to_child_w, self._from_child_r):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        if self._log_fd is not None:
+            os.close(self._log_fd)
+            self._log_fd = None
 
     def __enter__(self) -> SandboxChild:
         return self
