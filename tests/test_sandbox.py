@@ -408,3 +408,35 @@ def test_a_log_swapped_for_a_link_never_reads_a_host_file_into_the_report(tmp_pa
         assert code == 1 and not report["certified"]
         assert canary not in json.dumps(report), target
         assert secret.read_text() == f"Evidence: {canary}\n"  # and nothing written to it
+
+
+# A correct kernel that, at import, plants links where the engine files a case's inputs into the
+# candidate's home (checked with a TPU target, the engine copies inputs there for the run under
+# TPU semantics) and where it creates the case's folder.
+LINKS_IN_THE_HOME = """
+import typing
+os = typing.sys.modules["importlib"].import_module("os")
+os.makedirs("cases/compact-base", exist_ok=True)
+os.symlink({victim!r}, "cases/compact-base/inputs.npz")
+os.symlink({folder!r}, "cases/compact-other")
+"""
+
+
+def test_links_a_candidate_plants_in_its_home_are_never_followed_on_the_host(tmp_path):
+    """Before: the host file was replaced by the case's inputs (as the engine's user: root in
+    CI), and a case folder was created in the host folder a link named."""
+    victim = tmp_path / "precious.conf"
+    victim.write_text("keep me\n")
+    folder = tmp_path / "host-folder"
+    folder.mkdir()
+    candidate = tmp_path / "links.py"
+    planted = LINKS_IN_THE_HOME.format(victim=str(victim), folder=str(folder))
+    candidate.write_text(planted + GOLDEN.read_text())
+    result = run_cli(
+        "check", SOFTMAX_SPEC, candidate, "--suite", "compact", "--target", "tpu-v5e",
+        "--integrity", "report", "--json", "--seed", "7",
+    )  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr
+    assert "Traceback" not in result.stderr
+    assert victim.read_text() == "keep me\n"
+    assert list(folder.iterdir()) == []

@@ -14,9 +14,9 @@ replaced for the next; the sandbox, limits and namespaces are those of every chi
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
+from nearmiss.engine.runner.home_files import write
 from nearmiss.engine.runner.sandbox import ChildFailure, ChildTimeout, Limits
 from nearmiss.engine.runner.screen_child import OUTPUT_FILE
 from nearmiss.engine.runner.session import RawCase, RawRun, _Child, _record_outputs
@@ -41,7 +41,7 @@ class EditScreen(_Child):
         assert self.child is not None
         try:
             for raw in self.cases:
-                shutil.copy(self.inputs / raw.info.key / "inputs.npz", self.case_dir(raw))
+                self.put(self.inputs / raw.info.key / "inputs.npz", raw, "inputs.npz")
             message = self.child.receive(self.limits.import_timeout_s)
             if message.get("event") != "ready":
                 raise ChildFailure(f"the screening child did not start: {message.get('event')!r}")
@@ -62,8 +62,7 @@ class EditScreen(_Child):
         if self.child is None:
             self.start()
         assert self.child is not None
-        path = self.child.home / f"edit_{index}.py"
-        path.write_text(source)
+        path = write(self.child.home, f"edit_{index}.py", source.encode())  # past any link
         ran = [_fresh(raw) for raw in self.cases]
         try:
             dirs = [str(self.case_dir(raw)) for raw in ran]

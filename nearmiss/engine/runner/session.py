@@ -30,6 +30,7 @@ from nearmiss.engine.runner import spares, truth_cache
 from nearmiss.engine.runner.arrays import load_arrays
 from nearmiss.engine.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES, target_artifact_file
 from nearmiss.engine.runner.candidate_child import CANDIDATE_ENV
+from nearmiss.engine.runner.home_files import make_folder, put, take
 from nearmiss.engine.runner.sandbox import (
     ChildDied,
     ChildFailure,
@@ -319,9 +320,19 @@ class _Child:
 
     def case_dir(self, raw: RawCase) -> Path:
         assert self.child is not None
-        path = self.child.home / "cases" / raw.info.key
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return make_folder(self.child.home, f"cases/{raw.info.key}")
+
+    def put(self, source: Path, raw: RawCase, name: str) -> Path:
+        """Copy ``source`` into the case's folder in the child's home, following no link."""
+        assert self.child is not None
+        return put(source, self.child.home, f"cases/{raw.info.key}/{name}")
+
+    def _copy_probes(self, raw: RawCase, probe_dirs: dict[int, Path]) -> list[dict[str, Any]]:
+        probes = []
+        for index, source in probe_dirs.items():
+            path = self.put(source / "inputs.npz", raw, f"probe-{index}/inputs.npz")
+            probes.append({"input": index, "dir": str(path.parent)})
+        return probes
 
     def ask(self, raw: RawCase, **request: Any) -> dict[str, Any] | None:
         """The child's answer for one case, or None with the child's failure put on ``raw``."""
@@ -430,9 +441,9 @@ class _Executor(_Child):
         """The case's directory in this child's home, holding its artifact and inputs (already
         there when this child ran the case, before its probes)."""
         case_dir = self.case_dir(raw)
-        if not (case_dir / ARTIFACT_FILE).is_file():
-            shutil.copy(artifact, case_dir / ARTIFACT_FILE)
-            shutil.copy(inputs, case_dir / "inputs.npz")
+        if not (case_dir / ARTIFACT_FILE).is_file():  # an executor's home: engine code only
+            self.put(artifact, raw, ARTIFACT_FILE)
+            self.put(inputs, raw, "inputs.npz")
         return case_dir
 
     def run(self, raw: RawCase, artifact: Path, inputs: Path, profile_runs: int = 0) -> None:
@@ -466,7 +477,7 @@ class _Executor(_Child):
             return
         assert self.child is not None
         case_dir = self._stage(raw, artifact, inputs)
-        probes = _copy_probes(case_dir, probe_dirs)
+        probes = self._copy_probes(raw, probe_dirs)
         try:
             self.child.send(cmd="probe", suite=raw.info.suite, name=raw.info.name, probes=probes)
             message = self.child.receive(self.limits.case_timeout_s)
@@ -490,7 +501,7 @@ class _Executor(_Child):
         assert self.child is not None
         assert plan.structure is not None  # judged only for a structure the kernel was lowered for
         case_dir = self.case_dir(raw)
-        shutil.copy(artifact, case_dir / target_artifact_file(plan.structure))
+        self.put(artifact, raw, target_artifact_file(plan.structure))
         try:
             self.child.send(
                 cmd="target",
@@ -514,15 +525,6 @@ class _Executor(_Child):
     def stop(self) -> None:
         super().stop()
         self.ready = False
-
-
-def _copy_probes(case_dir: Path, probe_dirs: dict[int, Path]) -> list[dict[str, Any]]:
-    probes = []
-    for index, source in probe_dirs.items():
-        (case_dir / f"probe-{index}").mkdir(exist_ok=True)
-        shutil.copy(source / "inputs.npz", case_dir / f"probe-{index}" / "inputs.npz")
-        probes.append({"input": index, "dir": str(case_dir / f"probe-{index}")})
-    return probes
 
 
 class _CandidateRunner(_Child):
@@ -642,13 +644,12 @@ class _CandidateRunner(_Child):
         if answer is None:
             return None, {}
         try:
-            artifact = self._artifact(raw, *answer)
-            if artifact is None:
+            if not self._artifact(raw, answer[0]):
                 return None, {}
-            keep.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(artifact, keep)
-            artifact.unlink()
-            lowered = self._lowered(raw, answer[0], answer[1], lower_for, keep)
+            assert self.child is not None
+            home, folder = self.child.home, f"cases/{raw.info.key}"
+            take(home, f"{folder}/{ARTIFACT_FILE}", keep, MAX_ARTIFACT_BYTES)
+            lowered = self._lowered(raw, answer[0], home, folder, lower_for, keep)
             return keep, lowered
         except Exception as exc:
             self.unusable(raw, exc)
@@ -656,7 +657,12 @@ class _CandidateRunner(_Child):
 
     @staticmethod
     def _lowered(
-        raw: RawCase, message: dict[str, Any], case_dir: Path, lower_for: list[str], keep: Path
+        raw: RawCase,
+        message: dict[str, Any],
+        home: Path,
+        folder: str,
+        lower_for: list[str],
+        keep: Path,
     ) -> dict[str, Path]:
         said = message.get("lowered") or {}
         if not isinstance(said, dict):
@@ -669,14 +675,8 @@ class _CandidateRunner(_Child):
             if not answer.get("ok"):
                 raw.lowered[chip] = {"ok": False, "error": str(answer.get("error", ""))[:500]}
                 continue
-            artifact = case_dir / target_artifact_file(chip)
-            if artifact.is_symlink() or not artifact.is_file():
-                raise ValueError(f"the child filed no artifact for {chip}")
-            if artifact.stat().st_size > MAX_ARTIFACT_BYTES:
-                raise ValueError(f"an artifact of more than {MAX_ARTIFACT_BYTES} bytes")
             moved[chip] = keep.with_name(f"{keep.stem}-{chip}.bin")
-            shutil.copyfile(artifact, moved[chip])
-            artifact.unlink()
+            take(home, f"{folder}/{target_artifact_file(chip)}", moved[chip], MAX_ARTIFACT_BYTES)
             raw.lowered[chip] = {"ok": True, "error": None}
         return moved
 
@@ -684,9 +684,8 @@ class _CandidateRunner(_Child):
         """A tool's run: the child itself runs the case on its inputs (it never certifies)."""
         if not self._available(raw):
             return
-        case_dir = self.case_dir(raw)
-        shutil.copy(inputs, case_dir / "inputs.npz")
-        probes = _copy_probes(case_dir, probe_dirs)
+        self.put(inputs, raw, "inputs.npz")
+        probes = self._copy_probes(raw, probe_dirs)
         answer = self._answer(raw, audit=raw.audited, probes=probes)
         if answer is None:
             return
@@ -701,8 +700,10 @@ class _CandidateRunner(_Child):
         against the candidate; the engine compares the outputs itself."""
         if self.child is None or self.import_problem is not None:
             return {"error": {"message": "the candidate's child is not running"}}
-        case_dir = self.case_dir(raw)
-        shutil.copy(inputs, case_dir / "inputs.npz")
+        try:
+            case_dir = self.put(inputs, raw, "inputs.npz").parent
+        except OSError as exc:  # a link of the candidate's in the way: evidence against it
+            return {"error": {"message": f"the candidate's home refused its inputs: {exc}"}}
         request = {"target": target, "seed": seed}
         try:
             self.child.send(
@@ -733,8 +734,9 @@ class _CandidateRunner(_Child):
             return {"error": {"message": f"unusable answer from the child: {exc!r}"}}
 
     @staticmethod
-    def _artifact(raw: RawCase, message: dict[str, Any], case_dir: Path) -> Path | None:
-        """The exported artifact, or None with the trace/compile error put on ``raw``."""
+    def _artifact(raw: RawCase, message: dict[str, Any]) -> bool:
+        """Whether the child exported an artifact; if not, the trace/compile error is put on
+        ``raw``. (The engine takes the file out of the child's home itself: ``home_files``.)"""
         callbacks = message.get("callbacks", [])
         if isinstance(callbacks, list):  # a hint that can only count against the candidate
             raw.traced_callbacks = sorted({c for c in callbacks if c in CALLBACK_PRIMITIVES})
@@ -743,13 +745,8 @@ class _CandidateRunner(_Child):
             if error.get("phase") not in ("trace", "compile"):
                 raise ValueError("error record without a valid phase")
             raw.error = error
-            return None
-        artifact = case_dir / ARTIFACT_FILE
-        if artifact.is_symlink() or not artifact.is_file():
-            raise ValueError("the child filed no artifact")
-        if artifact.stat().st_size > MAX_ARTIFACT_BYTES:
-            raise ValueError(f"an artifact of more than {MAX_ARTIFACT_BYTES} bytes")
-        return artifact
+            return False
+        return True
 
 
 def _control_info(item: dict[str, Any]) -> CaseInfo:
