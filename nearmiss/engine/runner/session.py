@@ -318,14 +318,21 @@ class _Child:
         """Variables the child needs beyond the sandbox's own, given its home."""
         return {}
 
+    # A case's files live in cases/<key>/ of the child's home, which the child can write: the
+    # engine reaches them through ``home_files`` only, which follows no link planted there.
     def case_dir(self, raw: RawCase) -> Path:
         assert self.child is not None
         return make_folder(self.child.home, f"cases/{raw.info.key}")
 
     def put(self, source: Path, raw: RawCase, name: str) -> Path:
-        """Copy ``source`` into the case's folder in the child's home, following no link."""
+        """Copy ``source`` into the case's folder in the child's home."""
         assert self.child is not None
         return put(source, self.child.home, f"cases/{raw.info.key}/{name}")
+
+    def take(self, raw: RawCase, name: str, destination: Path) -> None:
+        """Move the artifact ``name`` the child filed in the case's folder to ``destination``."""
+        assert self.child is not None
+        take(self.child.home, f"cases/{raw.info.key}/{name}", destination, MAX_ARTIFACT_BYTES)
 
     def _copy_probes(self, raw: RawCase, probe_dirs: dict[int, Path]) -> list[dict[str, Any]]:
         probes = []
@@ -500,8 +507,7 @@ class _Executor(_Child):
             return
         assert self.child is not None
         assert plan.structure is not None  # judged only for a structure the kernel was lowered for
-        case_dir = self.case_dir(raw)
-        self.put(artifact, raw, target_artifact_file(plan.structure))
+        case_dir = self.put(artifact, raw, target_artifact_file(plan.structure)).parent
         try:
             self.child.send(
                 cmd="target",
@@ -646,23 +652,15 @@ class _CandidateRunner(_Child):
         try:
             if not self._artifact(raw, answer[0]):
                 return None, {}
-            assert self.child is not None
-            home, folder = self.child.home, f"cases/{raw.info.key}"
-            take(home, f"{folder}/{ARTIFACT_FILE}", keep, MAX_ARTIFACT_BYTES)
-            lowered = self._lowered(raw, answer[0], home, folder, lower_for, keep)
+            self.take(raw, ARTIFACT_FILE, keep)
+            lowered = self._lowered(raw, answer[0], lower_for, keep)
             return keep, lowered
         except Exception as exc:
             self.unusable(raw, exc)
             return None, {}
 
-    @staticmethod
     def _lowered(
-        raw: RawCase,
-        message: dict[str, Any],
-        home: Path,
-        folder: str,
-        lower_for: list[str],
-        keep: Path,
+        self, raw: RawCase, message: dict[str, Any], lower_for: list[str], keep: Path
     ) -> dict[str, Path]:
         said = message.get("lowered") or {}
         if not isinstance(said, dict):
@@ -676,7 +674,7 @@ class _CandidateRunner(_Child):
                 raw.lowered[chip] = {"ok": False, "error": str(answer.get("error", ""))[:500]}
                 continue
             moved[chip] = keep.with_name(f"{keep.stem}-{chip}.bin")
-            take(home, f"{folder}/{target_artifact_file(chip)}", moved[chip], MAX_ARTIFACT_BYTES)
+            self.take(raw, target_artifact_file(chip), moved[chip])
             raw.lowered[chip] = {"ok": True, "error": None}
         return moved
 
