@@ -440,3 +440,38 @@ def test_links_a_candidate_plants_in_its_home_are_never_followed_on_the_host(tmp
     assert "Traceback" not in result.stderr
     assert victim.read_text() == "keep me\n"
     assert list(folder.iterdir()) == []
+
+
+# A correct kernel that, at import, has the child it runs in file a case's outputs as a named pipe
+# instead of an npz. The engine opened that file by path: reading a pipe nobody writes to blocks
+# for ever, and the whole check with it.
+OUTPUTS_AS_A_PIPE = """
+import typing
+_importlib = typing.sys.modules["importlib"]
+_os = _importlib.import_module("os")
+_arrays = _importlib.import_module("nearmiss.engine.runner.arrays")
+_save = _arrays.save_arrays
+def _pipe_instead(path, *args, **kwargs):
+    if str(path).endswith("output.npz"):
+        if _os.path.lexists(path):
+            _os.unlink(path)
+        _os.mkfifo(path)
+        return None
+    return _save(path, *args, **kwargs)
+_arrays.save_arrays = _pipe_instead
+"""
+
+
+def test_outputs_a_candidate_files_as_a_pipe_are_refused_not_waited_on(tmp_path):
+    """Before: the check under TPU semantics never finished (the engine blocked on the pipe)."""
+    candidate = tmp_path / "pipe.py"
+    candidate.write_text(OUTPUTS_AS_A_PIPE + GOLDEN.read_text())
+    result = run_cli(
+        "check", SOFTMAX_SPEC, candidate, "--suite", "compact", "--target", "tpu-v5e",
+        "--integrity", "report", "--json", "--seed", "7", timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout)
+    assert not report["certified"]
+    assert "output.npz (not a regular file)" in result.stdout

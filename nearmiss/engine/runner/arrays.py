@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import ml_dtypes
 import numpy as np
@@ -62,9 +62,10 @@ def save_arrays(path: str | Path, arrays: list[np.ndarray], extra: dict | None =
         np.savez(handle, **payload)
 
 
-def load_arrays(path: str | Path) -> tuple[list[np.ndarray], dict]:
-    """Read a file written by save_arrays; never unpickles. NumPy parses each array's header
-    with ``ast.literal_eval``, so this holds ``AST_LOCK`` (see ``nearmiss.engine.inputs``)."""
+def load_arrays(path: str | Path | BinaryIO) -> tuple[list[np.ndarray], dict]:
+    """Read a file (or an open one) written by save_arrays; never unpickles. NumPy parses each
+    array's header with ``ast.literal_eval``, so this holds ``AST_LOCK`` (see
+    ``nearmiss.engine.inputs``)."""
     with AST_LOCK, np.load(path, allow_pickle=False) as data:
         meta = json.loads(bytes(data[_META_KEY]).decode())
         arrays = []

@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from nearmiss.engine.runner.home_files import write
+from nearmiss.engine.runner.home_files import remove, write
+from nearmiss.engine.runner.protocol import OUTPUT_FILE
 from nearmiss.engine.runner.sandbox import ChildFailure, ChildTimeout, Limits
-from nearmiss.engine.runner.screen_child import OUTPUT_FILE
 from nearmiss.engine.runner.session import RawCase, RawRun, _Child, _record_outputs
 
 SCREEN_MODULE = "nearmiss.engine.runner.screen_child"
@@ -66,8 +66,8 @@ class EditScreen(_Child):
         ran = [_fresh(raw) for raw in self.cases]
         try:
             dirs = [str(self.case_dir(raw)) for raw in ran]
-            for folder in dirs:  # never read the previous edit's outputs as this one's
-                (Path(folder) / OUTPUT_FILE).unlink(missing_ok=True)
+            for raw in ran:  # never read the previous edit's outputs as this one's
+                remove(self.child.home, f"cases/{raw.info.key}/{OUTPUT_FILE}")
             self.child.send(cmd="screen", index=index, path=str(path), cases=dirs, lines=lines)
             timeout = self.limits.import_timeout_s + self.limits.case_timeout_s * len(ran)
             message = self.child.receive(timeout)
@@ -82,8 +82,8 @@ class EditScreen(_Child):
             answers = message["cases"]
             if not isinstance(answers, list) or len(answers) != len(ran):
                 raise ValueError("one answer per case expected")
-            for raw, answer, folder in zip(ran, answers, dirs, strict=True):
-                _record_outputs(raw, answer, Path(folder))
+            for raw, answer in zip(ran, answers, strict=True):
+                _record_outputs(raw, answer, self)
         except ChildFailure as exc:
             for raw in ran:
                 if raw.outputs is None and raw.error is None:

@@ -22,6 +22,7 @@ from nearmiss.engine.runner.artifact import (
     read_artifact,
 )
 from nearmiss.engine.runner.child import describe_exception, start_child
+from nearmiss.engine.runner.protocol import OUTPUT_FILE
 
 
 def _audit(module, exported) -> tuple[dict | None, str]:
@@ -68,7 +69,7 @@ def run_probes(compiled, probes: list[dict]) -> list[int]:
             inputs, _ = load_arrays(probe_dir / "inputs.npz")
             output = jax.block_until_ready(compiled(*[jnp.asarray(a) for a in inputs]))
             leaves = jax.tree_util.tree_leaves(output)
-            save_arrays(probe_dir / "output.npz", [np.asarray(leaf) for leaf in leaves])
+            save_arrays(probe_dir / OUTPUT_FILE, [np.asarray(leaf) for leaf in leaves])
         except Exception:  # an unanswered probe is judged by the engine
             continue
         done.append(probe["input"])
@@ -139,7 +140,7 @@ def run_artifact(request: dict) -> dict:
         output = jax.block_until_ready(prepared.compiled(*args))
         result["run_s"] = time.perf_counter() - started
         leaves, treedef = jax.tree_util.tree_flatten(output)
-        save_arrays(case_dir / "output.npz", [np.asarray(leaf) for leaf in leaves])
+        save_arrays(case_dir / OUTPUT_FILE, [np.asarray(leaf) for leaf in leaves])
         result.update(ok=True, treedef=str(treedef))
         if request.get("profile_runs"):
             result.update(_profile(prepared, args, int(request["profile_runs"])))

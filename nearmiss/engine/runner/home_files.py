@@ -80,9 +80,10 @@ def write(home: Path, relative: str, data: bytes) -> Path:
     return home / relative
 
 
-def take(home: Path, relative: str, destination: Path, max_bytes: int) -> None:
-    """Move the child's regular file home/relative to the engine's ``destination`` (a copy, then
-    the child's removed). ValueError where it is missing, not a regular file, or too large."""
+@contextlib.contextmanager
+def opened(home: Path, relative: str, max_bytes: int) -> Iterator[BinaryIO]:
+    """The child's regular file home/relative, open for reading. ValueError where it is missing,
+    not a regular file, or larger than ``max_bytes``."""
     *folders, name = _parts(relative)
     try:
         fd = _folder(home, folders, create=False)
@@ -99,10 +100,31 @@ def take(home: Path, relative: str, destination: Path, max_bytes: int) -> None:
             if not stat.S_ISREG(info.st_mode):
                 raise ValueError(f"the child filed no {relative} (not a regular file)")
             if info.st_size > max_bytes:
-                raise ValueError(f"an artifact of more than {max_bytes} bytes")
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            with open(destination, "wb") as out:
-                shutil.copyfileobj(source, out)
-        os.unlink(name, dir_fd=fd)
+                raise ValueError(f"a file of more than {max_bytes} bytes: {relative}")
+            yield source
+    finally:
+        os.close(fd)
+
+
+def take(home: Path, relative: str, destination: Path, max_bytes: int) -> None:
+    """Move the child's regular file home/relative to the engine's ``destination`` (a copy, then
+    the child's removed). ValueError where it is missing, not a regular file, or too large."""
+    with opened(home, relative, max_bytes) as source:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        with open(destination, "wb") as out:
+            shutil.copyfileobj(source, out)
+    remove(home, relative)
+
+
+def remove(home: Path, relative: str) -> None:
+    """Remove home/relative if it is there (a link goes, its target stays untouched)."""
+    *folders, name = _parts(relative)
+    try:
+        fd = _folder(home, folders, create=False)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=fd)
     finally:
         os.close(fd)

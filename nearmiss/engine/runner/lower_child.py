@@ -13,6 +13,7 @@ import contextlib
 
 from nearmiss.engine.runner.candidate_child import load_case_inputs, serve
 from nearmiss.engine.runner.child import describe_exception
+from nearmiss.engine.runner.protocol import OUTPUT_FILE
 from nearmiss.engine.runner.traced_program import TracedProgram
 
 # Names of the platforms the agent sees → JAX's lowering platform names.
@@ -79,7 +80,7 @@ def run_lowering(kernel, request: dict) -> dict:
             result.update(ok=False, error=describe_exception(exc, phase))
             return result
         status, detail = "unavailable", f"{type(exc).__name__}: {message}"[:500]
-    save_arrays(case_dir / "output.npz", [], {"status": status, "detail": detail})
+    save_arrays(case_dir / OUTPUT_FILE, [], {"status": status, "detail": detail})
     result.update(ok=True, treedef="lowering")
     return result
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from nearmiss.engine.runner.candidate_child import Stages, load_case_inputs, serve
 from nearmiss.engine.runner.child import describe_exception
+from nearmiss.engine.runner.protocol import OUTPUT_FILE
 
 MAX_VALUES = 32  # arrays one probe may return
 
@@ -93,7 +94,7 @@ def run_probe(probe, request: dict) -> dict:
         request.get("expressions") or {}, _namespace(extra["names"], args)
     )
     save_arrays(
-        case_dir / "output.npz",
+        case_dir / OUTPUT_FILE,
         arrays + ref_arrays,
         {"names": names, "reference_names": ref_names, "reference_errors": ref_errors},
     )

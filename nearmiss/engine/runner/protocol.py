@@ -12,6 +12,7 @@ from typing import Any
 
 CHANNEL_ENV = "NEARMISS_CHANNEL_FDS"
 MAX_MESSAGE = 8 * 1024 * 1024  # a message is metadata only; arrays travel as files
+OUTPUT_FILE = "output.npz"  # where a child files a case's (or a probe's) outputs
 
 
 class ChannelClosed(EOFError):

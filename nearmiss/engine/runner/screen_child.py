@@ -23,8 +23,8 @@ from pathlib import Path
 
 from nearmiss.engine.runner.candidate_child import Stages, import_candidate
 from nearmiss.engine.runner.child import describe_exception, start_child
+from nearmiss.engine.runner.protocol import OUTPUT_FILE
 
-OUTPUT_FILE = "output.npz"  # where the executor files a case's outputs: one reader for both
 CLEAR_EVERY = 16  # edits between clearing JAX's caches: the child's memory stays flat
 
 

@@ -30,7 +30,8 @@ from nearmiss.engine.runner import spares, truth_cache
 from nearmiss.engine.runner.arrays import load_arrays
 from nearmiss.engine.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES, target_artifact_file
 from nearmiss.engine.runner.candidate_child import CANDIDATE_ENV
-from nearmiss.engine.runner.home_files import make_folder, put, take
+from nearmiss.engine.runner.home_files import make_folder, opened, put, take
+from nearmiss.engine.runner.protocol import OUTPUT_FILE
 from nearmiss.engine.runner.sandbox import (
     ChildDied,
     ChildFailure,
@@ -260,7 +261,7 @@ def _checked_geometry(value: Any) -> list[dict[str, Any]]:
     return value if ok else []
 
 
-def _record_integrity(raw: RawCase, message: dict[str, Any], case_dir: Path) -> None:
+def _record_integrity(raw: RawCase, message: dict[str, Any], child: _Child) -> None:
     """The integrity evidence of a successful case, each part checked before it is believed."""
     try:
         raw.audit = ArtifactAudit.model_validate(message.get("audit"))
@@ -277,7 +278,7 @@ def _record_integrity(raw: RawCase, message: dict[str, Any], case_dir: Path) -> 
         raise ValueError("probes_done is not a list of indices")
     for probe in raw.probes:
         if probe.input in done:
-            probe.outputs, _ = load_arrays(case_dir / f"probe-{probe.input}" / "output.npz")
+            probe.outputs, _ = child.load(raw, f"probe-{probe.input}/{OUTPUT_FILE}")
 
 
 # Forensics keeps a case's inputs only up to this many elements in all (a few MB).
@@ -329,6 +330,13 @@ class _Child:
         assert self.child is not None
         return put(source, self.child.home, f"cases/{raw.info.key}/{name}")
 
+    def load(self, raw: RawCase, name: str) -> tuple[list[np.ndarray], dict]:
+        """The arrays the child filed as ``name`` in the case's folder."""
+        assert self.child is not None
+        relative = f"cases/{raw.info.key}/{name}"
+        with opened(self.child.home, relative, MAX_ARTIFACT_BYTES) as source:
+            return load_arrays(source)
+
     def take(self, raw: RawCase, name: str, destination: Path) -> None:
         """Move the artifact ``name`` the child filed in the case's folder to ``destination``."""
         assert self.child is not None
@@ -371,13 +379,13 @@ class _Child:
             self.child = None
 
 
-def _record_outputs(raw: RawCase, message: dict[str, Any], case_dir: Path) -> None:
+def _record_outputs(raw: RawCase, message: dict[str, Any], child: _Child) -> None:
     """Outputs (or the error) of a run, as the executor — or a tool's child — filed them."""
     if message.get("ok"):
-        raw.outputs, raw.output_extra = load_arrays(case_dir / "output.npz")
+        raw.outputs, raw.output_extra = child.load(raw, OUTPUT_FILE)
         raw.output_tree = str(message["treedef"])
         if raw.audited:
-            _record_integrity(raw, message, case_dir)
+            _record_integrity(raw, message, child)
     else:
         error = message["error"]
         if error.get("phase") not in ("trace", "compile", "run"):
@@ -473,7 +481,7 @@ class _Executor(_Child):
             if profile_runs and raw.kernel_warm_s is None:
                 why = message.get("profile_error") or "no kernel time"
                 raw.kernel_profile_error = str(why)[:200]
-            _record_outputs(raw, message, case_dir)
+            _record_outputs(raw, message, self)
         except Exception as exc:
             self.unusable(raw, exc)
 
@@ -483,7 +491,7 @@ class _Executor(_Child):
         if raw.outputs is None or self._started():
             return
         assert self.child is not None
-        case_dir = self._stage(raw, artifact, inputs)
+        self._stage(raw, artifact, inputs)
         probes = self._copy_probes(raw, probe_dirs)
         try:
             self.child.send(cmd="probe", suite=raw.info.suite, name=raw.info.name, probes=probes)
@@ -493,8 +501,7 @@ class _Executor(_Child):
                 raise ValueError(f"unexpected message {message['event']!r}")
             for probe in raw.probes:
                 if probe.input in done:
-                    path = case_dir / f"probe-{probe.input}" / "output.npz"
-                    probe.outputs, _ = load_arrays(path)
+                    probe.outputs, _ = self.load(raw, f"probe-{probe.input}/{OUTPUT_FILE}")
         except (ChildFailure, ValueError, OSError, KeyError):
             self.stop()
 
@@ -619,7 +626,7 @@ class _CandidateRunner(_Child):
             return False
         return True
 
-    def _answer(self, raw: RawCase, **request: Any) -> tuple[dict[str, Any], Path] | None:
+    def _answer(self, raw: RawCase, **request: Any) -> dict[str, Any] | None:
         if not self._available(raw):
             return None
         case_dir = self.case_dir(raw)
@@ -636,7 +643,7 @@ class _CandidateRunner(_Child):
         except Exception as exc:
             self.unusable(raw, exc)
             return None
-        return message, case_dir
+        return message
 
     def export(
         self, raw: RawCase, avals: list[list[Any]], keep: Path, lower_for: list[str]
@@ -650,10 +657,10 @@ class _CandidateRunner(_Child):
         if answer is None:
             return None, {}
         try:
-            if not self._artifact(raw, answer[0]):
+            if not self._artifact(raw, answer):
                 return None, {}
             self.take(raw, ARTIFACT_FILE, keep)
-            lowered = self._lowered(raw, answer[0], lower_for, keep)
+            lowered = self._lowered(raw, answer, lower_for, keep)
             return keep, lowered
         except Exception as exc:
             self.unusable(raw, exc)
@@ -688,7 +695,7 @@ class _CandidateRunner(_Child):
         if answer is None:
             return
         try:
-            _record_outputs(raw, *answer)
+            _record_outputs(raw, answer, self)
         except Exception as exc:
             self.unusable(raw, exc)
 
@@ -717,7 +724,7 @@ class _CandidateRunner(_Child):
             if not message.get("ok"):
                 error = message.get("error")
                 return {"error": error if isinstance(error, dict) else {"message": str(error)}}
-            outputs, _ = load_arrays(case_dir / "output.npz")
+            outputs, _ = self.load(raw, OUTPUT_FILE)
             return {
                 "outputs": outputs,
                 "tree": str(message.get("treedef")),

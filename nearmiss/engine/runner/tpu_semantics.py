@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nearmiss.engine.runner.protocol import OUTPUT_FILE
+
 
 def run_under_tpu_semantics(programs, request: dict) -> dict:
     """Run the case of ``request["dir"]`` as the chip ``request["target"]`` would.
@@ -49,7 +51,7 @@ def run_under_tpu_semantics(programs, request: dict) -> dict:
         with lowering_for(target):  # the chip's facts (cores, generation) for the interpreter
             output = jax.block_until_ready(jax.jit(program)(*inputs))
         leaves, treedef = jax.tree_util.tree_flatten(output)
-        save_arrays(case_dir / "output.npz", [np.asarray(leaf) for leaf in leaves])
+        save_arrays(case_dir / OUTPUT_FILE, [np.asarray(leaf) for leaf in leaves])
         races = interpreter.races
         result.update(ok=True, treedef=str(treedef), races=bool(races and races.races_found))
     except Exception as exc:
