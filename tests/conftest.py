@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nearmiss.engine.runner import scratch
+from nearmiss.engine.runner import cgroups, scratch
 from nearmiss.engine.runner.compile_cache import CACHE_ENV
 from nearmiss.engine.targets.libtpu_env import prepare_environment
 
@@ -106,6 +106,13 @@ def pytest_sessionfinish(session) -> None:
     deadline = time.monotonic() + LEAK_GRACE_S  # a child exits soon after its engine
     while (left := scratch.orphaned_children(started)) and time.monotonic() < deadline:
         time.sleep(0.2)
+    try:
+        _report_leaks(session, left)
+    finally:
+        cgroups.remove_orphaned_groups()  # of engines the tests killed on purpose: empty now
+
+
+def _report_leaks(session, left: list[int]) -> None:
     if not left:
         return
     commands = []

@@ -25,7 +25,7 @@ import pytest
 from conftest import ROOT, SOFTMAX_SPEC, processes_under, run_cli
 from nearmiss.engine.check import check
 from nearmiss.engine.models import CheckReport
-from nearmiss.engine.runner import environment
+from nearmiss.engine.runner import cgroups, environment
 from nearmiss.engine.runner.candidate_child import CANDIDATE_ENV
 from nearmiss.engine.runner.compile_cache import reference_cache_dir
 from nearmiss.engine.runner.sandbox import Limits, SandboxChild
@@ -252,3 +252,46 @@ def test_the_sandbox_tmpfs_mounts_hold_no_hoard(tmp_path):
     written, error = got["tmp"].split(":")
     assert error == "ENOSPC" and int(written) <= environment.TMPFS_BYTES // 1024**2
     assert got["shm"].startswith("0:") and got["root"].startswith("0:")  # read-only
+
+
+# Limits the kernel holds each child to (``runner.cgroups``): each attack below answers
+# correctly, and each was certified before children ran in a cgroup of their own.
+
+
+@pytest.fixture
+def in_cgroups() -> None:
+    """These attacks are stopped by the children's cgroups: where the engine cannot make them
+    (no root, no delegation) the check says so in its isolation, and these tests cannot pass."""
+    assert cgroups.available() is None, cgroups.available()
+
+
+def own_groups() -> list[Path]:
+    """The cgroups this test process's engine has made and not removed."""
+    layout = cgroups._layout()
+    assert not isinstance(layout, str)
+    mine = f"{cgroups.PREFIX}{cgroups._pid_namespace()}-{os.getpid()}-*"
+    return [folder for parent in layout.parents for folder in parent.glob(mine)]
+
+
+def test_memory_no_process_maps_is_held_to_the_limit(in_cgroups, tmp_path):
+    report = run_attack(arm("memfd_hoard.py", tmp_path, mb=2560), memory_mb=2048)
+    assert not report.certified
+    assert "memory limit exceeded" in report.cases[0].diagnosis, report.cases[0].diagnosis
+    assert own_groups() == []
+
+
+def test_processes_a_candidate_leaves_behind_are_held_to_the_limit(in_cgroups, tmp_path):
+    armed = arm("fork_hog.py", tmp_path, hogs=3, mb=900, after_s=0.0)
+    report = run_attack(armed, memory_mb=2048)
+    assert not report.certified
+    assert any("memory limit exceeded" in case.diagnosis for case in report.cases), [
+        case.diagnosis for case in report.cases
+    ]
+    assert own_groups() == []
+
+
+def test_a_process_flood_stops_at_the_limit_and_fails_the_check(in_cgroups, tmp_path):
+    report = run_attack(arm("process_flood.py", tmp_path, processes=1200), max_tasks=256)
+    assert not report.certified
+    assert "process limit exceeded" in report.cases[0].diagnosis, report.cases[0].diagnosis
+    assert own_groups() == []

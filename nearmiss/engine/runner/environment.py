@@ -35,6 +35,7 @@ from pathlib import Path
 
 import nearmiss
 from nearmiss.engine.errors import UsageError
+from nearmiss.engine.runner import cgroups
 
 ALLOWED_NAMES = frozenset(
     {
@@ -459,9 +460,12 @@ def sandbox_for(trusted: bool) -> Bubblewrap | None:
 
 
 def isolation_level() -> str:
-    """What contains candidate code: 'bubblewrap+seccomp', 'bubblewrap', or 'none (unsafe)' when
-    the user opted out ('none' where no candidate could have run)."""
+    """What contains candidate code: 'bubblewrap+seccomp', 'bubblewrap', each with '+cgroups'
+    where the kernel holds every child to its limits, or 'none (unsafe)' when the user opted out
+    ('none' where no candidate could have run)."""
     if unsafe_requested():
         return "none (unsafe)"
     found = find_sandbox()
-    return found.level if isinstance(found, Bubblewrap) else "none"
+    if not isinstance(found, Bubblewrap):
+        return "none"
+    return found.level + ("+cgroups" if cgroups.available() is None else "")

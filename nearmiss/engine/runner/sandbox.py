@@ -3,10 +3,12 @@
 The child runs under bubblewrap (see ``environment``) in its own session, with its own directory
 as cwd/HOME/TMPDIR, a scrubbed environment, stdout/stderr to a log file, and a pair of pipes for
 messages. Killing the process group kills bwrap, and with it (``--die-with-parent``, PID
-namespace) everything inside the sandbox. ``receive`` enforces deadlines and a resident-memory
-ceiling (over bwrap's whole process tree); whatever the child does — hang, segfault,
-``os._exit``, allocate without end — surfaces here as ``ChildTimeout`` or ``ChildDied``, never
-as a crash of the caller.
+namespace) everything inside the sandbox. Where the engine may make cgroups (``cgroups``), each
+child runs in its own: the kernel holds it to its memory and process limits, and a kill empties
+the group. ``receive`` enforces deadlines, reports the kernel's enforcements, and watches
+resident memory over bwrap's whole process tree (all there is without cgroups); whatever the
+child does — hang, segfault, ``os._exit``, allocate or fork without end — surfaces here as
+``ChildTimeout`` or ``ChildDied``, never as a crash of the caller.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from nearmiss.engine.errors import UsageError
+from nearmiss.engine.runner import cgroups
 from nearmiss.engine.runner.child import ADDRESS_LIMIT_ENV, MEMORY_ENV
 from nearmiss.engine.runner.environment import (
     ENGINE_MOUNT,
@@ -55,6 +58,9 @@ class Limits:
     startup_timeout_s: float | None = None  # the candidate's import; default: derived as above
     memory_mb: int = 4096
     startup_allowance_s: float = 30.0
+    # Processes and threads in one child's cgroup: XLA starts a few threads per core, a fork
+    # bomb is stopped here (only where cgroups are available: see ``cgroups``).
+    max_tasks: int = 1024
 
     @property
     def import_timeout_s(self) -> float:
@@ -176,7 +182,7 @@ class SandboxChild:
         self._from_child_r, from_child_w = os.pipe()
         self._child_ends = [to_child_r, from_child_w]  # closed here once the child has them
         self._reader = LineReader(self._from_child_r)
-        self.peak_rss_mb = 0.0
+        self.group: cgroups.ChildGroup | None = None
         self._closed = False
         self.process: subprocess.Popen | None = None
         self._start(read_only, writable)
@@ -211,6 +217,12 @@ class SandboxChild:
                 devices=self.platform_hint != "cpu",
                 seccomp_fd=seccomp_fd,
             )
+        if cgroups.available() is None:
+            try:
+                self.group = cgroups.ChildGroup.create(self.limits.memory_mb, self.limits.max_tasks)
+                argv = self.group.command(argv)
+            except OSError as exc:  # say so: the kernel's limits were expected here
+                print(f"nearmiss: no cgroup for this child ({exc})", file=sys.stderr)
         try:
             self._log_fd = os.open(
                 self.log_path,
@@ -268,8 +280,15 @@ class SandboxChild:
             except ValueError as exc:  # an oversized message
                 self.kill()
                 raise ChildDied(str(exc), self.log_tail()) from exc
+            if self.group is not None:  # the kernel's count: exact, and enforced already
+                breaches = self.group.breaches()
+                if breaches:
+                    self.kill()
+                    raise ChildDied("; ".join(breaches), self.log_tail())
+                continue
+            # Without a group, the engine's own watch: it counts pages a fork shares twice,
+            # and sees only what is mapped, only now.
             rss = resident_mb(self.process.pid)
-            self.peak_rss_mb = max(self.peak_rss_mb, rss)
             if rss > self.limits.memory_mb:
                 self.kill()
                 raise ChildDied(
@@ -280,6 +299,9 @@ class SandboxChild:
     def _died(self) -> ChildDied:
         self._wait_exited(timeout_s=5)
         self.kill()
+        breaches = self.group.breaches() if self.group is not None else []
+        if breaches:  # the kernel killed it at a limit: say which
+            return ChildDied("; ".join(breaches), self.log_tail())
         code = self.process.returncode if self.process is not None else -9
         if self.sandbox is not None and 128 < code < 128 + signal.NSIG:
             code = 128 - code  # bwrap reports a child killed by signal N as status 128 + N
@@ -320,6 +342,8 @@ class SandboxChild:
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
             _wait_gone(tree[1:], timeout_s=5)
+        if self.group is not None:  # what left the tree (a double fork, a sandbox's init)
+            self.group.kill()
 
     def close(self) -> None:
         """Ask the child to exit, then make sure it has, and release the pipes. Once: a second
@@ -339,6 +363,8 @@ class SandboxChild:
         if self._log_fd is not None:
             os.close(self._log_fd)
             self._log_fd = None
+        if self.group is not None:
+            self.group.remove()
 
     def __enter__(self) -> SandboxChild:
         return self

@@ -13,7 +13,9 @@ names, other users' directories, directories of live processes.
 them: bwrap processes whose command line names such a directory (the sandbox's home), and
 unsandboxed children (``--unsafe-no-sandbox``) working in one. A child exits by itself once its
 engine is gone (``runner.child``), but a bwrap killed mid-way through setting up a sandbox has
-been seen to leave its inner half waiting for ever, with nobody to reap it.
+been seen to leave its inner half waiting for ever, with nobody to reap it. It also empties and
+removes the cgroups of dead engines (``runner.cgroups``), which hold whatever their children
+started, wherever it went.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import signal
 import tempfile
 import time
 from pathlib import Path
+
+from nearmiss.engine.runner import cgroups
 
 # The prefixes the engine's scratch directories have used (checkouts, candidate, reference and
 # sandbox runs): what an ownerless directory must be named to be swept once old.
@@ -167,4 +171,4 @@ def stop_orphaned_children() -> int:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
             killed += 1
-    return killed
+    return killed + cgroups.remove_orphaned_groups()

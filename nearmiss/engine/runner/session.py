@@ -540,6 +540,22 @@ class _Executor(_Child):
         self.ready = False
 
 
+def _held_to_limits(cases: list[RawCase], children: tuple[_Child, ...]) -> None:
+    """A limit the kernel enforced on a child after its last answer (a process the candidate
+    started that grew while the engine waited on another child) fails the run's cases too."""
+    for holder in children:
+        group = holder.child.group if holder.child is not None else None
+        breaches = group.breaches() if group is not None else []
+        if not breaches:
+            continue
+        for raw in cases:
+            if raw.failure is None:
+                raw.failure = "died"
+                child = holder.module.rsplit(".", 1)[-1]
+                raw.failure_detail = f"{'; '.join(breaches)} (in {child}, after its answers)"
+                raw.outputs = None
+
+
 class _CandidateRunner(_Child):
     """Keeps one candidate child alive across cases; replaces it after a timeout or crash.
 
@@ -1034,6 +1050,7 @@ def run_sandboxed(
                 executor.submit(partial(executor.probe, raw, artifact, inputs, probe_dirs))
         executor.finish()
         judge.finish()
+        _held_to_limits(cases, (runner, executor, judge))
         if key and execute and not feed.kept:
             feed.thread.join(timeout=30)  # "done" follows the last reference at once
             truth_cache.keep(key, feed.answer, workdir / "cases")

@@ -59,7 +59,7 @@ PREFIX = {EXECUTOR_MODULE: EXECUTOR_PREFIX, CANDIDATE_MODULE: CANDIDATE_PREFIX}
 CORES_PER_CHECK = 2
 
 _lock = threading.Lock()
-_spares: dict[tuple[str, int, str, str], list[SandboxChild]] = {}
+_spares: dict[tuple[str, int, int, str, str], list[SandboxChild]] = {}
 _enabled = False
 _running = 0  # checks in flight in this process (between check_began and refill_after)
 
@@ -94,11 +94,12 @@ def kept():
             disable()
 
 
-def _key(module: str, limits: Limits, platform: str) -> tuple[str, int, str, str]:
-    # What a child is started with (sandbox.SandboxChild): its module, memory limit, platform
-    # and (the spec's child) the compile cache bound in; the time limits are the engine's side
-    # and apply to whoever takes it.
-    return (module, limits.memory_mb, platform, str(reference_cache_dir() or ""))
+def _key(module: str, limits: Limits, platform: str) -> tuple[str, int, int, str, str]:
+    # What a child is started with (sandbox.SandboxChild): its module, memory and process
+    # limits, platform and (the spec's child) the compile cache bound in; the time limits are
+    # the engine's side and apply to whoever takes it.
+    cache = str(reference_cache_dir() or "")
+    return (module, limits.memory_mb, limits.max_tasks, platform, cache)
 
 
 def _start(module: str, limits: Limits, platform: str) -> SandboxChild:

@@ -190,6 +190,7 @@ def entry_key(
         "shown": request.get("shown"),
         "request": {name: request.get(name) for name in ANSWER_FIELDS},
         "memory_mb": limits.memory_mb,
+        "max_tasks": limits.max_tasks,
         "platform": platform,
         "installed": _installed(),
         "engine": _engine_source(),
