@@ -1,8 +1,9 @@
 """Start-up shared by the sandbox children (runs inside the child, before any spec or candidate).
 
 A child limits itself first thing, while only engine code has run: address space (on CPU, where
-XLA tolerates it), file size, core dumps. The engine also watches the child's resident memory
-from outside, which covers accelerator platforms and a candidate that raises its own limits.
+XLA tolerates it), file size, core dumps. The engine also holds the child to its memory limit
+from outside (its cgroup, or else a watch of its resident memory: ``sandbox``), which covers
+accelerator platforms and a candidate that raises its own limits.
 
 Then it makes sure an engine is still there to watch it. bwrap binds the sandbox's lifetime to
 the engine's (``--die-with-parent``) only once it has set the sandbox up, a few milliseconds

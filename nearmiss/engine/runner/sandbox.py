@@ -5,8 +5,8 @@ as cwd/HOME/TMPDIR, a scrubbed environment, stdout/stderr to a log file, and a p
 messages. Killing the process group kills bwrap, and with it (``--die-with-parent``, PID
 namespace) everything inside the sandbox. Where the engine may make cgroups (``cgroups``), each
 child runs in its own: the kernel holds it to its memory and process limits, and a kill empties
-the group. ``receive`` enforces deadlines, reports the kernel's enforcements, and watches
-resident memory over bwrap's whole process tree (all there is without cgroups); whatever the
+the group. ``receive`` enforces deadlines and reports the kernel's enforcements; without
+cgroups it watches resident memory over bwrap's whole process tree instead. Whatever the
 child does — hang, segfault, ``os._exit``, allocate or fork without end — surfaces here as
 ``ChildTimeout`` or ``ChildDied``, never as a crash of the caller.
 """
