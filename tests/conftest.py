@@ -17,6 +17,7 @@ import pytest
 
 from nearmiss.engine.runner import cgroups, scratch
 from nearmiss.engine.runner.compile_cache import CACHE_ENV
+from nearmiss.engine.runner.process_table import start_time
 from nearmiss.engine.targets.libtpu_env import prepare_environment
 
 # The tests' PostgreSQL clusters skip fsync (a machine crash is not what they test); a server
@@ -95,7 +96,7 @@ LEAK_GRACE_S = 15.0
 
 
 def pytest_sessionstart(session) -> None:
-    session.config.nearmiss_started = scratch._start_time(os.getpid()) or 0
+    session.config.nearmiss_started = start_time(os.getpid()) or 0
 
 
 @pytest.hookimpl(trylast=True)

@@ -295,3 +295,14 @@ def test_a_process_flood_stops_at_the_limit_and_fails_the_check(in_cgroups, tmp_
     assert not report.certified
     assert "process limit exceeded" in report.cases[0].diagnosis, report.cases[0].diagnosis
     assert own_groups() == []
+
+
+def test_a_home_nested_deeper_than_python_recurses_is_cleaned_up(tmp_path, monkeypatch):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    armed = arm("deep_home.py", tmp_path, depth=1500)
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    report = run_attack(armed)
+    assert report.certified, report.diagnosis  # nesting folders is no offence; leaving them is
+    assert processes_under(scratch) == []
+    assert list(scratch.iterdir()) == []

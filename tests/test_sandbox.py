@@ -475,3 +475,62 @@ def test_outputs_a_candidate_files_as_a_pipe_are_refused_not_waited_on(tmp_path)
     report = json.loads(result.stdout)
     assert not report["certified"]
     assert "output.npz (not a regular file)" in result.stdout
+
+
+# Reads a 1 GB-when-expanded arrays file (deflated zeros, 1 MB on disk, as a candidate's child can
+# file its outputs) and prints what happened and the reader's peak resident size in MB.
+LOAD_A_BOMB = """
+import resource, sys, zipfile, zlib
+import numpy as np
+from nearmiss.engine.runner.arrays import _META_KEY as META, load_arrays
+header = __import__("io").BytesIO()
+np.lib.format.write_array_header_1_0(
+    header, {"descr": "|u1", "fortran_order": False, "shape": (1 << 30,)}
+)
+meta = __import__("io").BytesIO()
+np.save(meta, np.frombuffer(b'{"dtypes": ["uint8"], "extra": {}}', dtype=np.uint8))
+with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as archive:
+    archive.writestr(f"{META}.npy", meta.getvalue())
+    with archive.open("a0.npy", "w", force_zip64=True) as member:
+        member.write(header.getvalue())
+        zeros = bytes(16 << 20)
+        for _ in range(64):
+            member.write(zeros)
+try:
+    load_arrays(sys.argv[1])
+    outcome = "loaded"
+except ValueError as exc:
+    outcome = f"refused: {exc}"
+print(outcome, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def test_a_compressed_arrays_file_is_refused_before_it_expands(tmp_path):
+    """Before: the reader allocated and filled the whole expanded array (peak over 1 GB)."""
+    result = subprocess.run(
+        [sys.executable, "-c", LOAD_A_BOMB, str(tmp_path / "output.npz")],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    outcome, peak_mb = result.stdout.rsplit(" ", 1)
+    assert outcome.startswith("refused: a compressed member"), outcome
+    assert int(peak_mb) < 512, peak_mb
+
+
+# A correct kernel whose import sends the engine a message nested deeper than Python's parser
+# recurses. The engine's reader raised RecursionError, which nothing caught: the check crashed.
+NESTED_MESSAGE = """
+import typing
+_os = typing.sys.modules["importlib"].import_module("os")
+_os.write(int(_os.environ["NEARMISS_CHANNEL_FDS"].split(",")[1]), b"[" * 200000 + b"\\n")
+"""
+
+
+def test_a_message_nested_too_deep_is_the_childs_failure_not_the_engines(tmp_path):
+    candidate = tmp_path / "nested.py"
+    candidate.write_text(NESTED_MESSAGE + GOLDEN.read_text())
+    code, report = check_json(
+        SOFTMAX_SPEC, candidate, "--suite", "compact", "--integrity", "report"
+    )
+    assert code == 1 and not report["certified"]
+    assert "nested too deeply" in report["cases"][0]["diagnosis"], report["cases"][0]["diagnosis"]

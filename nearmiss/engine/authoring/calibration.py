@@ -15,7 +15,6 @@ quantity a check compares with 1. Suggestions use one number for both atol and r
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 from typing import Literal, cast
 
@@ -26,7 +25,7 @@ from nearmiss.engine.errors import UsageError
 from nearmiss.engine.forensics.compare import tolerance_used as leaf_tolerance_used
 from nearmiss.engine.runner.arrays import float_eps, is_float, load_arrays
 from nearmiss.engine.runner.sandbox import ChildFailure, Limits
-from nearmiss.engine.runner.scratch import scratch_dir
+from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 from nearmiss.engine.runner.spec_sandbox import spec_request, start_spec_child
 
 # A tolerance should leave a correct kernel this much room over the reference's own noise.
@@ -263,7 +262,7 @@ def measure(spec: Path, suite: str, seed: int, limits: Limits | None = None) -> 
         if child is not None:
             child.kill()
             child.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir)
 
 
 def _case(message: dict) -> CaseNoise:

@@ -8,6 +8,7 @@ written by untrusted candidate code with ``allow_pickle=False``.
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -62,10 +63,38 @@ def save_arrays(path: str | Path, arrays: list[np.ndarray], extra: dict | None =
         np.savez(handle, **payload)
 
 
+def _checked_members(path: str | Path | BinaryIO) -> None:
+    """Refuse what would make the reader allocate more than the file holds (a child's file is
+    untrusted): a compressed member (save_arrays never writes one; a small deflated member can
+    expand to any size), or a header whose shape claims more bytes than its member has."""
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.infolist():
+            if member.compress_type != zipfile.ZIP_STORED:
+                raise ValueError(f"a compressed member in an arrays file: {member.filename}")
+            with archive.open(member) as stream:
+                version = np.lib.format.read_magic(stream)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
+                elif version == (2, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
+                else:  # numpy writes 3.0 only for non-latin-1 field names: never ours
+                    raise ValueError(f"an array file of format {version}: {member.filename}")
+                claimed = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                if claimed > member.file_size:
+                    raise ValueError(f"an array larger than its file: {member.filename}")
+    if not isinstance(path, (str, Path)):
+        path.seek(0)
+
+
 def load_arrays(path: str | Path | BinaryIO) -> tuple[list[np.ndarray], dict]:
-    """Read a file (or an open one) written by save_arrays; never unpickles. NumPy parses each
-    array's header with ``ast.literal_eval``, so this holds ``AST_LOCK`` (see
-    ``nearmiss.engine.inputs``)."""
+    """Read a file (or an open one) written by save_arrays; never unpickles, and never expands
+    a compressed member. NumPy parses each array's header with ``ast.literal_eval``, so this
+    holds ``AST_LOCK`` (see ``nearmiss.engine.inputs``)."""
+    with AST_LOCK:
+        try:
+            _checked_members(path)
+        except (zipfile.BadZipFile, EOFError) as exc:
+            raise ValueError(f"not an arrays file ({exc})") from exc
     with AST_LOCK, np.load(path, allow_pickle=False) as data:
         meta = json.loads(bytes(data[_META_KEY]).decode())
         arrays = []

@@ -34,13 +34,19 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from nearmiss.engine.runner.process_table import start_time
+
 CGROUP_ENV = "NEARMISS_CGROUP"  # a delegated cgroup v2 folder for the children's groups
 MOUNTS = Path("/proc/self/mountinfo")
 OWN_GROUPS = Path("/proc/self/cgroup")
-# Groups are named nearmiss-<pid namespace>-<engine pid>-<n>, so a sweep knows their owner, and
-# leaves alone the groups of engines in other containers (a hierarchy can be shared, pids not).
+# Groups are named nearmiss-<pid namespace>-<engine pid>-<its start time>-<n>, so a sweep knows
+# their owner (a reused pid is not mistaken for it) and leaves alone the groups of engines in
+# other containers (a hierarchy can be shared, pids not).
 PREFIX = "nearmiss-"
 _numbers = itertools.count()
+# How far below its limit a group's peak may stay and still count as having reached it: the
+# kernel charges in batches of 64 pages per CPU.
+LIMIT_SLACK = 8 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -158,15 +164,18 @@ class ChildGroup:
         layout = _layout()
         if isinstance(layout, str):
             raise OSError(layout)
-        name = f"{PREFIX}{_pid_namespace()}-{os.getpid()}-{next(_numbers)}"
+        pid = os.getpid()
+        name = f"{PREFIX}{_pid_namespace()}-{pid}-{start_time(pid) or 0}-{next(_numbers)}"
         group = cls(layout, tuple(parent / name for parent in layout.parents), memory_mb,
                     max_tasks)  # fmt: skip
+        made = []
         try:
             for folder in group.folders:
-                folder.mkdir()
+                folder.mkdir()  # never one that exists: it would not be this child's alone
+                made.append(folder)
             group._limit(memory_mb * 1024**2, max_tasks)
         except OSError:
-            group.remove()
+            cls(layout, tuple(made)).remove()
             raise
         return group
 
@@ -191,8 +200,9 @@ class ChildGroup:
         found = []
         memory, pids = self.folders[0], self.folders[-1]
         with contextlib.suppress(OSError, ValueError):
-            kills = _count((memory / self.layout.memory_events).read_text(), "oom_kill")
-            if kills:
+            events = (memory / self.layout.memory_events).read_text()
+            kills = _count(events, "oom_kill")
+            if kills and self._reached_its_limit(events):
                 found.append(
                     f"memory limit exceeded: the kernel stopped {kills} process(es) of it at "
                     f"{self.memory_mb} MB"
@@ -205,6 +215,15 @@ class ChildGroup:
                     "processes and threads"
                 )
         return found
+
+    def _reached_its_limit(self, events: str) -> bool:
+        """Whether the group's own limit was reached. The kernel counts an OOM kill on the
+        victim's group whoever ordered it: an ancestor's limit or the whole host running out
+        (another session's hoard, say) must not read as this child's breach."""
+        if self.layout.version == 2:
+            return _count(events, "oom") > 0  # OOMs this group's memory.max set off
+        peak = int((self.folders[0] / "memory.max_usage_in_bytes").read_text())
+        return peak >= self.memory_mb * 1024**2 - LIMIT_SLACK
 
     def members(self) -> list[int]:
         found: set[int] = set()
@@ -249,9 +268,10 @@ def _orphaned_groups(layout: _Layout) -> list[Path]:
     found = []
     for parent in layout.parents:
         with contextlib.suppress(OSError):
-            for folder in parent.glob(f"{PREFIX}{_pid_namespace()}-*-*"):
-                owner = folder.name.split("-")[2]
-                if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            for folder in parent.glob(f"{PREFIX}{_pid_namespace()}-*-*-*"):
+                owner, started = folder.name.split("-")[2:4]
+                numbers = owner.isdigit() and started.isdigit()
+                if numbers and start_time(int(owner)) != int(started):
                     found.append(folder)
     return found
 

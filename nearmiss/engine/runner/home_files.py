@@ -112,7 +112,12 @@ def take(home: Path, relative: str, destination: Path, max_bytes: int) -> None:
     with opened(home, relative, max_bytes) as source:
         destination.parent.mkdir(parents=True, exist_ok=True)
         with open(destination, "wb") as out:
-            shutil.copyfileobj(source, out)
+            copied = 0  # the child may still be writing to it: copy no more than allowed
+            while chunk := source.read(min(1 << 20, max_bytes + 1 - copied)):
+                out.write(chunk)
+                copied += len(chunk)
+                if copied > max_bytes:
+                    raise ValueError(f"a file of more than {max_bytes} bytes: {relative}")
     remove(home, relative)
 
 

@@ -31,7 +31,10 @@ class LineReader:
         if b"\n" not in self._buffer:
             return None
         line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
+        try:
+            return json.loads(line)
+        except RecursionError as exc:  # "[[[[…": a malformed message, not the reader's crash
+            raise ValueError("a message nested too deeply") from exc
 
     def feed(self) -> bool:
         """Read what is available (one read); False on end of file."""

@@ -16,12 +16,11 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from nearmiss.engine.runner.environment import (
     seccomp_memfd,
 )
 from nearmiss.engine.runner.protocol import CHANNEL_ENV, LineReader, write_message
+from nearmiss.engine.runner.scratch import remove_tree
 
 POLL_S = 0.05
 LOG_TAIL_BYTES = 256 * 1024  # enough for the last lines a failure quotes
@@ -58,9 +58,10 @@ class Limits:
     startup_timeout_s: float | None = None  # the candidate's import; default: derived as above
     memory_mb: int = 4096
     startup_allowance_s: float = 30.0
-    # Processes and threads in one child's cgroup: XLA starts a few threads per core, a fork
-    # bomb is stopped here (only where cgroups are available: see ``cgroups``).
-    max_tasks: int = 1024
+    # Processes and threads in one child's cgroup (only where cgroups are available: see
+    # ``cgroups``): a fork bomb stops here. XLA sizes its thread pools by the cores it sees, a
+    # few threads per core, so the default grows with them.
+    max_tasks: int = field(default_factory=lambda: max(1024, 16 * (os.cpu_count() or 1)))
 
     @property
     def import_timeout_s(self) -> float:
@@ -145,6 +146,17 @@ def resident_mb(pid: int) -> float:
     return total / 1024
 
 
+def _group_for(limits: Limits) -> cgroups.ChildGroup | None:
+    """The child's cgroup, where the engine makes them. Where it does and this one cannot be
+    made, the child does not run: its report would say the kernel held it to its limits."""
+    if cgroups.available() is not None:
+        return None
+    try:
+        return cgroups.ChildGroup.create(limits.memory_mb, limits.max_tasks)
+    except OSError as exc:
+        raise UsageError(f"the cgroup for a sandbox child could not be made: {exc}") from exc
+
+
 class SandboxChild:
     """One child process running ``python -m MODULE`` under the sandbox rules."""
 
@@ -168,9 +180,10 @@ class SandboxChild:
         self.extra_env = extra_env
         try:
             self.sandbox: Bubblewrap | None = sandbox_for(trusted=module in TRUSTED_MODULES)
+            self.group = _group_for(limits)
         except UsageError:
             # The home is this child's own; a refused child leaves nothing behind.
-            shutil.rmtree(home, ignore_errors=True)
+            remove_tree(home)
             raise
         home.mkdir(parents=True, exist_ok=True)
         self.log_path = home / "child.log"
@@ -182,7 +195,6 @@ class SandboxChild:
         self._from_child_r, from_child_w = os.pipe()
         self._child_ends = [to_child_r, from_child_w]  # closed here once the child has them
         self._reader = LineReader(self._from_child_r)
-        self.group: cgroups.ChildGroup | None = None
         self._closed = False
         self.process: subprocess.Popen | None = None
         self._start(read_only, writable)
@@ -217,12 +229,8 @@ class SandboxChild:
                 devices=self.platform_hint != "cpu",
                 seccomp_fd=seccomp_fd,
             )
-        if cgroups.available() is None:
-            try:
-                self.group = cgroups.ChildGroup.create(self.limits.memory_mb, self.limits.max_tasks)
-                argv = self.group.command(argv)
-            except OSError as exc:  # say so: the kernel's limits were expected here
-                print(f"nearmiss: no cgroup for this child ({exc})", file=sys.stderr)
+        if self.group is not None:
+            argv = self.group.command(argv)
         try:
             self._log_fd = os.open(
                 self.log_path,

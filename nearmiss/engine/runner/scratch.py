@@ -25,11 +25,13 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from nearmiss.engine.runner import cgroups
+from nearmiss.engine.runner.process_table import start_time
 
 # The prefixes the engine's scratch directories have used (checkouts, candidate, reference and
 # sandbox runs): what an ownerless directory must be named to be swept once old.
@@ -49,19 +51,9 @@ def _boot_id() -> str:
     return "0"
 
 
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (None: no such process, or no /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Fields after the command name (which may contain spaces and parentheses); starttime is 22nd.
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
 def _owner_tag() -> str:
     pid = os.getpid()
-    return f"p{pid}s{_start_time(pid) or 0}b{_boot_id()}-"
+    return f"p{pid}s{start_time(pid) or 0}b{_boot_id()}-"
 
 
 def scratch_dir(prefix: str) -> Path:
@@ -70,12 +62,23 @@ def scratch_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix + _owner_tag()))
 
 
+def remove_tree(path: str | Path) -> None:
+    """Remove a directory tree, whatever a sandbox child built in it. ``shutil.rmtree`` recurses
+    once per level (CPython 3.11), so a home a candidate nested a thousand folders deep raised
+    RecursionError past ``ignore_errors``, skipping the rest of a check's clean-up and stopping
+    every later worker start at its sweep; coreutils' ``rm`` walks any depth without recursing."""
+    with contextlib.suppress(RecursionError):
+        shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True)
+
+
 def _owner_alive(match: re.Match, boot: str) -> bool:
     if match["boot"] != boot:
         return False  # made before this machine last booted
     pid = int(match["pid"])
     if Path("/proc/self/stat").is_file():
-        return _start_time(pid) == int(match["start"])
+        return start_time(pid) == int(match["start"])
     try:  # no /proc: the pid alone must do (a reused pid keeps a directory, never the reverse)
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -110,7 +113,7 @@ def sweep_orphans(root: Path | None = None) -> int:
         else:
             orphan = bool(_OWNERLESS.match(entry.name)) and now - info.st_mtime > OWNERLESS_AGE_S
         if orphan:
-            shutil.rmtree(entry.path, ignore_errors=True)
+            remove_tree(entry.path)
             removed += not os.path.lexists(entry.path)
     return removed
 
@@ -158,7 +161,7 @@ def orphaned_children(started_since: int = 0) -> list[int]:
         owned = _scratch_owner(pid)
         if owned is None or _owner_alive(owned, boot):
             continue
-        if (_start_time(pid) or 0) >= started_since:
+        if (start_time(pid) or 0) >= started_since:
             found.append(pid)
     return found
 

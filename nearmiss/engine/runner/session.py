@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import queue
 import shutil
 import threading
@@ -39,7 +40,7 @@ from nearmiss.engine.runner.sandbox import (
     Limits,
     SandboxChild,
 )
-from nearmiss.engine.runner.scratch import scratch_dir
+from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 from nearmiss.engine.runner.spares import (
     CANDIDATE_MODULE,
     CANDIDATE_PREFIX,
@@ -335,7 +336,10 @@ class _Child:
         assert self.child is not None
         relative = f"cases/{raw.info.key}/{name}"
         with opened(self.child.home, relative, MAX_ARTIFACT_BYTES) as source:
-            return load_arrays(source)
+            data = source.read(MAX_ARTIFACT_BYTES + 1)  # the child may still be writing to it
+        if len(data) > MAX_ARTIFACT_BYTES:
+            raise ValueError(f"a file of more than {MAX_ARTIFACT_BYTES} bytes: {relative}")
+        return load_arrays(io.BytesIO(data))
 
     def take(self, raw: RawCase, name: str, destination: Path) -> None:
         """Move the artifact ``name`` the child filed in the case's folder to ``destination``."""
@@ -375,7 +379,7 @@ class _Child:
     def stop(self) -> None:
         if self.child is not None:
             self.child.close()
-            shutil.rmtree(self.child.home, ignore_errors=True)
+            remove_tree(self.child.home)
             self.child = None
 
 
@@ -899,7 +903,7 @@ def describe_spec(spec: Path, limits: Limits | None = None) -> dict[str, Any]:
         if child is not None:
             child.kill()
             child.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir)
 
 
 def run_sandboxed(
@@ -1119,7 +1123,7 @@ def run_sandboxed(
         if reference is not None:
             reference.kill()
             reference.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir)
         spares.refill_after(limits, platform)  # for the next check, if cores are free
 
 

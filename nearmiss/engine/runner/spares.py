@@ -36,14 +36,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import shutil
 import threading
 from pathlib import Path
 
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.runner.compile_cache import reference_cache_dir
 from nearmiss.engine.runner.sandbox import Limits, SandboxChild
-from nearmiss.engine.runner.scratch import scratch_dir
+from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 from nearmiss.engine.runner.spec_sandbox import REFERENCE_MODULE, REFERENCE_PREFIX, start_spec_child
 
 EXECUTOR_MODULE = "nearmiss.engine.runner.executor_child"
@@ -109,7 +108,7 @@ def _start(module: str, limits: Limits, platform: str) -> SandboxChild:
     try:
         return start_spec_child(workdir, limits, platform)
     except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir)
         raise
 
 
@@ -199,4 +198,4 @@ def close_all() -> None:
 
 def _discard(child: SandboxChild) -> None:
     child.close()
-    shutil.rmtree(root(child), ignore_errors=True)
+    remove_tree(root(child))

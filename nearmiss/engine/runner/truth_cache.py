@@ -67,6 +67,7 @@ from nearmiss.engine.runner.environment import (
     unsafe_requested,
 )
 from nearmiss.engine.runner.sandbox import Limits
+from nearmiss.engine.runner.scratch import remove_tree
 
 MAX_ENTRIES = 400
 MAX_BYTES = 1024**3
@@ -283,7 +284,7 @@ def keep(key: str, messages: list[dict[str, Any]], cases: Path) -> None:
         (staging / SIZE_FILE).write_text(str(_bytes_under(staging)))
         os.rename(staging, final)
     except (OSError, ValueError):  # a path outside ``cases`` (ValueError) is never kept
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
         return
     with contextlib.suppress(OSError):  # the cache removed meanwhile, say
         _evict(entries, final.name)
@@ -337,7 +338,7 @@ def replay(key: str, cases: Path) -> list[dict[str, Any]] | None:
         whole = None
     if not whole:
         for top in copied:
-            shutil.rmtree(cases / top, ignore_errors=True)
+            remove_tree(cases / top)
         if whole is False:
             _remove(entry)
         return None
@@ -380,7 +381,7 @@ def _remove(entry: Path) -> None:
         os.rename(entry, trash)
     except OSError:
         return  # gone already
-    shutil.rmtree(trash, ignore_errors=True)
+    remove_tree(trash)
 
 
 def _bytes_under(folder: Path) -> int:
@@ -405,7 +406,7 @@ def _evict(entries: Path, newest: str) -> None:
             used = path.stat().st_mtime
             if path.name.startswith("."):
                 if now - used > STALE_STAGING_S:
-                    shutil.rmtree(path, ignore_errors=True)
+                    remove_tree(path)
                 continue
             kept.append((used, _size(path), path))
         except OSError:  # removed meanwhile by another process
