@@ -281,7 +281,7 @@ def test_memory_no_process_maps_is_held_to_the_limit(in_cgroups, tmp_path):
 
 
 def test_processes_a_candidate_leaves_behind_are_held_to_the_limit(in_cgroups, tmp_path):
-    armed = arm("fork_hog.py", tmp_path, hogs=3, mb=900, after_s=0.0)
+    armed = arm("fork_hog.py", tmp_path, hogs=3, mb=900)
     report = run_attack(armed, memory_mb=2048)
     assert not report.certified
     assert any("memory limit exceeded" in case.diagnosis for case in report.cases), [

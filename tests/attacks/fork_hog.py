@@ -1,7 +1,8 @@
-"""Attack: leave processes behind that grow once the candidate child has answered — while the
-engine waits on its other children and watches none of this one — and answer correctly. Each
-stays under the address-space limit a child has; together they pass the memory limit. Before
-the cgroup per child this was certified with 3 GB held against a 2 GB limit."""
+"""Attack: start processes that each stay under a child's address-space limit but together pass
+its memory limit, then answer correctly once they have grown. Before the cgroup per child,
+processes like these that grew while the engine waited on another child (and so watched none of
+this one) were certified with 3 GB held against a 2 GB limit; these grow before the answer, so
+the test holds the kernel's limit in place without depending on when the engine looks."""
 
 import typing
 
@@ -12,23 +13,35 @@ from jax.experimental import pallas as pl
 load = typing.sys.modules["importlib"].import_module
 os = load("os")
 sys = load("sys")
-TARGETS = {}  # the test writes {"hogs": N, "mb": each one's size, "after_s": when} here
+time = load("time")
+TARGETS = {}  # the test writes {"hogs": N, "mb": each one's size} here
 GROW = """
-import time
-time.sleep({after_s})
 grown = [bytearray(16 * 1024 * 1024) for _ in range({mb} // 16)]
 for block in grown:
     block[::4096] = b"\\x01" * len(block[::4096])  # touch every page: resident
+open("grown-{index}", "w").close()
+import time
 time.sleep(3600)
 """
 
-for _ in range(TARGETS.get("hogs", 3)):
-    if os.fork() == 0:
+hogs = []
+for index in range(TARGETS.get("hogs", 3)):
+    pid = os.fork()
+    if pid == 0:
         try:  # a fresh interpreter: a fork of this one has JAX's address space already
-            code = GROW.format(after_s=TARGETS.get("after_s", 1.0), mb=TARGETS.get("mb", 512))
+            code = GROW.format(mb=TARGETS.get("mb", 512), index=index)
             os.execv(sys.executable, [sys.executable, "-c", code])
         finally:
             os._exit(0)
+    hogs.append(pid)
+
+# Answer only once every hog has grown or been stopped, so the check never outruns them.
+waiting, deadline = dict(enumerate(hogs)), time.monotonic() + 60
+while waiting and time.monotonic() < deadline:
+    for index, pid in list(waiting.items()):
+        if os.path.exists(f"grown-{index}") or os.waitpid(pid, os.WNOHANG)[0] == pid:
+            del waiting[index]
+    time.sleep(0.05)
 
 
 def kernel(x):
