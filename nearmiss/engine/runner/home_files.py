@@ -81,7 +81,7 @@ def write(home: Path, relative: str, data: bytes) -> Path:
 
 
 @contextlib.contextmanager
-def opened(home: Path, relative: str, max_bytes: int) -> Iterator[BinaryIO]:
+def _opened(home: Path, relative: str, max_bytes: int) -> Iterator[BinaryIO]:
     """The child's regular file home/relative, open for reading. ValueError where it is missing,
     not a regular file, or larger than ``max_bytes``."""
     *folders, name = _parts(relative)
@@ -106,18 +106,31 @@ def opened(home: Path, relative: str, max_bytes: int) -> Iterator[BinaryIO]:
         os.close(fd)
 
 
+def _chunks(home: Path, relative: str, max_bytes: int) -> Iterator[bytes]:
+    """The child's regular file home/relative, read in chunks, never more than ``max_bytes``:
+    the child may still be writing to it. ValueError where it is missing, not a regular file,
+    or too large."""
+    with _opened(home, relative, max_bytes) as source:
+        read = 0
+        while chunk := source.read(min(1 << 20, max_bytes + 1 - read)):
+            read += len(chunk)
+            if read > max_bytes:
+                raise ValueError(f"a file of more than {max_bytes} bytes: {relative}")
+            yield chunk
+
+
+def read(home: Path, relative: str, max_bytes: int) -> bytes:
+    """The content of the child's regular file home/relative (as ``_chunks``)."""
+    return b"".join(_chunks(home, relative, max_bytes))
+
+
 def take(home: Path, relative: str, destination: Path, max_bytes: int) -> None:
     """Move the child's regular file home/relative to the engine's ``destination`` (a copy, then
     the child's removed). ValueError where it is missing, not a regular file, or too large."""
-    with opened(home, relative, max_bytes) as source:
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        with open(destination, "wb") as out:
-            copied = 0  # the child may still be writing to it: copy no more than allowed
-            while chunk := source.read(min(1 << 20, max_bytes + 1 - copied)):
-                out.write(chunk)
-                copied += len(chunk)
-                if copied > max_bytes:
-                    raise ValueError(f"a file of more than {max_bytes} bytes: {relative}")
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with open(destination, "wb") as out:
+        for chunk in _chunks(home, relative, max_bytes):
+            out.write(chunk)
     remove(home, relative)
 
 

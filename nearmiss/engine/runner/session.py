@@ -31,7 +31,7 @@ from nearmiss.engine.runner import spares, truth_cache
 from nearmiss.engine.runner.arrays import load_arrays
 from nearmiss.engine.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES, target_artifact_file
 from nearmiss.engine.runner.candidate_child import CANDIDATE_ENV
-from nearmiss.engine.runner.home_files import make_folder, opened, put, take
+from nearmiss.engine.runner.home_files import make_folder, put, read, take
 from nearmiss.engine.runner.protocol import OUTPUT_FILE
 from nearmiss.engine.runner.sandbox import (
     ChildDied,
@@ -335,11 +335,7 @@ class _Child:
         """The arrays the child filed as ``name`` in the case's folder."""
         assert self.child is not None
         relative = f"cases/{raw.info.key}/{name}"
-        with opened(self.child.home, relative, MAX_ARTIFACT_BYTES) as source:
-            data = source.read(MAX_ARTIFACT_BYTES + 1)  # the child may still be writing to it
-        if len(data) > MAX_ARTIFACT_BYTES:
-            raise ValueError(f"a file of more than {MAX_ARTIFACT_BYTES} bytes: {relative}")
-        return load_arrays(io.BytesIO(data))
+        return load_arrays(io.BytesIO(read(self.child.home, relative, MAX_ARTIFACT_BYTES)))
 
     def take(self, raw: RawCase, name: str, destination: Path) -> None:
         """Move the artifact ``name`` the child filed in the case's folder to ``destination``."""
