@@ -9,6 +9,8 @@ use what the attack says only as proof that it ran.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import re
 import secrets
@@ -16,8 +18,11 @@ import select
 import shutil
 import socket
 import subprocess
+import sys
 import sysconfig
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -295,6 +300,98 @@ def test_a_process_flood_stops_at_the_limit_and_fails_the_check(in_cgroups, tmp_
     assert not report.certified
     assert "process limit exceeded" in report.cases[0].diagnosis, report.cases[0].diagnosis
     assert own_groups() == []
+
+
+VICTIM = """
+import time
+cpu, wall = time.process_time(), time.monotonic()
+while time.monotonic() - wall < {seconds}:
+    pass
+print((time.process_time() - cpu) / (time.monotonic() - wall))
+"""
+
+
+def cpu_share(seconds: float = 2.0) -> float:
+    """The share of one core a busy process outside every child's group gets now."""
+    code = VICTIM.format(seconds=seconds)
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(ran.stdout)
+
+
+def test_a_childs_busy_daemons_get_one_groups_share_of_the_cores(in_cgroups, tmp_path):
+    # Measured on two cores: another process got 0.05 of a core while 24 daemons ran before the
+    # cpu controller (every daemon counted as one process against it), 0.87 after.
+    assert cgroups.cpu_shared(), "no cpu controller to share the cores out by group"
+    hogs = 24
+    armed = arm("cpu_hogs.py", tmp_path, hogs=hogs, hold=10)
+    done: list[CheckReport] = []
+    checking = threading.Thread(target=lambda: done.append(run_attack(armed)))
+    checking.start()
+    try:
+        deadline, busy = time.monotonic() + 120, set()
+        while time.monotonic() < deadline and len(busy) <= hogs and checking.is_alive():
+            busy = {pid for group in own_groups() for pid in members(group)}
+            time.sleep(0.1)
+        assert len(busy) > hogs, "the daemons never started"
+        share = cpu_share()
+    finally:
+        checking.join(timeout=300)
+    assert share > 0.25, f"{hogs} daemons of one child left another process {share:.2f} of a core"
+    assert done and done[0].certified, done and done[0].diagnosis  # they break no limit
+    assert own_groups() == []
+    assert not [pid for pid in busy if alive(pid)], "daemons outlived the check"
+
+
+def engine_can_open_inotify_and_a_queue() -> list[str]:
+    """What the engine's user cannot open now, of an inotify instance and a message queue."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    refused = []
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        refused.append(f"inotify: {os.strerror(ctypes.get_errno())}")
+    else:
+        os.close(fd)
+    name = f"/nearmiss-test-{os.getpid()}".encode()
+    queue = libc.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, None)
+    if queue < 0:
+        refused.append(f"mqueue: {os.strerror(ctypes.get_errno())}")
+    else:
+        libc.mq_close(queue)
+        libc.mq_unlink(name)
+    return refused
+
+
+def test_a_child_cannot_take_the_engines_users_inotify_or_queues(tmp_path):
+    """Per-user kernel counts are charged to the user that made the sandbox's namespace: a
+    child holding them all locked the engine's user out until it died (before seccomp refused
+    the system calls, this test saw the engine refused both with EMFILE while the check ran on:
+    128 instances and 9 default-sized queues are a user's whole allowance here)."""
+    assert engine_can_open_inotify_and_a_queue() == []
+    armed = arm("kernel_count_hoard.py", tmp_path, hold=8)
+    done: list[CheckReport] = []
+    checking = threading.Thread(target=lambda: done.append(run_attack(armed)))
+    checking.start()
+    refused: list[str] = []
+    while checking.is_alive():
+        refused += engine_can_open_inotify_and_a_queue()
+        time.sleep(0.05)
+    checking.join()
+    assert refused == [], sorted(set(refused))
+    assert done and done[0].certified, done and done[0].diagnosis
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie left to the host's init to reap is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def members(group: Path) -> set[int]:
+    with contextlib.suppress(OSError):
+        return {int(pid) for pid in (group / "cgroup.procs").read_text().split()}
+    return set()
 
 
 def test_a_home_nested_deeper_than_python_recurses_is_cleaned_up(tmp_path, monkeypatch):

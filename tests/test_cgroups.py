@@ -105,7 +105,7 @@ def test_without_cgroups_the_check_says_so_and_the_engine_watches_memory(tmp_pat
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["certified"] and not report["isolation"].endswith("+cgroups")
+    assert report["certified"] and "+cgroups" not in report["isolation"]
     result = run_cli(
         "check", SOFTMAX_SPEC, PLANTED / "memory_bomb.py", "--suite", "compact", "--json",
         "--memory-mb", "1536", "--integrity", "report", "--seed", "7", env=env,
@@ -113,3 +113,39 @@ def test_without_cgroups_the_check_says_so_and_the_engine_watches_memory(tmp_pat
     assert result.returncode == 1, result.stderr
     diagnosis = json.loads(result.stdout)["cases"][0]["diagnosis"]
     assert "memory" in diagnosis.lower(), diagnosis
+
+
+def test_without_a_cpu_hierarchy_children_get_memory_and_process_limits_alone(
+    tmp_path, monkeypatch
+):
+    """The fair share of the cores is kept only where the cpu controller is mounted; its absence
+    costs the children nothing else, and the isolation says which applied."""
+    from nearmiss.engine.runner import environment
+
+    table = [
+        line
+        for line in cgroups.MOUNTS.read_text().splitlines()
+        if "cpu" not in line.split(" - ")[-1].split()[-1].split(",")
+    ]
+    (tmp_path / "mountinfo").write_text("\n".join(table) + "\n")
+    monkeypatch.setattr(cgroups, "MOUNTS", tmp_path / "mountinfo")
+    cgroups._layout.cache_clear()
+    try:
+        assert cgroups.available() is None and not cgroups.cpu_shared()
+        assert environment.isolation_level().endswith("+cgroups")
+        group = cgroups.ChildGroup.create(256, 64)
+        try:
+            assert len(group.folders) == 2  # memory and pids
+            sleeper = _sleeper_in(group)
+            while not group.members():
+                time.sleep(0.01)
+            joined = Path(f"/proc/{sleeper.pid}/cgroup").read_text()
+            assert group.folders[0].name in joined and "cpu:/nearmiss-" not in joined
+        finally:
+            group.remove()
+            sleeper.wait(timeout=10)
+        assert not any(folder.exists() for folder in group.folders)
+    finally:
+        monkeypatch.undo()
+        cgroups._layout.cache_clear()
+    assert cgroups.cpu_shared()  # the real table again: this machine has the cpu hierarchy

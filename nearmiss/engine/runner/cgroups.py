@@ -10,11 +10,17 @@ group that touched it and kills inside the group at the limit; ``pids`` refuses 
 the limit. Each breach is counted by the kernel (``oom_kill``, ``max`` events), and the engine
 treats any as the child exceeding its limits.
 
+The ``cpu`` controller, where there is one, shares the cores out between groups rather than
+between processes: a child that starts a hundred busy processes gets one group's share, not a
+hundred processes' worth, so its daemons cannot slow another session's children into their
+timeouts. No quota is set: a child alone on a worker still uses every core (XLA's thread pools).
+
 Where the groups go: cgroup v1 (a hierarchy per controller, as on these machines) under the
-engine's own group in the ``memory`` and ``pids`` hierarchies; cgroup v2 under the folder named
-by ``NEARMISS_CGROUP``, which must be delegated to the engine's user with ``memory`` and
-``pids`` in its ``cgroup.subtree_control`` (v2 lets no group both hold processes and share out
-controllers, so the engine's own group cannot serve). Creating them needs write access there:
+engine's own group in the ``memory``, ``pids`` and (where mounted) ``cpu`` hierarchies; cgroup
+v2 under the folder named by ``NEARMISS_CGROUP``, which must be delegated to the engine's user
+with ``memory`` and ``pids`` (and, for the fair share, ``cpu``) in its
+``cgroup.subtree_control`` (v2 lets no group both hold processes and share out controllers, so
+the engine's own group cannot serve). Creating them needs write access there:
 root, or a delegation. Where there is none the children run under the engine's watch only, and
 ``available()`` says why; the check reports which of the two held its limits.
 
@@ -54,10 +60,11 @@ class _Layout:
     """Where to make groups, and the names of the files that differ between v1 and v2."""
 
     version: int
-    parents: tuple[Path, ...]  # one folder per hierarchy the group needs
+    parents: tuple[Path, ...]  # one folder per hierarchy: memory's first, pids' last
     memory_limit: str
     swap_limit: str
     memory_events: str  # holds "oom_kill N"
+    cpu_shared: bool  # the cpu controller shares the cores between groups
 
 
 def _mount_points() -> dict[str, Path]:
@@ -68,7 +75,7 @@ def _mount_points() -> dict[str, Path]:
         separator = fields.index("-")
         kind, options = fields[separator + 1], fields[separator + 3].split(",")
         if kind == "cgroup":
-            for controller in ("memory", "pids"):
+            for controller in ("memory", "pids", "cpu"):
                 if controller in options:
                     points.setdefault(controller, Path(fields[4]))
         elif kind == "cgroup2":
@@ -112,7 +119,8 @@ def _layout() -> _Layout | str:
             return f"{CGROUP_ENV}={delegated} does not share out the memory and pids controllers"
         if not _writable(folder):
             return f"{CGROUP_ENV}={delegated} is not writable by this user"
-        return _Layout(2, (folder,), "memory.max", "memory.swap.max", "memory.events")
+        cpu_shared = "cpu" in enabled
+        return _Layout(2, (folder,), "memory.max", "memory.swap.max", "memory.events", cpu_shared)
     try:
         points, own = _mount_points(), _own_paths()
     except (OSError, ValueError, IndexError) as exc:
@@ -122,15 +130,24 @@ def _layout() -> _Layout | str:
             "no cgroup v1 memory and pids hierarchies here; on cgroup v2, "
             f"set {CGROUP_ENV} to a delegated folder"
         )
-    parents = tuple(
+    memory, pids = (
         points[controller] / own.get(controller, "/").lstrip("/")
         for controller in ("memory", "pids")
     )
-    unwritable = [str(parent) for parent in parents if not _writable(parent)]
+    unwritable = [str(parent) for parent in (memory, pids) if not _writable(parent)]
     if unwritable:
         return f"cannot create cgroups in {', '.join(unwritable)} (needs root or a delegation)"
+    # The fair share of the cores is kept where the cpu hierarchy is there to keep it.
+    cpu = points["cpu"] / own.get("cpu", "/").lstrip("/") if "cpu" in points else None
+    cpu_shared = cpu is not None and _writable(cpu)
+    parents = (memory, cpu, pids) if cpu is not None and cpu_shared else (memory, pids)
     return _Layout(
-        1, parents, "memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.oom_control"
+        1,
+        parents,
+        "memory.limit_in_bytes",
+        "memory.memsw.limit_in_bytes",
+        "memory.oom_control",
+        cpu_shared,
     )
 
 
@@ -138,6 +155,12 @@ def available() -> str | None:
     """None where children get a group each; otherwise why not (for the check's report)."""
     layout = _layout()
     return layout if isinstance(layout, str) else None
+
+
+def cpu_shared() -> bool:
+    """Whether each child's group also gets its own share of the cores (the cpu controller)."""
+    layout = _layout()
+    return not isinstance(layout, str) and layout.cpu_shared
 
 
 def _count(text: str, key: str) -> int:
@@ -154,7 +177,7 @@ class ChildGroup:
     def __init__(self, layout: _Layout, folders: tuple[Path, ...], memory_mb: int = 0,
                  max_tasks: int = 0) -> None:  # fmt: skip
         self.layout = layout
-        self.folders = folders  # [0] holds the memory controller, [-1] the pids one
+        self.folders = folders  # [0] holds the memory controller, [-1] the pids one (see _Layout)
         self.memory_mb = memory_mb
         self.max_tasks = max_tasks
 

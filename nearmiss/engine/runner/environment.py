@@ -130,7 +130,10 @@ DEVICE_PATTERNS = (
 CUDA_HOMES = ("/usr/local/cuda", "/opt/cuda")
 # Answered with EPERM inside the sandbox: debugging other processes, mounts and namespaces,
 # keyrings, bpf, perf, userfaultfd, kernel images and modules, other processes' memory, file
-# handles (the classic container escape), io_uring, clocks, swap, reboot, accounting.
+# handles (the classic container escape), io_uring, clocks, swap, reboot, accounting; and the
+# kernel objects counted per user and charged to the user that made the sandbox's namespace, the
+# engine's (inotify instances, POSIX message queues): a child holding them all locked the
+# engine's user out of them until it died. Neither Python, JAX nor XLA uses them.
 DENIED_SYSCALLS = (
     "ptrace",
     "mount",
@@ -174,6 +177,10 @@ DENIED_SYSCALLS = (
     "adjtimex",
     "syslog",
     "quotactl",
+    "inotify_init",
+    "inotify_init1",
+    "fanotify_init",
+    "mq_open",
 )
 # clone() flags that make namespaces: refused like unshare(). clone3() passes its flags in memory
 # a filter cannot read, so it answers ENOSYS and the C library falls back to clone().
@@ -461,11 +468,14 @@ def sandbox_for(trusted: bool) -> Bubblewrap | None:
 
 def isolation_level() -> str:
     """What contains candidate code: 'bubblewrap+seccomp', 'bubblewrap', each with '+cgroups'
-    where the kernel holds every child to its limits, or 'none (unsafe)' when the user opted out
-    ('none' where no candidate could have run)."""
+    where the kernel holds every child to its limits (and '+cpu' where each also gets its own
+    share of the cores), or 'none (unsafe)' when the user opted out ('none' where no candidate
+    could have run)."""
     if unsafe_requested():
         return "none (unsafe)"
     found = find_sandbox()
     if not isinstance(found, Bubblewrap):
         return "none"
-    return found.level + ("+cgroups" if cgroups.available() is None else "")
+    if cgroups.available() is not None:
+        return found.level
+    return found.level + "+cgroups" + ("+cpu" if cgroups.cpu_shared() else "")
