@@ -150,6 +150,8 @@ def test_a_forged_lowering_does_not_even_run_past_the_static_gate():
         ("target_backend_switch.py", MATMUL_SPEC, "tpu-v5e"),
         ("target_semantics_downgrade.py", CUMSUM_SPEC, "tpu-v5p"),
         ("target_semantics_downgrade_dma.py", DOUBLE_SPEC, "tpu-v5e"),
+        ("target_platform_dependent_tpu.py", MATMUL_SPEC, "tpu-v5e"),
+        ("target_platform_dependent_gpu.py", MATMUL_SPEC, "gpu"),
     ],
 )
 def test_a_kernel_that_asks_where_it_is_traced_is_refused(forgery, spec, target):
@@ -160,6 +162,27 @@ def test_a_kernel_that_asks_where_it_is_traced_is_refused(forgery, spec, target)
     report = check(spec, FORGERIES / forgery, "compact", 3, targets=(target,))
     assert not report.certified
     assert "config_tamper" in {v.rule for v in report.integrity.violations}
+
+
+PLATFORM_DEPENDENT = [
+    ("target_platform_dependent_tpu.py", "tpu-v5e"),
+    ("target_platform_dependent_gpu.py", "gpu"),
+]
+
+
+@pytest.mark.parametrize(("forgery", "target"), PLATFORM_DEPENDENT)
+def test_a_kernel_chosen_by_platform_at_lowering_is_refused_by_its_artifact(
+    no_static_gate, forgery, target
+):
+    # Certified before: the CPU runs got one branch of lax.platform_dependent, the chip's
+    # lowering (and the chip) the other. The artifact of a one-platform lowering keeps a
+    # single-branch case: the executor refuses it, so no case passes.
+    report = check(MATMUL_SPEC, FORGERIES / forgery, "compact", 3, targets=(target,))
+    assert not report.certified
+    assert report.cases and not any(c.passed for c in report.cases)
+    assert all("chose by platform" in (c.error.message if c.error else "") for c in report.cases), [
+        c.diagnosis for c in report.cases
+    ]
 
 
 def test_a_kernel_that_counts_its_traces_shows_every_artifact_the_same_kernel():

@@ -494,6 +494,26 @@ def custom_call_targets(module: Any) -> set[str]:
     return targets
 
 
+def platform_branches(module: Any) -> int:
+    """How many ``case`` ops have a single branch: what ``lax.platform_dependent`` leaves once
+    JAX has lowered it for one platform (the other platforms' branches are dropped there, and
+    an honest ``cond`` or ``switch`` has two or more). Each is code the check ran that another
+    platform would not: the chip's lowering of the same trace keeps another branch."""
+    walker = _Walker(module, count_kernels=True)
+    return sum(
+        1
+        for function in walker.functions.values()
+        for op in walker._all_ops(function, 0)
+        if _kind(op) == "stablehlo.case" and len(op.regions) == 1
+    )
+
+
+PLATFORM_BRANCH_REFUSAL = (
+    "the artifact holds {count} branch(es) JAX chose by platform when it lowered the kernel "
+    "(`lax.platform_dependent`): another platform is given other code than the one checked"
+)
+
+
 def parse_module(text: str) -> tuple[Any, Any]:
     """(module, context) from MLIR text; keep the context alive as long as the module is used."""
     from jax._src.interpreters import mlir

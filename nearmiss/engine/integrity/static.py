@@ -395,6 +395,9 @@ PLATFORM_NAMES = frozenset(
         "abstract_device",
         "get_tpu_info",
         "get_tpu_info_for_chip",
+        # Asks by staging a branch per platform: JAX's lowering keeps the one it lowers for.
+        "platform_dependent",
+        "platform_index",
         # JAX's kernels' own helpers for the same question (ops/tpu/megablox/common.py).
         "is_tpu",
         "tpu_kind",

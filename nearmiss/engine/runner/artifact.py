@@ -26,8 +26,10 @@ from nearmiss.engine.integrity.audit import (
     CALLBACK_TARGETS,
     KERNEL_LABEL,
     KERNEL_TARGETS,
+    PLATFORM_BRANCH_REFUSAL,
     RUNNABLE_TARGET_PREFIXES,
     custom_call_targets,
+    platform_branches,
 )
 
 ARTIFACT_FILE = "artifact.bin"
@@ -129,7 +131,11 @@ def check_signature(exported: Any, inputs: list[Any]) -> None:
 
 
 def refuse_unrunnable(module: Any) -> None:
-    """Refuse custom calls the executor cannot vouch for: host callbacks, unknown targets."""
+    """Refuse custom calls the executor cannot vouch for (host callbacks, unknown targets) and
+    code chosen by platform at lowering (run here, but not what a chip is given)."""
+    branches = platform_branches(module)
+    if branches:
+        raise ArtifactRejected(PLATFORM_BRANCH_REFUSAL.format(count=branches))
     for target in sorted(custom_call_targets(module)):
         if target in CALLBACK_TARGETS:
             raise ArtifactRejected(f"the artifact calls back into the host (`{target}`)")

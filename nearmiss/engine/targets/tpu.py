@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import nearmiss
+from nearmiss.engine.integrity.audit import PLATFORM_BRANCH_REFUSAL, parse_module, platform_branches
 from nearmiss.engine.targets.errors import exception_text, kernel_sites, trim_error
 from nearmiss.engine.targets.registry import TPU, Target, get_target
 from nearmiss.engine.targets.vmem import vmem_use
@@ -265,6 +266,13 @@ def compile_tpu_artifact(data: bytes, target: str, candidate: str | None = None)
     result["kernels"] = len(sites)
     if not sites:
         return _refused(result, f"the artifact holds no Mosaic kernel ({MOSAIC_TARGET})")
+    try:
+        parsed, _context = parse_module(module)
+        branches = platform_branches(parsed)
+    except Exception as exc:  # AuditError, or a module MLIR cannot parse
+        return _refused(result, f"the artifact cannot be read: {type(exc).__name__}: {exc}"[:200])
+    if branches:
+        return _refused(result, PLATFORM_BRANCH_REFUSAL.format(count=branches))
     sharding = jax.sharding.SingleDeviceSharding(compile_only_device(result["target"]))
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in exported.in_avals]
     start = time.perf_counter()
