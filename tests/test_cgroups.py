@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import PLANTED, ROOT, SOFTMAX_SPEC, run_cli
+from nearmiss.engine.check import check
 from nearmiss.engine.runner import cgroups
-from nearmiss.engine.runner.sandbox import _running
+from nearmiss.engine.runner.sandbox import Limits, _running
 
 GOLDEN = SOFTMAX_SPEC.parent / "golden.py"
 
@@ -34,7 +35,9 @@ def _sleeper_in(group: cgroups.ChildGroup) -> subprocess.Popen:
 # worker killed outright). It prints the group's folders.
 DYING_ENGINE = """
 import json, subprocess
+from nearmiss.engine.check import check
 from nearmiss.engine.runner import cgroups
+from nearmiss.engine.runner.sandbox import Limits
 group = cgroups.ChildGroup.create(256, 64)
 sleeper = subprocess.Popen(
     group.command(["sleep", "300"]), start_new_session=True, stdout=subprocess.DEVNULL,
@@ -149,3 +152,15 @@ def test_without_a_cpu_hierarchy_children_get_memory_and_process_limits_alone(
         monkeypatch.undo()
         cgroups._layout.cache_clear()
     assert cgroups.cpu_shared()  # the real table again: this machine has the cpu hierarchy
+
+
+def test_a_small_memory_limit_binds_memory_not_the_address_space():
+    """Where a group holds the memory, the children get no address-space limit: it counted
+    what XLA reserves (threads' stacks, arenas), not what it uses, and aborted the spec's child
+    of a golden below about 2 GB (SIGABRT at 1,024 MB). A bomb is still stopped at the limit."""
+    report = check(SOFTMAX_SPEC, GOLDEN, "compact", 7, Limits(memory_mb=768))
+    assert report.certified, report.diagnosis
+    bomb = PLANTED / "memory_bomb.py"
+    report = check(SOFTMAX_SPEC, bomb, "compact", 7, Limits(memory_mb=768), integrity="report")
+    assert not report.certified
+    assert "memory limit exceeded" in report.cases[0].diagnosis, report.cases[0].diagnosis

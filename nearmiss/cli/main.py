@@ -68,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-mb",
         type=positive(int),
         default=Limits.memory_mb,
-        help="memory limit of candidate code (default %(default)s)",
+        help="memory limit of each child that runs candidate or spec code (default "
+        "%(default)s); held by a cgroup per child where the engine can make them (root, or "
+        "NEARMISS_CGROUP), else by an address-space limit, under which JAX needs about 2048",
     )
     add_target_option(check_cmd)
     check_cmd.add_argument(

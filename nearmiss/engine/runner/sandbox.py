@@ -204,8 +204,12 @@ class SandboxChild:
         env = child_environment(self.home, extra=self.extra_env, engine_path=engine)
         env[CHANNEL_ENV] = ",".join(map(str, self._child_ends))
         env[MEMORY_ENV] = str(self.limits.memory_mb)
-        # XLA on CPU works under an address-space limit; CUDA reserves huge virtual ranges.
-        env[ADDRESS_LIMIT_ENV] = "1" if self.platform_hint == "cpu" else "0"
+        # Without a cgroup, an address-space limit stands in for one on CPU (CUDA reserves huge
+        # virtual ranges). A group counts the memory itself: an address-space limit there only
+        # counts what XLA reserves (threads' stacks, arenas) and aborted even the spec's child
+        # of a golden below about 2 GB.
+        address_limit = self.platform_hint == "cpu" and self.group is None
+        env[ADDRESS_LIMIT_ENV] = "1" if address_limit else "0"
         if self.platform_hint == "cpu":
             # Only the CPU backend: JAX would otherwise also start every accelerator plugin it
             # finds (libtpu, installed for compile-only TPU targets, aborts in the sandbox and
