@@ -24,6 +24,7 @@ from nearmiss.engine.check import check
 FORGERIES = Path(__file__).resolve().parent / "forgeries"
 DOUBLE_SPEC = PLANTED / "tpu_spec" / "spec.py"
 CUMSUM_SPEC = OPS / "cumsum_rows" / "spec.py"
+COL_SUM_SPEC = OPS / "col_sum" / "spec.py"
 SHIFT_SPEC = FORGERIES / "target_shift_spec.py"
 
 
@@ -275,3 +276,31 @@ def test_state_carried_in_scratch_across_gpu_programs_is_not_certified_for_gpu()
     assert right_in_program_order(report)
     assert not report.certified and not gpu.ok
     assert any("scratch" in reason for reason in gpu.undetermined), gpu
+
+
+class CertifiedWhileWrongOnTheChip(AssertionError):
+    """The one failure the open holes below are expected to show: any other fails the run."""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=CertifiedWhileWrongOnTheChip,
+    reason="OPEN: every run the check makes fills padding and fresh buffers with NaN, and "
+    "computes float32 dots in full precision; a TPU does neither (see each file's docstring)",
+)
+@pytest.mark.parametrize(
+    ("forgery", "spec"),
+    [
+        ("open_nan_padding_mask.py", COL_SUM_SPEC),
+        ("open_nan_scratch_carry.py", CUMSUM_SPEC),
+        ("open_default_precision_dot.py", CUMSUM_SPEC),
+    ],
+)
+def test_open_a_kernel_right_only_on_interpret_modes_memory_and_arithmetic(forgery, spec):
+    # Each is wrong on a TPU and was certified for tpu-v5e when found: this fails (an expected
+    # failure) while the hole is open, and passes, failing the run, once it is closed: then
+    # take the mark off and the word OPEN out of the file.
+    report = check(spec, FORGERIES / forgery, "all", 1, targets=("interpret", "tpu-v5e"))
+    assert report.integrity.ok and all(c.passed for c in report.cases)  # right in emulation
+    if report.certified:
+        raise CertifiedWhileWrongOnTheChip("certified for tpu-v5e while wrong on a TPU")
