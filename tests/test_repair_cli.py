@@ -20,6 +20,11 @@ def test_repair_with_a_model_certifies_writes_the_fix_and_prints_json(
 ):
     candidate = tmp_path / "floor_grid.py"
     candidate.write_text((SOFTMAX / "variants" / "floor_grid.py").read_text())
+    # The candidate's author planted a link where the fix is written by default: before, the
+    # repair wrote the certified kernel through it, over any file the user could write.
+    victim = tmp_path / "authorized_keys"
+    victim.write_text("ssh-ed25519 AAAA the user's own key\n")
+    (tmp_path / "floor_grid.fixed.py").symlink_to(victim)
     fix = (
         "Round the grid up.\n"
         "<<<<<<< SEARCH\n        grid=(rows // BLOCK_R,),\n=======\n"
@@ -46,6 +51,7 @@ def test_repair_with_a_model_certifies_writes_the_fix_and_prints_json(
     assert report["fixed_path"] == str(fixed)
     assert "pl.cdiv(rows, BLOCK_R)" in fixed.read_text()
     assert "+        grid=(pl.cdiv(rows, BLOCK_R),)," in report["diff"]
+    assert not fixed.is_symlink() and victim.read_text() == "ssh-ed25519 AAAA the user's own key\n"
 
 
 def test_a_repair_blocked_by_the_integrity_gate_says_so(temporal_address, postgres_dsn, tmp_path):

@@ -15,8 +15,10 @@ import gc
 import importlib.metadata
 import json
 import logging
+import os
 import signal
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -375,11 +377,31 @@ async def repair(
             _say(f"repair session {handle.id} ({model}) on {candidate}")
         result = await _follow(handle, quiet=as_json)
         final = (await store.get_blob(result.final_hash)).decode()
-    return _report(result, candidate, final, out, as_json)
+        # The text the session repaired, as stored: the file may have changed since.
+        original = (await store.get_blob(result.original_hash)).decode()
+    return _report(result, candidate, original, final, out, as_json)
 
 
-def _report(result: RepairResult, candidate: Path, final: str, out, as_json: bool) -> int:
-    original = read_source("candidate", candidate)
+def write_replacing(path: Path, text: str) -> None:
+    """Write ``text`` as a new file at ``path``, replacing whatever has the name (a link
+    included) and never writing through it: the fixed kernel's default place is next to the
+    candidate, in a folder its author may control, where a link named ``k.fixed.py`` had the
+    repair overwrite any file the user can write with the certified text."""
+    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(text)
+        os.chmod(name, 0o644)
+        os.replace(name, path)  # renames over the link itself, never into its target
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise
+
+
+def _report(
+    result: RepairResult, candidate: Path, original: str, final: str, out, as_json: bool
+) -> int:
     diff = "".join(
         difflib.unified_diff(
             original.splitlines(keepends=True),
@@ -391,7 +413,7 @@ def _report(result: RepairResult, candidate: Path, final: str, out, as_json: boo
     written = None
     if result.certified and diff:
         written = out or candidate.with_name(f"{candidate.stem}.fixed.py")
-        written.write_text(final)
+        write_replacing(written, final)
     if as_json:
         print(
             json.dumps(
