@@ -229,9 +229,15 @@ class EventLog(abc.ABC):
         # A scratch directory names its owner: if this worker is killed, the next one sweeps it.
         tmp = scratch_dir(f"nearmiss-{purpose}-")
         try:
-            spec_path, candidate_path = tmp / "spec.py", tmp / candidate_name
-            spec_path.write_bytes(spec)
-            candidate_path.write_bytes(source)
+            if Path(candidate_name).name != candidate_name or candidate_name in ("", ".", ".."):
+                raise ValueError(f"not a file name: {candidate_name!r}")
+            # Each in a folder of its own: a candidate named spec.py, next to the spec, was
+            # written over it, and every check of its repair judged it by a spec it wrote.
+            spec_path = tmp / "spec" / "spec.py"
+            candidate_path = tmp / "candidate" / candidate_name
+            for path, content in ((spec_path, spec), (candidate_path, source)):
+                path.parent.mkdir()
+                path.write_bytes(content)
             yield spec_path, candidate_path
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

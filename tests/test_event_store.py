@@ -114,10 +114,22 @@ def test_unknown_event_types_are_refused():
 async def test_a_checkout_lives_in_a_scratch_directory_that_names_its_owner_and_goes(log):
     spec, candidate = await log.put_blob(b"SPEC = 1\n"), await log.put_blob(b"k = 2\n")
     async with log.checkout(spec, candidate, "kernel.py", "check") as (spec_path, cand_path):
-        folder = spec_path.parent
-        assert cand_path.read_text() == "k = 2\n" and cand_path.parent == folder
+        folder = spec_path.parent.parent
+        assert cand_path.read_text() == "k = 2\n" and cand_path.parent.parent == folder
         assert folder.name.startswith(f"nearmiss-check-p{os.getpid()}s")
     assert not folder.exists()
+
+
+async def test_a_candidate_named_like_the_spec_is_checked_against_the_spec(log):
+    # Before, a candidate named spec.py was written over the spec in the same folder: every
+    # check of its repair then judged it by the SPEC it defined itself.
+    spec, candidate = await log.put_blob(b"SPEC = 1\n"), await log.put_blob(b"SPEC = 'mine'\n")
+    async with log.checkout(spec, candidate, "spec.py", "check") as (spec_path, cand_path):
+        assert spec_path.read_text() == "SPEC = 1\n"
+        assert cand_path.read_text() == "SPEC = 'mine'\n" and cand_path.name == "spec.py"
+    with pytest.raises(ValueError, match="not a file name"):
+        async with log.checkout(spec, candidate, "../spec.py", "check"):
+            pass
 
 
 async def test_the_database_going_away_is_the_infrastructure_and_a_bug_is_not(postgres_cluster):
