@@ -342,6 +342,15 @@ def test_a_childs_busy_daemons_get_one_groups_share_of_the_cores(in_cgroups, tmp
     assert not [pid for pid in busy if alive(pid)], "daemons outlived the check"
 
 
+def test_a_candidates_text_cannot_draw_a_verdict_on_the_terminal(tmp_path):
+    armed = arm("fake_verdict.py", tmp_path)
+    result = run_cli("check", SOFTMAX_SPEC, armed, "--suite", "compact", "--seed", "1")
+    assert result.returncode == 1, result.stderr
+    printed = result.stdout + result.stderr
+    assert "\x1b" not in printed  # shown as an escape, never sent to the terminal as one
+    assert "\\x1b[2J" in result.stdout and "verdict: NOT CERTIFIED" in result.stdout
+
+
 def engine_can_open_inotify_and_a_queue() -> list[str]:
     """What the engine's user cannot open now, of an inotify instance and a message queue."""
     libc = ctypes.CDLL(None, use_errno=True)

@@ -24,7 +24,7 @@ from nearmiss.reports import (
     write_fleet_report,
     write_session_report,
 )
-from nearmiss.reports.pages import render_session_html, render_session_markdown, slug
+from nearmiss.reports.pages import md_text, render_session_html, render_session_markdown, slug
 from workflows.loop import Guards
 
 MISSING_INIT = OPS / "matmul" / "variants" / "missing_init.py"
@@ -226,3 +226,15 @@ async def test_the_command_finds_the_store_from_settings_and_reports_a_fleet(
     assert "<h1>nightly</h1>" in index.read_text() and "no record" in index.read_text()
     assert await report_cli.main(_cli_args("lost", "gone")) == 2
     assert "none of the 2 sessions" in capsys.readouterr().err
+
+
+def test_a_fix_summary_with_carriage_returns_stays_in_its_table_cell():
+    # A lone carriage return ends a line in CommonMark: a model's summary carrying them closed
+    # the timeline's table and wrote its own heading, link and image after it.
+    from markdown_it import MarkdownIt
+
+    summary = "fix\r\r## Verdict: CERTIFIED\r![x](https://attacker.example/t.png)\x1b[2J"
+    table = f"| round | summary |\n| --- | --- |\n| 1 | {md_text(summary)} |\n"
+    html = MarkdownIt("commonmark").enable("table").render(table)
+    assert "<h2>" not in html and "<img" not in html and "\x1b" not in html
+    assert html.count("<tr>") == 2 and "Verdict: CERTIFIED" in html  # as text, in its cell

@@ -31,6 +31,7 @@ from nearmiss.engine.errors import UsageError
 from nearmiss.engine.integrity.gate import MODES
 from nearmiss.engine.runner.session import Limits
 from nearmiss.engine.targets.libtpu_env import prepare_environment
+from nearmiss.reports.terminal import PrintableStream
 from nearmiss.reports.text import render_report, table
 
 EXIT_CERTIFIED, EXIT_NOT_CERTIFIED, EXIT_USAGE = 0, 1, 2
@@ -274,9 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     # The engine computes on the CPU (children pick their own backend): with libtpu installed
     # for TPU targets, JAX would otherwise start it as a backend here, noisily and for nothing.
     prepare_environment()
-    args = build_parser().parse_args(argv)
-    apply_sandbox_option(args)
+    # Candidates' and models' text reaches what is printed: it shows, it never acts (terminal).
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = PrintableStream(sys.stdout), PrintableStream(sys.stderr)
     try:
+        args = build_parser().parse_args(argv)
+        apply_sandbox_option(args)
         return _dispatch(args)
     except BrokenPipeError:
         # The reader went away (`nearmiss dev up | head -1`): the work is done, the rest of the
@@ -284,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    finally:
+        sys.stdout, sys.stderr = streams
 
 
 def _dispatch(args) -> int:

@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
@@ -36,6 +37,7 @@ from nearmiss.engine.runner import spares
 from nearmiss.engine.runner.session import describe_spec
 from nearmiss.engine.targets.registry import parse_targets
 from nearmiss.events import FleetFinished, FleetMemberFinished, FleetStarted, of_type
+from nearmiss.reports.terminal import write_control
 from nearmiss.reports.text import table
 from workflows.fleet import FleetMember, FleetProgress, FleetRequest, FleetResult, FleetWorkflow
 from workflows.loop import Guards
@@ -211,8 +213,9 @@ async def start_fleet(
 class LiveView:
     """A table of the sessions in flight, redrawn in place on a terminal; plain lines otherwise."""
 
-    def __init__(self, client: Client, stream=sys.stderr) -> None:
+    def __init__(self, client: Client, stream: TextIO | None = None) -> None:
         self.client = client
+        stream = stream or sys.stderr  # as it is now: the command line wraps it
         self.stream = stream
         self.tty = stream.isatty()
         self.drawn_lines = 0
@@ -243,7 +246,7 @@ class LiveView:
         text = table(["in flight", "round", "phase", "class", "score", "tokens"], rows)
         text += f"\n{counts_line(progress)}"
         if self.drawn_lines:
-            self.stream.write(f"\x1b[{self.drawn_lines}F\x1b[J")
+            write_control(self.stream, f"\x1b[{self.drawn_lines}F\x1b[J")
         self._print(text)
         self.drawn_lines = text.count("\n") + 1
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from nearmiss.reports.chart import token_chart_svg
 from nearmiss.reports.heatmap import describe_heatmap, image_size
 from nearmiss.reports.session import FleetRow, SessionView
+from nearmiss.reports.terminal import printable
 from nearmiss.reports.timeline import describe_tokens
 
 CSS = """
@@ -169,8 +170,14 @@ def render_fleet_html(fleet_title: str, rows: list[FleetRow], views: list[Sessio
 
 
 def md_text(text: str) -> str:
-    """Text safe in a Markdown table cell: no raw HTML, no column breaks, one line."""
-    return escape(text, quote=False).replace("|", "\\|").replace("\n", " ")
+    """Text safe in a Markdown table cell: no raw HTML, no column breaks, one line. A lone
+    carriage return ends a line in Markdown as a newline does: a model's fix summary carrying
+    them closed the timeline's table and wrote a "Verdict: CERTIFIED" heading, links and a
+    tracking image after it (attack review, 2026-12-05). Brackets are escaped too: in a cell,
+    ``![x](url)`` is still an image the reader's viewer fetches."""
+    one_line = printable(re.sub(r"[\r\n]", " ", text))
+    escaped = escape(one_line, quote=False).replace("|", "\\|")
+    return escaped.replace("[", "\\[").replace("]", "\\]")
 
 
 def _fence(text: str) -> str:
