@@ -35,9 +35,7 @@ def _sleeper_in(group: cgroups.ChildGroup) -> subprocess.Popen:
 # worker killed outright). It prints the group's folders.
 DYING_ENGINE = """
 import json, subprocess
-from nearmiss.engine.check import check
 from nearmiss.engine.runner import cgroups
-from nearmiss.engine.runner.sandbox import Limits
 group = cgroups.ChildGroup.create(256, 64)
 sleeper = subprocess.Popen(
     group.command(["sleep", "300"]), start_new_session=True, stdout=subprocess.DEVNULL,

@@ -215,9 +215,8 @@ class LiveView:
 
     def __init__(self, client: Client, stream: TextIO | None = None) -> None:
         self.client = client
-        stream = stream or sys.stderr  # as it is now: the command line wraps it
-        self.stream = stream
-        self.tty = stream.isatty()
+        self.stream = stream or sys.stderr  # as it is now: the command line wraps it
+        self.tty = self.stream.isatty()
         self.drawn_lines = 0
         self.reported: set[int] = set()
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 # The name the candidate child gives each pallas_call's function (runner.artifact).
@@ -483,15 +484,21 @@ def audit_module(
     }
 
 
+def _every_op(module: Any) -> Iterator[Any]:
+    """Every op of every function in the module, nested regions included (bounded as the
+    audit's walk is)."""
+    walker = _Walker(module, count_kernels=True)
+    for function in walker.functions.values():
+        yield from walker._all_ops(function, 0)
+
+
 def custom_call_targets(module: Any) -> set[str]:
     """Every custom_call target anywhere in the module (for the executor's refusal list)."""
-    walker = _Walker(module, count_kernels=True)
-    targets = set()
-    for function in walker.functions.values():
-        for op in walker._all_ops(function, 0):
-            if _kind(op) == "stablehlo.custom_call":
-                targets.add(_attr(op, "call_target_name").strip('"'))
-    return targets
+    return {
+        _attr(op, "call_target_name").strip('"')
+        for op in _every_op(module)
+        if _kind(op) == "stablehlo.custom_call"
+    }
 
 
 def platform_branches(module: Any) -> int:
@@ -499,12 +506,8 @@ def platform_branches(module: Any) -> int:
     JAX has lowered it for one platform (the other platforms' branches are dropped there, and
     an honest ``cond`` or ``switch`` has two or more). Each is code the check ran that another
     platform would not: the chip's lowering of the same trace keeps another branch."""
-    walker = _Walker(module, count_kernels=True)
     return sum(
-        1
-        for function in walker.functions.values()
-        for op in walker._all_ops(function, 0)
-        if _kind(op) == "stablehlo.case" and len(op.regions) == 1
+        1 for op in _every_op(module) if _kind(op) == "stablehlo.case" and len(op.regions) == 1
     )
 
 
