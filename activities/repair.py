@@ -117,8 +117,10 @@ class RepairActivities:
             # The no-anti-cheat ablation: the loop must not act on the gate either (a violation
             # would zero the score and hold back certification). The violations stay listed, so
             # they are recorded and learning still refuses a candidate that has any.
+            # Nor does a check certify without the gate: the ablation's "success" is the
+            # numbers' verdict alone, which the experiment then re-checks with the gate.
             advisory = report.integrity.model_copy(update={"ok": True})
-            report = report.model_copy(update={"integrity": advisory})
+            report = report.model_copy(update={"integrity": advisory, "certified": report.passed})
         evidence = evidence_from_report(report, request.candidate_hash, report_hash)
         if self.placement is not None:
             evidence.worker = self.placement.record()

@@ -168,15 +168,17 @@ def test_a_fallback_blocks_certification_though_the_numbers_pass(tmp_path):
 
 
 @pytest.mark.end_to_end
-def test_report_mode_lists_violations_but_certifies_on_the_numbers():
-    cheat = OPS / "integrity" / "cheats" / "copy_kernel_softmax.py"
+def test_report_and_off_modes_never_certify_a_kernel_the_gate_would_refuse():
+    """A CI job that reads only the exit code is not fooled by one flag: without the gate
+    enforcing, the numbers' verdict is ``passed``, and ``certified`` stays false (exit 1)."""
+    cheat = OPS / "integrity" / "cheats" / "plain_jnp_softmax.py"
     code, report = check_json(SOFTMAX_SPEC, cheat, "--suite", "compact", "--integrity", "report")
-    assert code == 0 and report["certified"] is True
+    assert code == 1 and report["certified"] is False and report["passed"] is True
     assert report["integrity"]["mode"] == "report"
-    assert [v["rule"] for v in report["integrity"]["violations"]] == ["wrapper_compute"]
+    assert "no_pallas_call" in {v["rule"] for v in report["integrity"]["violations"]}
     code, report = check_json(SOFTMAX_SPEC, cheat, "--suite", "compact", "--integrity", "off")
-    assert code == 0 and report["integrity"]["violations"] == []
-    assert report["integrity"]["rules_checked"] == []
+    assert code == 1 and report["certified"] is False and report["passed"] is True
+    assert report["integrity"]["violations"] == [] and report["integrity"]["rules_checked"] == []
 
 
 def test_session_options_become_guards_and_bad_values_are_usage_errors(capsys):

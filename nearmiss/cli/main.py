@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--integrity",
         choices=MODES,
         default="enforce",
-        help="anti-cheat gate: enforce (default), report (list violations, certify on the "
-        "numbers alone), off",
+        help="anti-cheat gate: enforce (default), report (list violations; the numbers' "
+        "verdict is `passed`, never a certificate), off",
     )
     corpus_cmd = commands.add_parser(
         "corpus", help="list the bundled operators and their labelled near-miss variants"

@@ -253,6 +253,10 @@ class CheckReport(BaseModel):
     platform: str
     jax_version: str
     isolation: str = "process"  # "namespaces": private PID/mount/network namespaces per child
+    # The numbers' verdict: every case right and every target accepting the kernel.
+    passed: bool = False
+    # ``passed`` with the integrity gate enforcing and finding nothing; never true under
+    # ``--integrity report`` or ``off``.
     certified: bool
     failure_class: FailureClass | None = None
     failure_classes: list[FailureClass] = Field(default_factory=list)

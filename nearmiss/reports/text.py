@@ -66,6 +66,11 @@ def not_certified_because(report: CheckReport) -> str:
         return report.failure_class
     if report.integrity.violations and report.integrity.mode == "enforce":
         return "integrity"
+    if report.integrity.mode != "enforce":
+        rules = sorted({v.rule for v in report.integrity.violations})
+        fired = f"; it found {', '.join(rules)}" if rules else ""
+        numbers = "the numbers pass" if report.passed else "the numbers fail"
+        return f"the integrity gate was {report.integrity.mode!r}, not enforced ({numbers}{fired})"
     unverified = [name for name, t in report.targets.items() if not t.ok and not t.failure_class]
     if unverified:
         return f"unverified on {', '.join(unverified)}"
@@ -187,8 +192,6 @@ def render_report(report: CheckReport) -> str:
         verdict = "CERTIFIED"
         if report.suite != "all":
             verdict += f" on the {report.suite} suite only (not full coverage)"
-        if integrity.mode != "enforce":
-            verdict += f" with the integrity gate {integrity.mode!r}, not enforced"
     else:
         verdict = f"NOT CERTIFIED — {not_certified_because(report)}"
     lines = [head, "", body, "", f"integrity: {gate}", *_target_lines(report)]

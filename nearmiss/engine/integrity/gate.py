@@ -6,8 +6,9 @@ the gate sits below the runner that gathers the evidence and the check that runs
 
 Modes: ``enforce`` (the default) blocks certification on any violation and never executes a
 candidate whose source reaches outside the contract (``forbidden_import``); ``report`` runs and
-lists everything but certifies on the numbers alone (the no-anti-cheat ablation, sandbox tests);
-``off`` skips the gate entirely (the baseline the gate's cost is measured against).
+lists everything, and the report's ``passed`` is the numbers' verdict alone (the no-anti-cheat
+ablation, sandbox tests); ``off`` skips the gate entirely (the baseline the gate's cost is
+measured against). Only ``enforce`` ever certifies (``check``).
 """
 
 from __future__ import annotations
