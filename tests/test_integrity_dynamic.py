@@ -18,17 +18,12 @@ from nearmiss.engine.integrity.dynamic import (
     probe_violations,
 )
 from nearmiss.engine.models import Violation
-from nearmiss.engine.runner.artifact import (
-    ArtifactRejected,
-    export_traced,
-    label_pallas_calls,
-    refuse_unrunnable,
-)
+from nearmiss.engine.runner.artifact import ArtifactRejected, export_traced, refuse_unrunnable
 from nearmiss.engine.runner.candidate_child import traced_callbacks
 from nearmiss.engine.runner.interpret import force_interpret_on_cpu
+from nearmiss.engine.runner.traced_program import TracedProgram
 
-force_interpret_on_cpu()
-label_pallas_calls()  # as the candidate child does before it imports a candidate
+force_interpret_on_cpu()  # for the functions exported as they are, kernels in interpret mode
 
 A = jnp.ones((32, 64), jnp.float32)
 B = jnp.ones((64, 16), jnp.float32)
@@ -46,11 +41,15 @@ def lowered(fn, *args):
     return jax.jit(fn).lower(*args).compiler_ir("stablehlo")
 
 
-def audit(fn, *args):
-    """The audit of ``fn``'s artifact, exported and parsed back as the executor does."""
-    exported = jax.export.deserialize(bytearray(export_traced(jax.jit(fn), args)))
+def audit(fn, *args, compiled_only=False):
+    """The audit of ``fn``'s artifact, exported as the candidate child does (traced once, each
+    kernel labelled and in interpret mode) and parsed back as the executor does."""
+    program = TracedProgram.trace(fn, list(args))
+    artifact = export_traced(jax.jit(program.function(interpret=True)), list(args))
+    exported = jax.export.deserialize(bytearray(artifact))
     module, _context = parse_module(exported.mlir_module())
-    return audit_module(module, kept=tuple(sorted(exported.module_kept_var_idx)))
+    kept = tuple(sorted(exported.module_kept_var_idx))
+    return audit_module(module, kept=kept, compiled_only=compiled_only)
 
 
 def test_a_matmul_costs_two_m_n_k_and_glue_costs_nothing():
@@ -128,11 +127,9 @@ def test_on_a_device_a_kernel_left_in_interpret_mode_is_no_kernel():
     def kernel(x):
         return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
 
-    exported = jax.export.deserialize(bytearray(export_traced(jax.jit(kernel), [A])))
-    module, _context = parse_module(exported.mlir_module())
-    on_cpu = audit_module(module)
+    on_cpu = audit(kernel, A)
     assert (on_cpu["pallas_calls"], on_cpu["interpreted"]) == (1, 0)
-    on_device = audit_module(module, compiled_only=True)
+    on_device = audit(kernel, A, compiled_only=True)
     assert (on_device["pallas_calls"], on_device["interpreted"]) == (0, 1)
     assert on_device["outside_heavy"] >= 32 * 64  # its exp is XLA's work now
     (violation,) = [

@@ -8,23 +8,20 @@ JAX's functions, forge messages, rewrite its audit), the outputs that are compar
 that is audited are one and the same artifact, in a process it never ran in. The inputs never
 reach the candidate child at all: it gets their shapes and dtypes only.
 
-In CPU interpret mode a pallas_call lowers to plain HLO, so before the candidate is imported the
-child wraps ``pallas_call`` so that each kernel lowers into a function labelled
-``audit.KERNEL_LABEL`` (in-place operands recorded in the label). The label is only a claim:
-the audit accepts a labelled function as a kernel only in the shape interpret mode gives one,
-and everything outside kernels is measured on the artifact itself.
+In CPU interpret mode a pallas_call lowers to plain HLO, so the child puts each kernel of the
+traced program inside a function labelled ``audit.KERNEL_LABEL`` (in-place operands recorded in
+the label; ``runner.traced_program``). The label is only a claim: the audit accepts a labelled
+function as a kernel only in the shape interpret mode gives one, and everything outside kernels
+is measured on the artifact itself.
 """
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
 from nearmiss.engine.integrity.audit import (
-    ALIAS_MARK,
     CALLBACK_TARGETS,
-    KERNEL_LABEL,
     KERNEL_TARGETS,
     PLATFORM_BRANCH_REFUSAL,
     RUNNABLE_TARGET_PREFIXES,
@@ -48,36 +45,6 @@ class ArtifactRejected(Exception):
 
 
 # -- the candidate child's side -------------------------------------------------------------------
-
-
-def label_pallas_calls() -> None:
-    """Make every ``pallas_call(...)`` built from now on lower into a labelled function."""
-    from jax._src.pallas import pallas_call as module
-    from jax.experimental import pallas
-
-    original = module.pallas_call
-    if getattr(original, "_nearmiss_labelled", False):
-        return
-
-    @functools.wraps(original)
-    def labelled(*args: Any, **kwargs: Any):
-        import jax
-
-        call = original(*args, **kwargs)
-        aliases = kwargs.get("input_output_aliases") or {}
-        label = KERNEL_LABEL + "".join(
-            f"{ALIAS_MARK}{i}_{o}" for i, o in sorted(aliases.items()) if isinstance(i, int)
-        )
-
-        def kernel_call(*operands: Any):
-            return call(*operands)
-
-        kernel_call.__name__ = kernel_call.__qualname__ = label
-        return jax.jit(kernel_call)
-
-    labelled._nearmiss_labelled = True  # type: ignore[attr-defined]
-    module.pallas_call = labelled
-    pallas.pallas_call = labelled
 
 
 def export_traced(jitted: Any, avals: list[Any]) -> bytes:

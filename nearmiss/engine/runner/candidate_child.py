@@ -21,19 +21,29 @@ from typing import Any
 
 from nearmiss.engine.runner.child import describe_exception, start_child
 from nearmiss.engine.runner.geometry import kernel_geometry
+from nearmiss.engine.runner.plain_import import (
+    as_plain_import,
+    forget_harness_environment,
+    module_name,
+)
 from nearmiss.engine.runner.traced_program import TracedProgram
 
 CANDIDATE_ENV = "NEARMISS_CANDIDATE"
-CANDIDATE_MODULE = "nearmiss_candidate"
+# The candidate's path as this child sees it (its variable is dropped before the import).
+_candidate_path = ""
 
 
-def import_candidate(path: str, name: str = CANDIDATE_MODULE):
-    """The module at ``path`` imported as ``name`` (the screening child names each edit)."""
+def import_candidate(path: str, name: str | None = None):
+    """The module at ``path`` imported as ``name`` (default: the file's stem, as a plain import
+    names it; the screening child names each edit). It is registered in ``sys.modules`` as a
+    plain import would, unless that name is taken (a file named like a module already loaded:
+    a plain import would have found that module instead)."""
+    name = name or module_name(path)
     loader_spec = importlib.util.spec_from_file_location(name, path)
     if loader_spec is None or loader_spec.loader is None:  # the engine always names a .py file
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[name] = module
+    sys.modules.setdefault(name, module)
     loader_spec.loader.exec_module(module)
     return module
 
@@ -134,8 +144,10 @@ def traced_program(kernel, shapes: list) -> TracedProgram:
 
     key = json.dumps(shapes)
     if key not in _TRACED:
+        avals = avals_of({"avals": shapes})
         try:
-            _TRACED[key] = TracedProgram.trace(kernel, avals_of({"avals": shapes}))
+            with as_plain_import():  # the candidate's Python runs here: see ``plain_import``
+                _TRACED[key] = TracedProgram.trace(kernel, avals)
         except (Exception, SystemExit) as exc:
             _TRACED[key] = exc
     found = _TRACED[key]
@@ -224,7 +236,7 @@ def export_for_target(program: TracedProgram, request: dict, target: str) -> dic
                     jaxpr=program.jaxpr,
                 )
         except (Exception, SystemExit) as exc:
-            _EXPORTED_FOR[key] = trim_exception(exc, os.environ.get(CANDIDATE_ENV))
+            _EXPORTED_FOR[key] = trim_exception(exc, _candidate_path)
     found = _EXPORTED_FOR[key]
     if isinstance(found, str):
         return {"ok": False, "error": found}
@@ -232,38 +244,41 @@ def export_for_target(program: TracedProgram, request: dict, target: str) -> dic
     return {"ok": True}
 
 
-def serve(entry: str, run, *, interpret: bool = True, label_kernels: bool = False) -> None:
+def serve(entry: str, run, *, interpret: bool = True) -> None:
     """The life of a child that runs untrusted code: import the file, find its ``entry``
     function, then answer each ``run`` request with ``run(function, request)``. The file is
     ``CANDIDATE_ENV``'s, or, in a child started as a spare without it, the first message's
-    (``{"cmd": "load", "candidate": path}``).
+    (``{"cmd": "load", "candidate": path}``). The import sees a plain interpreter
+    (``plain_import``).
 
-    With ``interpret`` (every child that executes kernels) pallas_calls run in interpret mode on
-    CPU; a child that only lowers must see the real lowering instead. With ``label_kernels``
-    every pallas_call lowers into a labelled function (``runner.artifact``), before the
-    candidate is imported.
+    With ``interpret`` (children that execute kernels themselves: the agent's probes) every
+    pallas_call runs in interpret mode on CPU, by JAX's global flag; the certifying child sets
+    each kernel's mode on its traced program instead, and a child that only lowers must see the
+    real lowering.
     """
+    global _candidate_path
     channel = start_child()
     import jax
 
     from nearmiss.engine.runner.interpret import force_interpret_on_cpu
 
     platform = force_interpret_on_cpu() if interpret else jax.default_backend()
-    if label_kernels:
-        from nearmiss.engine.runner.artifact import label_pallas_calls
-
-        label_pallas_calls()
-    if not os.environ.get(CANDIDATE_ENV):
+    _candidate_path = os.environ.get(CANDIDATE_ENV, "")
+    forget_harness_environment()
+    if not _candidate_path:
         # A spare (``runner.spares``), started before its candidate was known: the engine puts
         # the file in this child's home and names it in the first message.
         request = channel.receive()
         if request.get("cmd") != "load" or not isinstance(request.get("candidate"), str):
             os._exit(0)
-        os.environ[CANDIDATE_ENV] = request["candidate"]
+        _candidate_path = request["candidate"]
+    # Named relative to the working directory, the code folder (``sandbox.CODE_MOUNT``).
+    _candidate_path = os.path.abspath(_candidate_path)
     if channel.engine_gone():  # asked again just before the first untrusted line (``child``)
         os._exit(0)
     try:
-        module = import_candidate(os.environ[CANDIDATE_ENV])
+        with as_plain_import():
+            module = import_candidate(_candidate_path)
     except (Exception, SystemExit) as exc:
         channel.send(event="import_failed", error=describe_exception(exc, "import"))
         os._exit(0)
@@ -282,7 +297,7 @@ def serve(entry: str, run, *, interpret: bool = True, label_kernels: bool = Fals
 
 
 def main() -> None:
-    serve("kernel", export_case, label_kernels=True)
+    serve("kernel", export_case, interpret=False)
 
 
 if __name__ == "__main__":

@@ -331,10 +331,14 @@ class Bubblewrap:
         writable: Sequence[Path] = (),
         devices: bool = False,
         seccomp_fd: int | None = None,
+        mounts: Sequence[tuple[Path, Path]] = (),
+        workdir: Path | None = None,
     ) -> list[str]:
         """The bwrap command line that runs ``argv`` in ``home`` with ``env`` and nothing else:
         read-only system, interpreter and engine package, ``read_only`` files, ``writable``
-        directories (home always), accelerator devices when ``devices``."""
+        directories (home always), accelerator devices when ``devices``; each of ``mounts``
+        (host folder, where the sandbox shows it) writable, and ``workdir`` (default: home)
+        the working directory."""
         args = [
             self.executable,
             "--unshare-all",
@@ -390,8 +394,10 @@ class Bubblewrap:
                     args += ["--symlink", target, link]
         for path in (home, *writable):
             args += ["--bind", str(path), str(path)]
+        for source, shown in mounts:
+            args += ["--bind", str(source), str(shown)]
         # The sandbox's own root and /dev are tmpfs: read-only, nothing can be hoarded there.
-        args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", str(home)]
+        args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", str(workdir or home)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
         return [*args, "--", *argv]

@@ -43,6 +43,20 @@ LOG_TAIL_BYTES = 256 * 1024  # enough for the last lines a failure quotes
 # Children that run only engine and spec code; every other module runs candidate code and is
 # refused where no sandbox can start (unless the user opted out).
 TRUSTED_MODULES = frozenset({"nearmiss.engine.runner.reference_child"})
+# Children that import a candidate's file. The file is put in CODE_FOLDER of the child's home,
+# which is the child's working directory and, in the sandbox, shows at CODE_MOUNT: what the
+# candidate sees of its own path (``__file__``) and of its process names nothing of the engine
+# (``runner.plain_import``). Nor do they get a fixed hash seed: ``hash("x")`` is a constant
+# under one, and a plain Python draws a new seed each start.
+CODE_MODULES = frozenset(
+    {
+        "nearmiss.engine.runner.candidate_child",
+        "nearmiss.engine.runner.probe_child",
+        "nearmiss.engine.runner.lower_child",
+    }
+)
+CODE_FOLDER = "code"
+CODE_MOUNT = Path("/home/user")
 
 
 @dataclass(frozen=True)
@@ -186,6 +200,10 @@ class SandboxChild:
             remove_tree(home)
             raise
         home.mkdir(parents=True, exist_ok=True)
+        # Where a candidate's file goes (``CODE_MODULES``); None for the other children.
+        self.code_dir = home / CODE_FOLDER if module in CODE_MODULES else None
+        if self.code_dir is not None:
+            self.code_dir.mkdir(exist_ok=True)
         self.log_path = home / "child.log"
         # Read through the descriptor the child writes to, never the path again: the path is in
         # a directory the child can write, and a link put there would have the engine read any
@@ -220,6 +238,13 @@ class SandboxChild:
         argv = [sys.executable, "-m", self.module]
         pass_fds = list(self._child_ends)
         seccomp_fd = None
+        workdir, mounts = self.home, ()
+        if self.code_dir is not None:
+            env.pop("PYTHONHASHSEED", None)
+            workdir = self.code_dir
+            if self.sandbox is not None:
+                workdir, mounts = CODE_MOUNT, ((self.code_dir, CODE_MOUNT),)
+                env.update(HOME=str(CODE_MOUNT), TMPDIR=str(CODE_MOUNT))
         if self.sandbox is not None:
             if self.sandbox.seccomp:
                 seccomp_fd = seccomp_memfd(self.sandbox.seccomp)
@@ -232,6 +257,8 @@ class SandboxChild:
                 writable=writable,
                 devices=self.platform_hint != "cpu",
                 seccomp_fd=seccomp_fd,
+                mounts=mounts,
+                workdir=workdir,
             )
         if self.group is not None:
             argv = self.group.command(argv)
@@ -243,7 +270,7 @@ class SandboxChild:
             )
             self.process = subprocess.Popen(
                 argv,
-                cwd=self.home,
+                cwd=self.home if self.sandbox is not None else workdir,
                 env=env,  # bwrap's own environment too: /proc/1/environ in the sandbox
                 stdin=subprocess.DEVNULL,
                 stdout=self._log_fd,

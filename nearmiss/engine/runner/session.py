@@ -34,6 +34,8 @@ from nearmiss.engine.runner.candidate_child import CANDIDATE_ENV
 from nearmiss.engine.runner.home_files import make_folder, put, read, take
 from nearmiss.engine.runner.protocol import OUTPUT_FILE
 from nearmiss.engine.runner.sandbox import (
+    CODE_FOLDER,
+    CODE_MODULES,
     ChildDied,
     ChildFailure,
     ChildTimeout,
@@ -306,10 +308,13 @@ class _Child:
         self.child: SandboxChild | None = None
 
     def start(self) -> None:
-        """Start the child in a fresh home holding copies of ``files()``."""
+        """Start the child in a fresh home holding copies of ``files()`` (in its code folder,
+        for a child that imports them)."""
         home = scratch_dir(self.prefix)
+        folder = home / CODE_FOLDER if self.module in CODE_MODULES else home
+        folder.mkdir(exist_ok=True)
         for path in self.files():
-            shutil.copy(path, home / path.name)
+            shutil.copy(path, folder / path.name)
         env = self.environment(home)
         self.child = SandboxChild(self.module, home, self.limits, self.platform, extra_env=env)
 
@@ -579,7 +584,8 @@ class _CandidateRunner(_Child):
         return (self.candidate,)
 
     def environment(self, home: Path) -> dict[str, str]:
-        return {CANDIDATE_ENV: str(home / self.candidate.name)}
+        # Named as the child finds it in its working directory, its code folder.
+        return {CANDIDATE_ENV: self.candidate.name}
 
     def start(self) -> None:
         """A spare candidate child where the worker keeps them (``runner.spares``), given this
@@ -591,10 +597,10 @@ class _CandidateRunner(_Child):
             super().start()
             return
         self.child = spare
-        shutil.copy(self.candidate, spare.home / self.candidate.name)
+        shutil.copy(self.candidate, (spare.code_dir or spare.home) / self.candidate.name)
         # Gone since it was taken? Then wait_ready sees it dead and starts a new child.
         with contextlib.suppress(ChildFailure):
-            spare.send(cmd="load", candidate=str(spare.home / self.candidate.name))
+            spare.send(cmd="load", candidate=self.candidate.name)
 
     def wait_ready(self) -> None:
         assert self.child is not None

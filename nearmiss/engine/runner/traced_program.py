@@ -12,6 +12,12 @@ that Pallas' lowering reads to choose between the interpreter, an ``InterpretPar
 simulation and the chip's compiler). Re-evaluating a jaxpr runs no candidate code: kernel bodies
 are jaxprs too, and source locations travel with the equations, so errors still name the
 candidate's lines.
+
+The same pass labels the kernels: each pallas_call is put inside a function named
+``audit.KERNEL_LABEL`` (with the operands it writes in place), which is how the audit finds a
+kernel in interpret mode's plain HLO. Doing it here, on the traced program, leaves JAX's public
+objects as the candidate found them: a ``pallas_call`` replaced by a labelling wrapper was
+something a candidate could see (its ``__wrapped__``) and compute wrong everywhere else.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from nearmiss.engine.integrity.audit import ALIAS_MARK, KERNEL_LABEL
 from nearmiss.engine.runner.geometry import iter_eqns
 
 PALLAS_CALL = "pallas_call"
@@ -61,7 +68,7 @@ class TracedProgram:
         closed = (
             self.jaxpr
             if interpret is None and rewrite is None
-            else retargeted(self.jaxpr, interpret, rewrite)
+            else retargeted(self.jaxpr, interpret, rewrite, label=True)
         )
         out_tree = self.out_tree
 
@@ -85,11 +92,12 @@ def _grid_only(params: dict[str, Any]) -> dict[str, Any]:
     return {**params, "jaxpr": stub, "compiler_params": compiler}
 
 
-def retargeted(closed: Any, interpret: Any, rewrite: Any = None) -> Any:
+def retargeted(closed: Any, interpret: Any, rewrite: Any = None, label: bool = False) -> Any:
     """``closed`` with every pallas_call's ``interpret`` parameter set to ``interpret`` (and
     its parameters passed through ``rewrite``, where given), checked: a pallas_call the
-    rewrite did not reach is refused, never left as traced."""
-    jaxpr, _ = _retarget(closed.jaxpr, interpret, rewrite)
+    rewrite did not reach is refused, never left as traced. With ``label`` each pallas_call
+    also lowers into a function named for the audit (``labelled_call``)."""
+    jaxpr, _ = _retarget(closed.jaxpr, interpret, rewrite, label)
     result = closed if jaxpr is closed.jaxpr else closed.replace(jaxpr=jaxpr)
     calls = [e for e in iter_eqns(result.jaxpr) if e.primitive.name == PALLAS_CALL]
     before = sum(e.primitive.name == PALLAS_CALL for e in iter_eqns(closed.jaxpr))
@@ -103,7 +111,9 @@ def retargeted(closed: Any, interpret: Any, rewrite: Any = None) -> Any:
 # equation and jaxpr (a labelled jit, a cond branch) must declare them, as tracing would have.
 
 
-def _retarget(jaxpr: Any, interpret: Any, rewrite: Any = None) -> tuple[Any, set]:
+def _retarget(
+    jaxpr: Any, interpret: Any, rewrite: Any = None, label: bool = False
+) -> tuple[Any, set]:
     """``jaxpr`` itself where it holds no pallas_call (so untouched jaxprs keep their caches)."""
     eqns, added = [], set()
     for eqn in jaxpr.eqns:
@@ -114,10 +124,12 @@ def _retarget(jaxpr: Any, interpret: Any, rewrite: Any = None) -> tuple[Any, set
             _, effects = eqn.primitive.abstract_eval(*(v.aval for v in eqn.invars), **params)
             new = set(effects) - set(eqn.effects)
             eqn = eqn.replace(params=params, effects=set(eqn.effects) | new)
+            if label:
+                eqn = labelled_call(eqn)
         else:
             params, new = {}, set()
             for name, value in eqn.params.items():
-                params[name], more = _retarget_value(value, interpret, rewrite)
+                params[name], more = _retarget_value(value, interpret, rewrite, label)
                 new |= more
             if any(params[name] is not eqn.params[name] for name in params):
                 eqn = eqn.replace(params=params, effects=set(eqn.effects) | new)
@@ -128,17 +140,48 @@ def _retarget(jaxpr: Any, interpret: Any, rewrite: Any = None) -> tuple[Any, set
     return jaxpr.replace(eqns=eqns, effects=set(jaxpr.effects) | added), added
 
 
-def _retarget_value(value: Any, interpret: Any, rewrite: Any = None) -> tuple[Any, set]:
+def _retarget_value(
+    value: Any, interpret: Any, rewrite: Any = None, label: bool = False
+) -> tuple[Any, set]:
     from jax._src import core
 
     if isinstance(value, tuple | list):
-        pairs = [_retarget_value(item, interpret, rewrite) for item in value]
+        pairs = [_retarget_value(item, interpret, rewrite, label) for item in value]
         if all(new is old for (new, _), old in zip(pairs, value, strict=True)):
             return value, set()
         return type(value)(new for new, _ in pairs), set().union(*(a for _, a in pairs))
     if isinstance(value, core.ClosedJaxpr):
-        inner, added = _retarget(value.jaxpr, interpret, rewrite)
+        inner, added = _retarget(value.jaxpr, interpret, rewrite, label)
         return (value if inner is value.jaxpr else value.replace(jaxpr=inner)), added
     if isinstance(value, core.Jaxpr):
-        return _retarget(value, interpret, rewrite)
+        return _retarget(value, interpret, rewrite, label)
     return value, set()
+
+
+def kernel_label(params: dict[str, Any]) -> str:
+    """The name a pallas_call's function gets: ``KERNEL_LABEL``, then each operand it writes in
+    place and the output it becomes (``__alias_0_0``), for the audit's ``input_mutation``."""
+    aliases = params.get("input_output_aliases") or ()
+    pairs = aliases.items() if isinstance(aliases, dict) else aliases
+    return KERNEL_LABEL + "".join(
+        f"{ALIAS_MARK}{i}_{o}" for i, o in sorted(pairs) if isinstance(i, int)
+    )
+
+
+def labelled_call(eqn: Any) -> Any:
+    """A pallas_call equation put inside a ``jit`` named ``kernel_label``: the equation JAX
+    would have traced for ``jax.jit(f)`` where ``f`` binds this pallas_call, on the same
+    variables and source location."""
+    import jax
+
+    params = eqn.params
+
+    def call(*operands: Any) -> Any:
+        return eqn.primitive.bind(*operands, **params)
+
+    call.__name__ = call.__qualname__ = kernel_label(params)
+    traced = jax.make_jaxpr(jax.jit(call))(*(v.aval for v in eqn.invars))
+    (wrapper,) = traced.jaxpr.eqns
+    return wrapper.replace(
+        invars=list(eqn.invars), outvars=list(eqn.outvars), source_info=eqn.source_info
+    )
