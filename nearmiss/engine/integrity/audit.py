@@ -14,21 +14,33 @@ the candidate child wraps every pallas_call in a function labelled ``KERNEL_LABE
 mode gives one — a grid loop at its top — or holds a kernel custom_call. The work inside kernels
 is the kernel's own and is not counted.
 
-Work is counted in element operations, a FLOP-like unit: a matmul costs 2·M·N·K, a reduction or
-a transcendental one per element it reads or writes, elementwise arithmetic one per output
-element, layout glue nothing. Calls are entered, ``case``/``if`` count their costliest branch,
-and a ``while`` counts its body times its trip count when the loop has the counted form that
-``scan`` and ``fori_loop`` lower to. Any other loop outside a kernel has an unknown trip count:
-it is reported as unbounded, with its work per iteration, because it can do as much work as the
-data asks of it.
+Work is counted in element operations, a FLOP-like unit: a matmul costs 2·M·N·K, a
+transcendental one per element, elementwise arithmetic one per output element, layout glue
+nothing, a library call (LAPACK, cuSOLVER, FFT) the flops it does on its operands' shapes, and an
+op that applies a region per element (reduce, scatter, sort, reduce_window, map...) the region's
+cost times the number of times it runs (``integrity.pricing`` holds the formulas). Every region
+and called function is walked: calls and composites (whose ``decomposition`` function XLA
+inlines and runs) are entered, ``case``/``if`` count their costliest branch, and a ``while``
+counts its body times its trip count when the loop has the counted form that ``scan`` and
+``fori_loop`` lower to.
+
+Two kinds of work cannot be bounded, and are reported as ``unbounded`` rather than counted: a
+loop outside a kernel of unknown trip count (with its work per iteration: it can do as much work
+as the data asks of it), and an op the audit cannot price (kind ``unpriced``: an unknown op, a
+custom call with no formula, a dynamic shape). Default deny: what cannot be priced counts
+against the candidate, never for it.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterator
 from typing import Any
+
+from nearmiss.engine.integrity import pricing
+from nearmiss.engine.integrity.pricing import attr as _attr
+from nearmiss.engine.integrity.pricing import kind_of as _kind
+from nearmiss.engine.integrity.pricing import shape as _shape
 
 # The name the candidate child gives each pallas_call's function (runner.artifact).
 KERNEL_LABEL = "nearmiss_pallas_kernel"
@@ -53,70 +65,6 @@ GLUE_TARGETS = ("Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape")
 # (heavy work, counted as such). Anything else is refused: its meaning is unknown.
 RUNNABLE_TARGET_PREFIXES = (*KERNEL_TARGETS, *GLUE_TARGETS, "lapack_", "ducc_", "cu_", "hip")
 
-GLUE = frozenset(
-    f"stablehlo.{name}"
-    for name in (
-        "constant",
-        "broadcast_in_dim",
-        "broadcast",
-        "dynamic_broadcast_in_dim",
-        "reshape",
-        "dynamic_reshape",
-        "transpose",
-        "slice",
-        "dynamic_slice",
-        "real_dynamic_slice",
-        "dynamic_update_slice",
-        "pad",
-        "dynamic_pad",
-        "concatenate",
-        "convert",
-        "bitcast_convert",
-        "iota",
-        "dynamic_iota",
-        "select",
-        "reverse",
-        "tuple",
-        "get_tuple_element",
-        "optimization_barrier",
-        "reduce_precision",
-        "get_dimension_size",
-        "return",
-        "rng_bit_generator",
-        "after_all",
-    )
-) | {"func.return", "func.func", "builtin.module"}
-HEAVY = frozenset(
-    f"stablehlo.{name}"
-    for name in (
-        "exponential",
-        "exponential_minus_one",
-        "log",
-        "log_plus_one",
-        "tanh",
-        "logistic",
-        "sine",
-        "cosine",
-        "tan",
-        "atan2",
-        "sqrt",
-        "rsqrt",
-        "cbrt",
-        "power",
-        "gather",
-        "dynamic_gather",
-        "scatter",
-        "fft",
-        "cholesky",
-        "triangular_solve",
-        "rng",
-        "all_reduce",
-        "reduce_scatter",
-    )
-) | {"chlo.erf", "chlo.erfc", "chlo.erf_inv", "chlo.lgamma", "chlo.digamma", "chlo.tan"}
-REDUCTIONS = frozenset(
-    {"stablehlo.reduce", "stablehlo.reduce_window", "stablehlo.select_and_scatter"}
-)
 # Limits on a hostile artifact: how deep calls and regions may nest, how many ops are walked.
 MAX_DEPTH = 64
 MAX_OPS = 500_000
@@ -124,18 +72,13 @@ TOP_LISTED = 8
 
 _WHERE = re.compile(r'"([^"]+?\.py)":(\d+)')
 _INT = re.compile(r"dense<(-?\d+)>")
-_CONTRACTING = re.compile(r"lhs_contracting_dimensions = \[([0-9, ]*)\]")
-_CONV_KERNEL = re.compile(r"x\[([^\]]*)\]->")
+# Ops whose one region runs once, where they stand (Shardy's per-device body).
+WALKED_ONCE = frozenset({"sdy.manual_computation", "sdy.named_computation"})
+ORDER = {"unpriced": 0, "heavy": 1, "light": 2}  # how found work is listed: unbounded first
 
 
 class AuditError(Exception):
     """The artifact could not be audited (malformed, too big, too deep)."""
-
-
-def _kind(op: Any) -> str:
-    """An op's name ('stablehlo.add'); OpViews such as func.func use ``.name`` for the symbol."""
-    operation = getattr(op, "operation", op)
-    return getattr(operation, "name", "")
 
 
 def _ir():
@@ -144,32 +87,14 @@ def _ir():
     return ir
 
 
-def _shape(value_type: Any) -> list[int] | None:
-    """Dimensions of a ranked tensor type; [] for a scalar; None for anything else."""
-    text = str(value_type)
-    if not text.startswith("tensor<"):
-        return None
-    inner = text[len("tensor<") : text.rindex(">")]
-    dims = inner.split("x")[:-1]
-    try:
-        return [int(d) for d in dims]
-    except ValueError:
-        return None  # dynamic dimensions: not produced by the exports the engine makes
-
-
 def _pretty(value_type: Any) -> str:
     """'f32[64,256]' for 'tensor<64x256xf32>', as JAX prints avals; other types as they are."""
     text = str(value_type)
     shape = _shape(value_type)
     if shape is None:
         return text[:200]
-    element = text[len("tensor<") : text.rindex(">")].split("x")[-1]
+    element = text[len("tensor<") : text.rindex(">")].split("x", len(shape))[-1]
     return f"{element}[{','.join(map(str, shape))}]"
-
-
-def _size(value: Any) -> int:
-    shape = _shape(value.type)
-    return math.prod(shape) if shape else 1
 
 
 def _where(op: Any) -> str:
@@ -179,11 +104,6 @@ def _where(op: Any) -> str:
             continue
         return f"{path.rsplit('/', 1)[-1]}:{line}"
     return ""
-
-
-def _attr(op: Any, name: str) -> str:
-    attributes = op.attributes
-    return str(attributes[name]) if name in attributes else ""
 
 
 def _int_constant(value: Any) -> int | None:
@@ -226,35 +146,6 @@ def _trip_count(loop: Any) -> int | None:
     if counter not in args or 1 not in steps:
         return None
     return max(bound - start, 0)
-
-
-def op_work(op: Any) -> tuple[str, int]:
-    """(kind, work) of one op without regions that matter: kind is glue, light or heavy."""
-    name = _kind(op)
-    out = sum(_size(r) for r in op.results)
-    if name in GLUE:
-        return "glue", 0
-    if name in ("stablehlo.dot_general", "stablehlo.dot"):
-        lhs = _shape(op.operands[0].type) or []
-        match = _CONTRACTING.search(_attr(op, "dot_dimension_numbers"))
-        dims = [int(d) for d in match.group(1).split(",") if d.strip()] if match else [-1]
-        depth = math.prod(lhs[d] for d in dims if -len(lhs) <= d < len(lhs)) if lhs else 1
-        return "heavy", 2 * out * depth
-    if name == "stablehlo.convolution":
-        rhs = _shape(op.operands[1].type) or [1]
-        match = _CONV_KERNEL.search(_attr(op, "dimension_numbers"))
-        letters = [s.strip() for s in match.group(1).split(",")] if match else []
-        features = rhs[letters.index("o")] if "o" in letters else max(rhs)
-        return "heavy", 2 * out * (math.prod(rhs) // max(features, 1))
-    if name in REDUCTIONS:
-        inputs = list(op.operands)[: max(len(op.operands) // 2, 1)]
-        return "heavy", max(sum(_size(v) for v in inputs), out)
-    if name == "stablehlo.sort":
-        n = _size(op.operands[0])
-        return "heavy", int(n * max(math.log2(max(n, 2)), 1))
-    if name in HEAVY:
-        return "heavy", out
-    return "light", out
 
 
 class _Walker:
@@ -351,20 +242,10 @@ class _Walker:
 
     def _op(self, op: Any, times: int | None, inputs: dict[int, int], depth: int) -> None:
         name = _kind(op)
-        if name == "func.call":
-            callee = _attr(op, "callee").lstrip("@").strip('"')
-            if callee not in self.functions:
-                raise AuditError(f"call of an unknown function {callee!r}")
-            mapped = {}
-            for index, operand in enumerate(op.operands):
-                arg = self._arg_of(operand)
-                if arg is not None and arg in inputs:
-                    mapped[index] = inputs[arg]
-            if self._is_kernel_function(callee):
-                self._enter_kernel(op, callee, inputs)
-                if not self.count_kernels:
-                    return
-            self.walk_function(callee, times, mapped, depth + 1)
+        if name in ("func.call", "stablehlo.composite"):
+            # A composite runs its decomposition function, which XLA inlines: it is a call.
+            symbol = "callee" if name == "func.call" else "decomposition"
+            self._call(op, _attr(op, symbol).lstrip("@").strip('"'), times, inputs, depth)
         elif name == "stablehlo.while":
             trips = _trip_count(op) if times is not None else None
             inner = None if trips is None or times is None else times * trips
@@ -374,8 +255,58 @@ class _Walker:
             self._costliest_branch(op, times, depth)
         elif name == "stablehlo.custom_call":
             self._custom_call(op, times)
+        elif name in WALKED_ONCE:
+            for region in op.regions:
+                for block in region.blocks:
+                    self._walk_block(block, times, {}, depth + 1)
+        elif name in pricing.GLUE:
+            return
+        elif pricing.is_dynamic(op):
+            self._tally(op, "unpriced", 1, times)  # its sizes, and so its work, are unknown
+        elif name in pricing.PER_ELEMENT:
+            regions = self._region_costs(op, depth)
+            if regions is None:  # a region that cannot be priced, run per element
+                self._tally(op, "unpriced", 1, times)
+            else:
+                self._tally(op, *pricing.region_op_work(op, regions), times)
+        elif len(op.regions):
+            self._tally(op, "unpriced", 1, times)  # regions the audit does not know how to run
         else:
-            self._tally(op, *op_work(op), times)
+            self._tally(op, *pricing.op_work(op), times)
+
+    def _call(self, op: Any, callee: str, times: int | None, inputs: dict[int, int], depth: int):
+        """Enter a called function; one labelled as a kernel (and shaped like one) is not
+        counted, unless the walk counts kernels."""
+        if callee not in self.functions:
+            raise AuditError(f"call of an unknown function {callee!r}")
+        mapped = {}
+        for index, operand in enumerate(op.operands):
+            arg = self._arg_of(operand)
+            if arg is not None and arg in inputs:
+                mapped[index] = inputs[arg]
+        if self._is_kernel_function(callee):
+            self._enter_kernel(op, callee, inputs)
+            if not self.count_kernels:
+                return
+        self.walk_function(callee, times, mapped, depth + 1)
+
+    def _region_costs(self, op: Any, depth: int) -> list[tuple[int, int]] | None:
+        """(heavy, light) work of one run of each of the op's regions; None when a region holds
+        work that cannot be priced. A region runs per element, so everything in it is XLA's
+        work, a kernel called from it included; host callbacks in it are still reported."""
+        costs = []
+        for region in op.regions:
+            scratch = self.scratch()
+            scratch.count_kernels = True
+            for block in region.blocks:
+                scratch._walk_block(block, 1, {}, depth + 1)
+            self.ops = scratch.ops
+            self.callbacks += scratch.callbacks
+            self.custom_targets |= scratch.custom_targets
+            if scratch.unbounded:
+                return None
+            costs.append((scratch.heavy, scratch.light))
+        return costs
 
     def _costliest_branch(self, op: Any, times: int | None, depth: int) -> None:
         """Only one branch runs: count the costliest, each measured first on a scratch walker."""
@@ -411,14 +342,25 @@ class _Walker:
             return
         if times == 0 or target in GLUE_TARGETS:
             return
-        self._tally(op, "heavy", sum(_size(r) for r in op.results), times)
+        if target.startswith(KERNEL_TARGETS):  # a kernel counted as work: its output, at least
+            self._tally(op, "heavy", sum(pricing.size(r) for r in op.results), times)
+        elif pricing.is_dynamic(op):
+            self._tally(op, "unpriced", 1, times)
+        else:
+            self._tally(op, *pricing.custom_call_work(op, target), times)
 
     def _tally(self, op: Any, kind: str, work: int, times: int | None) -> None:
+        """Count ``work`` ``times`` over; work that cannot be bounded (``unpriced``, or a loop's
+        ``times`` unknown) is listed as unbounded instead, by its work per run."""
         if kind == "glue" or work == 0 or times == 0:
             return
         operand = _pretty(op.operands[0].type) if len(op.operands) else ""
-        key = (_kind(op).split(".", 1)[-1], kind, operand, _where(op))
-        if times is None:
+        primitive = _kind(op).split(".", 1)[-1]
+        if primitive == "custom_call":
+            target = _attr(op, "call_target_name").strip('"')
+            primitive = f"custom_call @{target}"
+        key = (primitive[:80], kind, operand, _where(op))
+        if times is None or kind == "unpriced":
             self.unbounded[key] = self.unbounded.get(key, 0) + work
             return
         work *= times
@@ -430,7 +372,7 @@ class _Walker:
 
 
 def _ranked(groups: dict[tuple[str, str, str, str], int]) -> list[dict[str, Any]]:
-    ranked = sorted(groups.items(), key=lambda item: (item[0][1] != "heavy", -item[1]))
+    ranked = sorted(groups.items(), key=lambda item: (ORDER[item[0][1]], -item[1]))
     return [
         {"primitive": p, "kind": k, "operand": o, "where": w, "work": work}
         for (p, k, o, w), work in ranked[:TOP_LISTED]

@@ -7,7 +7,9 @@ engine validates that report here and applies the rules:
 - ``wrapper_compute``: XLA outside the kernels does real work — a heavy op (matmul, reduction,
   transcendental, gather) worth ``HEAVY_SHARE`` of the reference's work, or ``TOTAL_SHARE``
   counting elementwise arithmetic too; or a loop of unknown trip count outside the kernels does
-  work on every iteration (it can do as much as the data asks). Layout glue costs nothing.
+  work on every iteration (it can do as much as the data asks); or XLA outside the kernels runs
+  an op the audit cannot price (default deny: an unknown op, a custom call it has no formula
+  for, a dynamic shape). Layout glue costs nothing.
 - ``host_callback``: a host callback anywhere, kernels included (JAX cannot export one, so the
   tracing child names those it traced: a claim that can only count against the candidate).
 - ``input_mutation``: a pallas_call aliases one of the caller's inputs, or an input's bytes
@@ -47,7 +49,7 @@ class _Strict(BaseModel):
 
 class OutsideWork(_Strict):
     primitive: str = Field(max_length=80)
-    kind: str = Field(pattern="^(heavy|light)$")
+    kind: str = Field(pattern="^(heavy|light|unpriced)$")  # unpriced: its work is unknown
     operand: str = Field(max_length=200)
     where: str = Field(max_length=300)
     work: int = Field(ge=0)
@@ -67,7 +69,8 @@ class ArtifactAudit(_Strict):
     outside_heavy: int = Field(ge=0)
     outside_light: int = Field(ge=0)
     costliest: list[OutsideWork] = Field(max_length=64)
-    unbounded: list[OutsideWork] = Field(max_length=64)  # work per iteration
+    # Work the audit cannot bound: a loop's work per iteration, or an op it cannot price.
+    unbounded: list[OutsideWork] = Field(max_length=64)
     callbacks: list[Located] = Field(max_length=64)
     aliased_inputs: list[Located] = Field(max_length=64)
 
@@ -116,7 +119,18 @@ def audit_violations(audit: ArtifactAudit, reference_work: int) -> list[Violatio
                 f"{_percent(outside / reference_work)} of the reference's: {items}",
             )
         )
+    unpriced = [w for w in audit.unbounded if w.kind == "unpriced"]
+    if unpriced:
+        items = "; ".join(f"{w.primitive} over {w.operand}{_at(w.where)}" for w in unpriced[:3])
+        found.append(
+            Violation(
+                rule="wrapper_compute",
+                detail="XLA outside the pallas_call runs work the audit cannot price, so it is "
+                f"counted as heavy (an unknown op, library call or dynamic shape): {items}",
+            )
+        )
     looped = [w for w in audit.unbounded if w.kind == "heavy" or w.work >= MIN_WORK]
+    looped = [w for w in looped if w.kind != "unpriced"]
     if looped:
         items = "; ".join(f"{w.primitive} over {w.operand}{_at(w.where)}" for w in looped[:3])
         found.append(
