@@ -19,7 +19,7 @@ def test_certified_kernel_exits_0_with_the_json_contract():
     assert set(report) >= REQUIRED_KEYS
     assert report["certified"] is True and report["failure_class"] is None
     assert report["integrity"]["ok"] is True and isinstance(report["integrity"]["violations"], list)
-    assert {c["suite"] for c in report["cases"]} == {"compact", "extended"}
+    assert {c["suite"] for c in report["cases"]} == {"compact", "extended", "hidden"}
     for case in report["cases"]:
         assert {"suite", "name", "passed"} <= set(case)
     assert report["seed"] == 7

@@ -143,3 +143,32 @@ def test_repair_with_the_search_certifies_a_bug_no_recipe_knows(
     report = json.loads(result.stdout)
     assert report["certified"] is True and report["tokens"]["input"] == 0
     assert "def _axpy_body(x_ref, y_ref, o_ref):" in (tmp_path / "axpy.fixed.py").read_text()
+
+
+def test_a_search_repair_never_certifies_a_patch_the_hidden_cases_refuse(
+    temporal_address, postgres_dsn, tmp_path
+):
+    """The spec lists one case, two row blocks: zeroing the accumulator on every block but the
+    second (``!= 1``) passes it as well as the fix (``== 0``). The certifying check's hidden
+    cases draw more rows (the spec's domain) and refuse the first; whatever the search ends
+    with, a certified kernel is right on four blocks too."""
+    search = Path(__file__).parent / "search"
+    spec = search / "col_sum_one_case_spec.py"
+    candidate = tmp_path / "col_sum.py"
+    candidate.write_text((search / "col_sum_init_on_second.py").read_text())
+    wrong = tmp_path / "wrong_patch.py"
+    wrong.write_text(candidate.read_text().replace("== 1)", "!= 1)"))
+    refused = check(spec, wrong, "all", 5)
+    assert all(c.passed for c in refused.cases if c.suite == "compact")  # the one case admits it
+    assert not refused.certified and any(
+        c.suite == "hidden" and not c.passed for c in refused.cases
+    )
+    env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
+    result = run_cli("repair", spec, candidate, "--model", "search", "--json", env=env)
+    assert result.returncode in (0, 1), result.stderr
+    report = json.loads(result.stdout)
+    if report["certified"]:
+        fixed = tmp_path / "col_sum.fixed.py"
+        deeper = tmp_path / "deeper_spec.py"
+        deeper.write_text(spec.read_text().replace('{"R": 64, "C": 128}', '{"R": 128, "C": 128}'))
+        assert check(deeper, fixed, "compact", 9).certified, fixed.read_text()

@@ -21,6 +21,7 @@ from nearmiss.engine.authoring.spec_new import (
     with_tolerance,
 )
 from nearmiss.engine.errors import UsageError
+from nearmiss.engine.hidden import NO_SIZE_TO_DRAW
 from nearmiss.engine.spec import CATEGORIES, DTYPES
 from nearmiss.reports.text import table
 
@@ -204,14 +205,29 @@ def render_noise(result: SpecNoise, heading: bool = True) -> str:
             "that drops it certifies; add a case where it matters (for an eps: a row of zeros "
             "or a constant row)"
         )
-    if fixed := result.fixed_dims:
+    # A dim every case fixes and no declared domain moves: the hidden cases cannot move it either.
+    fixed = {
+        dim: value
+        for dim, value in result.fixed_dims.items()
+        if result.domains.get(dim, str(value)) == str(value)
+    }
+    if fixed:
         sizes = ", ".join(f"{dim}={value}" for dim, value in fixed.items())
         lines.append(
             f"warning: no case varies {', '.join(fixed)} (every case has {sizes}): a kernel "
             "right only at these sizes certifies (a hard-coded length or count, two arguments "
             "of the same shape swapped); add a case with other sizes for the dims the kernel "
-            "tiles, masks or loops over"
+            "tiles, masks or loops over, or declare the sizes it must handle "
+            "(OpSpec(domains={...}): every certifying check then draws from them)"
         )
+    if result.domains:
+        drawn = ", ".join(f"{dim} {values}" for dim, values in result.domains.items())
+        lines.append(f"hidden cases (every certifying check) draw sizes from: {drawn}")
+    lines += [
+        f"warning: {note}"
+        for note in result.hidden_notes
+        if not (fixed and note.startswith(NO_SIZE_TO_DRAW))  # said just above
+    ]
     if heading:
         lines.append(f"verdict: {result.verdict}")
     return "\n".join(lines)

@@ -31,6 +31,7 @@ from nearmiss.engine.forensics.controls import ControlPlan
 from nearmiss.engine.forensics.errors import crash_evidence, headline, summarise_error
 from nearmiss.engine.forensics.localise import localise
 from nearmiss.engine.forensics.triggers import geometry_blocks, value_trigger
+from nearmiss.engine.hidden import HIDDEN_SUITE as HIDDEN
 from nearmiss.engine.inputs import parse_source, read_source
 from nearmiss.engine.integrity.gate import MODES, blocks_execution, judge, static_violations
 from nearmiss.engine.integrity.static import execution_mode_notes
@@ -248,6 +249,7 @@ def check(
     targets: tuple[str, ...] | None = None,
     controls: bool = True,
     profile_runs: int | None = None,
+    hidden: bool = True,
 ) -> CheckReport:
     """Run the spec's ``suite`` on the candidate in the sandbox and return the full report.
 
@@ -260,7 +262,9 @@ def check(
     in the same children after the suite; they name the trigger and settle the class, never
     the verdict. ``profile_runs``: warm runs timed per case, kernel and reference
     (``runner.timing``; default: some on a device, none in emulation, whose times are never
-    compared).
+    compared). ``hidden``: suite ``all`` adds the cases the engine draws from ``seed``
+    (``nearmiss.engine.hidden``); a fixer that checks its edits asks for none, never seeing
+    them before the verdict.
     """
     started = time.perf_counter()
     spec, candidate = Path(spec), Path(candidate)
@@ -291,8 +295,12 @@ def check(
         assert plan is not None
         if not results:  # the first round; with none to run, the second may have some
             results[:] = [case_result(r, candidate.name) for r in raws]
-            wanted = plan.plan(results, [r.geometry for r in raws])
-            nudges = lead(reach.NudgePlan, results, raws)
+            # Controls and nudges redraw listed cases only: a hidden case's scaled values are
+            # not what its dims and profile would draw again.
+            listed = [(c, r) for c, r in zip(results, raws, strict=True) if c.suite != HIDDEN]
+            cases_, raws_ = [c for c, _ in listed], [r for _, r in listed]
+            wanted = plan.plan(cases_, [r.geometry for r in raws_])
+            nudges = lead(reach.NudgePlan, cases_, raws_)
             wanted += (nudges and lead(nudges.next, {})) or []
             return wanted or plan.split({})
         more = (nudges and lead(nudges.next, ran)) or []
@@ -311,21 +319,30 @@ def check(
         targets=targets,
         controls=planner if plan is not None else None,
         profile_runs=profile_runs,
+        hidden=hidden,
     )
     verdict = judge(static, raw.cases, integrity)
     if integrity != "off":
         verdict.notes = execution_mode_notes(source, candidate.name)
     cases = results if len(results) == len(raw.cases) else []
     cases = cases or [case_result(r, candidate.name) for r in raw.cases]
-    decided = plan.conclude(cases, control_results(raw.controls)) if plan else set()
+    listed = [c for c in cases if c.suite != HIDDEN]
+    decided = plan.conclude(listed, control_results(raw.controls)) if plan else set()
     if nudges:
-        lead(nudges.conclude, cases, raw.controls)
+        lead(nudges.conclude, listed, raw.controls)
+    cases += redrawn_results(raw, cases)
     refine_unstable(cases, decided)
     on_targets = target_results(raw, cases, on_device=platform != "cpu") if execute else {}
+    # The listed cases' classes lead: they are the evidence a fixer can reproduce; a hidden
+    # case's class is the primary one only where every listed case passes.
     classes = ranked_classes(
-        [c.failure_class for c in cases if c.failure_class]
+        [c.failure_class for c in listed if c.failure_class]
         + [t.failure_class for t in on_targets.values() if t.failure_class]
     )
+    hidden_classes = ranked_classes(
+        [c.failure_class for c in cases if c.suite == HIDDEN and c.failure_class]
+    )
+    classes += [c for c in hidden_classes if c not in classes]
     primary = classes[0] if classes else None
     times: Literal["emulated", "device"] = "emulated" if raw.platform == "cpu" else "device"
     for case in cases:
@@ -353,13 +370,71 @@ def check(
         cases=cases,
         diagnosis=integrity_note(verdict, execute)
         + target_note(on_targets)
-        + (describe_run(cases, primary) if execute else ""),
+        + (describe_run(cases, primary) if execute else "")
+        + hidden_note(cases, seed),
         compact_passed=all(compact) if compact else None,
         extended_passed=all(extended) if extended else None,
         wall_s=time.perf_counter() - started,
         times=times,
         targets=on_targets,
+        notes=raw.notes,
+        domains=raw.domains,
         **overall_speedup(cases),
+    )
+
+
+def redrawn_results(raw: RawRun, cases: list[CaseResult]) -> list[CaseResult]:
+    """The input-independence probes judged as cases too: each ran the kernel on its case's
+    inputs with one re-drawn, and the spec's child computed the reference there. A kernel right
+    on the listed draw and wrong on the re-drawn one is right on the suite only: a hidden case
+    it fails (``<case>-redraw-<input>``). Probes the kernel answered nothing for are the
+    ``input_independent`` rule's."""
+    found = []
+    for case, r in zip(cases, raw.cases, strict=False):
+        if not case.passed:
+            continue
+        for probe in r.probes:
+            if probe.outputs is None or len(probe.outputs) != len(probe.reference):
+                continue
+            compared = compare_outputs(probe.reference, probe.outputs, r.info.atol, r.info.rtol)
+            worst = max(compared, key=lambda c: c.stats.mismatched)
+            if not worst.stats.mismatched:
+                continue
+            stats = worst.stats
+            found.append(
+                CaseResult(
+                    suite=HIDDEN,
+                    name=f"{case.name}-redraw-{probe.input}",
+                    dims=case.dims,
+                    dtype=case.dtype,
+                    profile=case.profile,
+                    passed=False,
+                    atol=r.info.atol,
+                    rtol=r.info.rtol,
+                    failure_class="nan_inf"
+                    if stats.nan_count or stats.inf_count
+                    else "wrong_values",
+                    leaves=[c.stats for c in compared],
+                    diagnosis=f"With input #{probe.input} of {case.suite}/{case.name} re-drawn, "
+                    f"{stats.mismatched} of {stats.total} values of {stats.path} are wrong "
+                    f"(max abs error {stats.max_abs_error:.3g}): right on the listed draw only.",
+                )
+            )
+    return found
+
+
+def hidden_note(cases: list[CaseResult], seed: int) -> str:
+    """What a failing hidden case means, where every listed case passes."""
+    failing = [c for c in cases if c.suite == HIDDEN and not c.passed]
+    if not failing or not all(c.passed for c in cases if c.suite != HIDDEN):
+        return ""
+    names = ", ".join(
+        f"{c.name} ({', '.join(f'{k}={v}' for k, v in c.dims.items())})" for c in failing
+    )
+    return (
+        f" Every listed case passes, but hidden cases the engine drew for this check fail: "
+        f"{names}. The kernel is right on the spec's listed inputs only; `--seed {seed}` draws "
+        "the same hidden cases again."
     )
 
 

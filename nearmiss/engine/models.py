@@ -23,9 +23,9 @@ FailureClass = Literal[
     "wrong_values",
 ]
 
-# The suite a case belongs to ("custom": the engine's control cases), and the suites a check
-# runs.
-CaseSuite = Literal["compact", "extended", "custom"]
+# The suite a case belongs to ("custom": the engine's control cases; "hidden": cases the engine
+# drew for a certifying check, nearmiss.engine.hidden), and the suites a check runs.
+CaseSuite = Literal["compact", "extended", "custom", "hidden"]
 CheckSuite = Literal["compact", "extended", "all"]
 
 # Order used to pick the primary class of a run: the most fundamental failure first, since an
@@ -271,6 +271,10 @@ class CheckReport(BaseModel):
     # compared with a reference's time), "device" where they ran on an accelerator.
     times: Literal["emulated", "device"] = "emulated"
     targets: dict[str, TargetResult] = Field(default_factory=dict)
+    # What the verdict could not cover: hidden cases the spec could not serve, a spec too
+    # narrow to draw them from (nearmiss.engine.hidden); and each dim's domain they draw from.
+    notes: list[str] = Field(default_factory=list)
+    domains: dict[str, str] = Field(default_factory=dict)
     # On a device: the geometric mean of the cases' speedups over the XLA reference, and the
     # case where the kernel gains least (``nearmiss.engine.runner.timing``); else None.
     speedup: float | None = None

@@ -92,6 +92,34 @@ class Case:
 
 
 @dataclass(frozen=True)
+class Dim:
+    """The values a dimension may take: where the engine draws its hidden cases' sizes
+    (``nearmiss.engine.hidden``). Without one, a dimension's domain is what its listed values
+    imply: from the smallest to twice the largest, in steps of the largest power of two that
+    divides them all."""
+
+    min: int = 1
+    max: int | None = None
+    multiple_of: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("min", "multiple_of"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"Dim {name}={value!r} must be a positive integer")
+        if self.max is not None and (
+            isinstance(self.max, bool) or not isinstance(self.max, int) or self.max < self.min
+        ):
+            raise SpecError(f"Dim max={self.max!r} must be an integer of at least min={self.min}")
+
+    def values(self, limit: int) -> range:
+        """The domain's values up to ``limit`` (its own max where that is lower)."""
+        top = limit if self.max is None else min(self.max, limit)
+        first = -(-self.min // self.multiple_of) * self.multiple_of
+        return range(first, top + 1, self.multiple_of)
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """An operator: its pure-JAX reference, input generator, test suites and tolerances."""
 
@@ -106,6 +134,12 @@ class OpSpec:
     # Where its kernels are meant to run (``nearmiss.engine.targets``): checked there unless the
     # command line names other targets. Empty: the interpret target.
     targets: Sequence[str] = ()
+    # What the inputs may be beyond the listed cases (``nearmiss.engine.hidden``): each named
+    # dim's domain (the others': what the listed values imply), and the factors the engine may
+    # scale signal-like float inputs by (None: its default; () none: values the kernel may
+    # assume bounded, as the listed profiles are).
+    domains: Mapping[str, Dim] = field(default_factory=dict)
+    value_scales: Sequence[float] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _IDENTIFIER.match(self.name):
@@ -148,6 +182,28 @@ class OpSpec:
                     f"spec {self.name!r}: unknown target {name!r}; expected any of "
                     + ", ".join(TARGETS)
                 )
+        listed = {dim for case in compact + extended for dim in case.dims}
+        domains = dict(self.domains) if isinstance(self.domains, Mapping) else None
+        if domains is None:
+            raise SpecError(f"spec {self.name!r}: domains must be a dict of dim name -> Dim")
+        for dim, domain in domains.items():
+            if dim not in listed:
+                raise SpecError(
+                    f"spec {self.name!r}: domain for {dim!r}, which no case has "
+                    f"(dims: {', '.join(sorted(listed))})"
+                )
+            if not isinstance(domain, Dim):
+                raise SpecError(f"spec {self.name!r}: domains[{dim!r}] must be a Dim")
+        scales = self.value_scales
+        if scales is not None:
+            scales = tuple(scales)
+            if not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in scales
+            ):
+                raise SpecError(f"spec {self.name!r}: value_scales must be positive numbers")
+            scales = tuple(float(v) for v in scales)
+        object.__setattr__(self, "domains", domains)
+        object.__setattr__(self, "value_scales", scales)
         object.__setattr__(self, "targets", targets)
         object.__setattr__(self, "compact", compact)
         object.__setattr__(self, "extended", extended)

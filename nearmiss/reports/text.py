@@ -200,6 +200,10 @@ def render_report(report: CheckReport) -> str:
     if tolerance:
         lines.append(tolerance)
     lines += profile_lines(report)
+    if report.domains and any(c.suite == "hidden" for c in report.cases):
+        drawn = ", ".join(f"{dim} {values}" for dim, values in report.domains.items())
+        lines.append(f"hidden cases drawn from: {drawn} (--seed {report.seed} draws them again)")
+    lines += [f"note: {note}" for note in report.notes]
     if not report.certified:
         lines.append(f"diagnosis: {report.diagnosis}")
         lines += control_lines(report)

@@ -246,6 +246,7 @@ def _fresh(request: FixRequest, folder: Path, suite: str, limits: Limits) -> Jud
                     limits,
                     targets=targets,
                     controls=False,
+                    hidden=False,  # the certifying check's alone: never seen before the verdict
                 )
             )
         except UsageError:  # an edit the gate cannot even admit

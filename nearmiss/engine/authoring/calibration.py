@@ -81,6 +81,10 @@ class SpecNoise(BaseModel):
     suite: str
     cases: list[CaseNoise]
     advice: list[DtypeAdvice]
+    # Where a certifying check draws its hidden cases (nearmiss.engine.hidden): each dim's
+    # domain, and what the spec leaves too narrow or cannot serve at this seed.
+    domains: dict[str, str] = {}
+    hidden_notes: list[str] = []
 
     @property
     def verdict(self) -> str:
@@ -240,7 +244,7 @@ def measure(spec: Path, suite: str, seed: int, limits: Limits | None = None) -> 
     try:
         child = start_spec_child(workdir, limits, "cpu")
         child.send(cmd="calibrate", seed=seed, suite=suite, **spec_request(workdir, spec.resolve()))
-        name, cases = "", []
+        name, cases, described = "", [], {}
         while True:
             try:
                 message = child.receive(limits.reference_timeout_s)
@@ -251,13 +255,22 @@ def measure(spec: Path, suite: str, seed: int, limits: Limits | None = None) -> 
                 raise UsageError(str(message.get("message", "the spec does not run")))
             if event == "spec":
                 name = str(message["name"])
+                described = message
             elif event == "case_noise":
                 cases.append(_case(message))
             elif event == "done":
                 break
             else:
                 raise UsageError(f"unexpected message from the spec's child: {event}")
-        return SpecNoise(spec=name, seed=seed, suite=suite, cases=cases, advice=advise(cases))
+        return SpecNoise(
+            spec=name,
+            seed=seed,
+            suite=suite,
+            cases=cases,
+            advice=advise(cases),
+            domains={str(k): str(v) for k, v in (described.get("domains") or {}).items()},
+            hidden_notes=[str(n) for n in described.get("hidden_notes") or []],
+        )
     finally:
         if child is not None:
             child.kill()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from nearmiss.engine.runner.case_draw import arrays_or_none, case_key
 from nearmiss.engine.runner.child import Channel, start_child
+from nearmiss.engine.runner.hidden_cases import ServedHidden, serve_hidden
 
 # Folded into a case's key to draw the fresh inputs of the input-independence probes.
 PROBE_TAG = 0x5EED
@@ -135,6 +136,18 @@ def prepare(channel: Channel, request: dict) -> None:
     except SpecError as exc:
         channel.send(event="spec_error", message=str(exc))
         return
+    from nearmiss.engine.hidden import HIDDEN_SUITE, describe, domains
+
+    # A certifying check adds the hidden cases; a fixer's run never sees them.
+    hidden: dict[str, ServedHidden] = {}
+    notes: list[str] = []
+    if request.get("hidden"):
+        try:
+            served, notes = serve_hidden(jax, np, spec, int(request["seed"]))
+        except Exception as exc:  # make_inputs or the reference misbehaving past their raise
+            served, notes = [], [f"no hidden case: {type(exc).__name__}: {exc}"[:300]]
+        hidden = {h.case.name: h for h in served}
+        cases = [*cases, *((HIDDEN_SUITE, h.case) for h in served)]
     channel.send(
         event="spec",
         name=spec.name,
@@ -150,10 +163,16 @@ def prepare(channel: Channel, request: dict) -> None:
                 "dims": dict(case.dims),
                 "dtype": case.dtype,
                 "profile": case.profile,
-                "tolerance": list(spec.tolerance_for(case.dtype)),
+                "tolerance": list(
+                    hidden[case.name].tolerance
+                    if suite == HIDDEN_SUITE
+                    else spec.tolerance_for(case.dtype)
+                ),
             }
             for suite, case in cases
         ],
+        domains={dim: describe(domain) for dim, domain in domains(spec).items()},
+        hidden_notes=notes,
     )
     if request.get("describe_only"):
         channel.send(event="done")
@@ -172,7 +191,9 @@ def prepare(channel: Channel, request: dict) -> None:
         label = f"{suite} case {case.name!r}"
         key = case_key(jax, request["seed"], suite, case.name)
         try:
-            inputs = spec.make_inputs(case, key)
+            inputs = (
+                hidden[case.name].inputs if suite == HIDDEN_SUITE else spec.make_inputs(case, key)
+            )
         except Exception as exc:
             channel.send(
                 event="spec_error",
@@ -203,7 +224,11 @@ def prepare(channel: Channel, request: dict) -> None:
     for position, (suite, case, label, key, inputs, arrays, case_dir) in enumerate(drawn):
         started = time.perf_counter()
         try:
-            reference = jax.block_until_ready(spec.reference(*inputs))
+            reference = (
+                hidden[case.name].reference
+                if suite == HIDDEN_SUITE
+                else jax.block_until_ready(spec.reference(*inputs))
+            )
         except Exception as exc:
             channel.send(
                 event="spec_error",

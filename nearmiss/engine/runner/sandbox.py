@@ -238,7 +238,8 @@ class SandboxChild:
         argv = [sys.executable, "-m", self.module]
         pass_fds = list(self._child_ends)
         seccomp_fd = None
-        workdir, mounts = self.home, ()
+        workdir = self.home
+        mounts: tuple[tuple[Path, Path], ...] = ()
         if self.code_dir is not None:
             env.pop("PYTHONHASHSEED", None)
             workdir = self.code_dir

@@ -152,6 +152,9 @@ class RawRun:
     # The control cases the engine asked for after the suite (``forensics.controls``), by name;
     # one the spec could not serve has ``failure == "unrunnable"``. Never part of a verdict.
     controls: dict[str, RawCase] = field(default_factory=dict)
+    # What the hidden cases could not cover (``nearmiss.engine.hidden``), and each dim's domain.
+    notes: list[str] = field(default_factory=list)
+    domains: dict[str, str] = field(default_factory=dict)
 
 
 # Asked after the suite's cases, with them and the controls run so far: the control cases to
@@ -924,6 +927,7 @@ def run_sandboxed(
     controls: ControlPlanner | None = None,
     inputs_to: Path | None = None,
     profile_runs: int | None = None,
+    hidden: bool = False,
 ) -> RawRun:
     """Run the spec's cases of ``suite`` against the candidate, each side in its own child.
 
@@ -942,7 +946,9 @@ def run_sandboxed(
     are the run's ``controls``. ``inputs_to``: each case's inputs file is copied there, under
     the case's key (``runner.edit_screen`` runs edits of the kernel on them). ``profile_runs``:
     warm runs timed per suite case, of the kernel and of the reference (``runner.timing``;
-    default: some on a device, none in CPU emulation).
+    default: some on a device, none in CPU emulation). ``hidden``: with suite ``all``, the
+    spec's child adds the hidden cases it draws from ``seed`` (``nearmiss.engine.hidden``):
+    for a certifying check only, never a fixer's screening.
     """
     spec, candidate = spec.resolve(), candidate.resolve()
     profile_runs = profile_runs_for(platform, profile_runs) if entry.artifact else 0
@@ -955,6 +961,7 @@ def run_sandboxed(
         select=select,
         controls=controls is not None and execute and entry.artifact,
         profile_runs=profile_runs if execute else 0,
+        hidden=hidden and suite == "all" and select is None,
     )
     key = truth_cache.entry_key(spec_text, {**asked, "shown": str(spec)}, platform, limits)
     # A kept answer needs no spec child: a waiting spare is left for the next check.
@@ -1068,6 +1075,8 @@ def run_sandboxed(
             jax_version=described["jax_version"],
             cases=cases,
             targets=chosen,
+            notes=[str(n)[:300] for n in described.get("hidden_notes") or []][:8],
+            domains={str(k): str(v)[:40] for k, v in (described.get("domains") or {}).items()},
         )
         live = not feed.kept  # a child that answered the request waits for control rounds
         for _ in range(

@@ -48,7 +48,20 @@ def calibrate(channel: Channel, request: dict) -> None:
     except SpecError as exc:
         channel.send(event="spec_error", message=str(exc))
         return
-    channel.send(event="spec", name=spec.name, cases=len(cases))
+    from nearmiss.engine.hidden import describe, domains
+    from nearmiss.engine.runner.hidden_cases import serve_hidden
+
+    try:  # what a certifying check could draw beyond the listed cases, and what it could not
+        _, hidden_notes = serve_hidden(jax, np, spec, int(request["seed"]))
+    except Exception as exc:
+        hidden_notes = [f"no hidden case could be drawn: {_first_line(exc)}"]
+    channel.send(
+        event="spec",
+        name=spec.name,
+        cases=len(cases),
+        domains={dim: describe(domain) for dim, domain in domains(spec).items()},
+        hidden_notes=hidden_notes,
+    )
     workdir = Path(request["workdir"])
     traced = []
     for suite, case in cases:
