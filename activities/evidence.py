@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nearmiss.engine.hidden import HIDDEN_SUITE, listed
 from nearmiss.engine.models import CaseResult, CheckReport, ControlFinding, Evidence, Finding
 
 # How far a failing case got, by its class: it did not build, it built and crashed, it ran and
@@ -31,7 +32,9 @@ def score(report: CheckReport) -> float:
         return 1.0
     if not report.integrity.ok:
         return 0.0
-    return score_cases(report.cases)
+    # The listed cases only: the hidden ones are drawn anew by every check, and a score that
+    # moved with them would read a new draw as progress or regression.
+    return score_cases(listed(report.cases))
 
 
 def score_cases(cases: list[CaseResult]) -> float:
@@ -46,9 +49,19 @@ def score_cases(cases: list[CaseResult]) -> float:
 
 
 def signature(report: CheckReport) -> str:
-    failing = sorted(f"{c.suite}/{c.name}:{c.failure_class}" for c in report.cases if not c.passed)
+    """The same failure, for the loop's guards: the primary class, the listed cases that fail
+    and how, the rules. Failing hidden cases count as one mark, "hidden": each check draws its
+    own, and a signature that moved with the draw would read it as progress or a new failure."""
+    failing = sorted(
+        f"{c.suite}/{c.name}:{c.failure_class}" for c in listed(report.cases) if not c.passed
+    )
+    hidden_failing = any(not c.passed for c in report.cases if c.suite == HIDDEN_SUITE)
+    # The primary class is a hidden case's only where nothing listed and no target failed.
+    hidden_only = hidden_failing and not failing and all(t.ok for t in report.targets.values())
+    head = "hidden" if hidden_only else (report.failure_class or "none")
+    marks = [*failing, "hidden"] if hidden_failing else failing
     rules = sorted({v.rule for v in report.integrity.violations})
-    return "|".join([report.failure_class or "none", ",".join(failing), ",".join(rules)])
+    return "|".join([head, ",".join(marks), ",".join(rules)])
 
 
 def evidence_from_report(report: CheckReport, candidate_hash: str, report_hash: str) -> Evidence:
@@ -66,8 +79,8 @@ def evidence_from_report(report: CheckReport, candidate_hash: str, report_hash: 
         diagnosis=report.diagnosis,
         compact_passed=report.compact_passed,
         extended_passed=report.extended_passed,
-        cases_passed=sum(c.passed for c in report.cases),
-        cases_total=len(report.cases),
+        cases_passed=sum(c.passed for c in listed(report.cases)),
+        cases_total=len(listed(report.cases)),
         score=score(report),
         signature=signature(report),
         report_hash=report_hash,

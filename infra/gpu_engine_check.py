@@ -182,7 +182,7 @@ def escape_attempt(target: str) -> dict[str, Any]:
         candidate = Path(scratch) / "escape.py"
         golden = (ROOT / "pallas_ops/silu_mul/golden.py").read_text()
         candidate.write_text(ESCAPE_PREFIX.format(paths=paths) + golden)
-        error, certified = None, None
+        error, passed = None, None
         try:
             report = check(
                 ROOT / "pallas_ops/silu_mul/spec.py",
@@ -192,7 +192,7 @@ def escape_attempt(target: str) -> dict[str, Any]:
                 integrity="off",
                 targets=(target,),
             )
-            certified = report.certified
+            passed = report.passed  # the gate is off: the numbers' verdict, never a certificate
         except Exception as exc:  # a refusal is fine: only the markers matter
             error = f"{type(exc).__name__}: {exc}"[:300]
     found = [p for p in paths if os.path.exists(p)]
@@ -202,7 +202,7 @@ def escape_attempt(target: str) -> dict[str, Any]:
         "markers_tried": paths,
         "markers_found": found,
         "check_error": error,
-        "certified": certified,  # the golden's numbers are right: the check itself ran
+        "passed": passed,  # the golden's numbers are right: the check itself ran
     }
 
 

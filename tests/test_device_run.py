@@ -199,7 +199,7 @@ def test_the_device_scripts_dry_run_checks_and_its_escape_attempt_is_contained(t
     assert checked["targets"]["interpret"]["ok"]
     assert (tmp_path / "checks" / "silu_mul-golden.json").is_file()
     escape = result["escape"]
-    assert escape["certified"] and len(escape["markers_tried"]) == 3
+    assert escape["passed"] and len(escape["markers_tried"]) == 3
     assert escape["markers_found"] == []
     # The control: unsandboxed, the same candidate leaves its markers (the script removes them).
     unsafe = _dry_run(tmp_path, NEARMISS_UNSAFE_NO_SANDBOX="1")["escape"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SOFTMAX_SPEC
+from conftest import MATMUL_SPEC, OPS, SOFTMAX_SPEC
 from nearmiss.engine import check as check_module
 from nearmiss.engine.check import check
 
@@ -42,3 +42,20 @@ def test_a_forged_answer_on_the_channel_is_no_result(no_static_gate):
     assert not report.certified
     assert [c.failure_class for c in report.cases] == ["runtime_error"]
     assert "unusable result" in report.cases[0].diagnosis
+
+
+@pytest.mark.parametrize(
+    ("spec", "candidate"),
+    [
+        (MATMUL_SPEC, "forged_label_loop.py"),  # XLA named like a kernel, a loop at its top
+        (MATMUL_SPEC, "unbounded_small_steps.py"),  # a data-bound loop of scalar work
+        (OPS / "embedding_gather" / "spec.py", "gather_in_a_loop.py"),  # slices at data positions
+    ],
+)
+def test_work_done_outside_the_kernel_is_found_however_it_is_dressed(
+    no_static_gate, spec, candidate
+):
+    report = check(spec, FORGERIES / candidate, "compact", 5)
+    assert report.cases and all(c.passed for c in report.cases)  # the numbers are right...
+    assert not report.certified  # ...and still no certificate
+    assert "wrapper_compute" in {v.rule for v in report.integrity.violations}

@@ -73,3 +73,11 @@ def test_inside_the_window_the_engine_is_gone_and_its_copies_do_not_outlive_it()
     # ...is never what the engine finds afterwards.
     assert sys.modules["nearmiss.engine.runner.arrays"] is engine_arrays
     assert (sys.argv, sys.path) == (argv, path)
+
+
+def test_asking_which_arrays_are_alive_is_refused_by_the_gate():
+    """The one tell the harness cannot hide: a user's call has the input alive, the engine's
+    trace of shapes has none (``tests/forgeries/gated_live_arrays.py``)."""
+    report = check(SOFTMAX_SPEC, FORGERIES / "gated_live_arrays.py", "compact", 5)
+    assert not report.certified
+    assert "config_tamper" in {v.rule for v in report.integrity.violations}

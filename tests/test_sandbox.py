@@ -58,7 +58,7 @@ def test_a_hang_at_import_is_a_timeout_for_every_case(private_tmp):
         Limits(startup_timeout_s=5),
         integrity="report",
     )
-    assert [c.failure_class for c in report.cases] == ["timeout"] * 3
+    assert {c.failure_class for c in report.cases} == {"timeout"} and len(report.cases) >= 3
     assert "importing the candidate" in report.cases[0].diagnosis
     assert processes_under(private_tmp) == []
 

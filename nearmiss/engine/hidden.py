@@ -8,19 +8,24 @@ its seed (the same ``--seed`` draws the same ones), reported under the suite ``h
 never shown to a fixer before the verdict:
 
 - ``shapes``: a listed case with its dimensions drawn anew, as many as the size budget holds,
-  in a random order — above the listed sizes where the domain reaches past them, else among
-  the sizes no case lists — and a fresh key;
-- ``values-xN``: a listed case (one with an adversarial profile, where the spec has one: the
-  profiles that stretch the values) with a fresh key and its signal-like float inputs — both
-  signs and more than two distinct values, so not masks, probabilities, scales or lengths —
-  multiplied by N, a power of two. That is exact in floating point, so a kernel's linear work
-  scales exactly, and its absolute tolerance grows with the reference's magnitude (never
-  shrinks). Where the spec's own reference turns non-finite at a scale, a smaller one is
+  in a random order — each half the time above the listed sizes, else among all the sizes no
+  case lists — and a fresh key;
+- ``values-xN``: a listed case (half the time one with an adversarial profile, where the spec
+  has one: the profiles that stretch the values) with a fresh key and its signal-like float
+  inputs — both signs and more than two distinct values, so not masks, probabilities, scales
+  or lengths — multiplied by N, a power of two. That is exact in floating point, so a kernel's
+  linear work scales exactly, and its absolute tolerance grows with the reference's magnitude
+  (never shrinks). Where the spec's own reference turns non-finite at a scale, a smaller one is
   tried: the reference is the truth, and it must hold at the scale asked.
+
+Every hidden case's tolerance also holds ``NOISE_MARGIN`` times the reference's own float noise
+on its inputs (its result against the same computation in float64), as ``spec check`` asks of a
+listed case's: at larger sizes and magnitudes the reference itself rounds more.
 
 A dimension's domain is the spec's (``OpSpec.domains``), else what its listed values imply: from
 the smallest listed value to ``GROWTH`` times the largest, in steps of the largest power of two
-dividing them all (a dimension every case sets to one value stays there). A hidden case holds at
+dividing their differences (5 and 7: odd sizes; a dimension every case sets to one value stays
+there). A hidden case holds at
 most ``GROWTH`` times the elements of the largest listed case. Drawing is plain Python over the
 spec's declarations (``draw``); the spec's child makes the inputs and references.
 """
@@ -51,10 +56,12 @@ class HiddenCase:
     scales: tuple[float, ...]
 
 
-def _alignment(values: set[int]) -> int:
-    """The largest power of two dividing every value."""
+def _spacing(values: set[int]) -> int:
+    """The largest power of two dividing every difference between the values: they all lie on
+    one grid of that step (256 and 320: 64; 5 and 7, odd sizes: 2; 45 and 64: 1)."""
+    low = min(values)
     step = 1
-    while all(v % (step * 2) == 0 for v in values):
+    while all((v - low) % (step * 2) == 0 for v in values):
         step *= 2
     return step
 
@@ -69,19 +76,21 @@ def domains(spec: OpSpec) -> dict[str, Dim]:
             (value,) = values
             found[dim] = Dim(min=value, max=value)
         else:
-            step = _alignment(values)
-            low = -(-min(values) // step) * step
-            found[dim] = Dim(min=low, max=GROWTH * max(values), multiple_of=step)
+            step = _spacing(values)
+            found[dim] = Dim(min=min(values), max=GROWTH * max(values), step=step)
     return found
 
 
 def describe(domain: Dim) -> str:
-    """'45..128', '256..640 step 64', '128' (one value), '1..any step 8'."""
-    top = "any" if domain.max is None else str(domain.max)
-    if top == str(domain.min):
-        return top
-    step = f" step {domain.multiple_of}" if domain.multiple_of > 1 else ""
-    return f"{domain.min}..{top}{step}"
+    """'45..128', '256..640 step 64', '5..13 step 2', '128' (one value), '8..any step 8'."""
+    step = domain.step or domain.multiple_of
+    every = f" step {step}" if step > 1 else ""
+    if domain.max is None:
+        return f"{domain.values(domain.min + 2 * step)[0]}..any{every}"
+    values = domain.values(domain.max)
+    if len(values) <= 1:
+        return str(values[0]) if len(values) else "none"
+    return f"{values[0]}..{values[-1]}{every}"
 
 
 def narrow(spec: OpSpec) -> list[str]:
@@ -123,21 +132,23 @@ def _draw_dims(
     rng: random.Random, base: Case, found: dict[str, Dim], listed: dict[str, set[int]], limit: int
 ) -> dict[str, int]:
     """The base case's dims, as many as fit in ``limit`` elements drawn anew, taken in a random
-    order: each from its domain's values above every listed one where there are some (more
-    blocks, longer loops: where an accumulator reset or a bound that holds for two blocks
-    shows), else from its other unlisted values (a kernel keyed on the listed sizes shows on any
-    of them). A dim whose draw would pass the limit keeps its value (a few tries each)."""
+    order: each, half the time, from its domain's values above every listed one (more blocks,
+    longer loops: where an accumulator reset or a bound that holds for two blocks shows), else
+    from all its unlisted values, between the listed ones too (a kernel keyed on the listed
+    sizes, or wrong on a band of them, shows there). A dim whose draw would pass the limit
+    keeps its value (a few tries each)."""
     choices = {}
     for dim in base.dims:
         values = found[dim].values(limit)
-        above = [v for v in values if v > max(listed[dim])]
         unlisted = [v for v in values if v not in listed[dim]]
-        if above or unlisted:
-            choices[dim] = above or unlisted
+        above = [v for v in unlisted if v > max(listed[dim])]
+        if unlisted:
+            choices[dim] = (above or unlisted, unlisted)
     dims = dict(base.dims)
     for dim in rng.sample(sorted(choices), len(choices)):
+        above, unlisted = choices[dim]
         for _ in range(8):
-            value = rng.choice(choices[dim])
+            value = rng.choice(above if rng.random() < 0.5 else unlisted)
             if math.prod({**dims, dim: value}.values()) <= limit:
                 dims[dim] = value
                 break
@@ -155,8 +166,10 @@ def draw(spec: OpSpec, seed: int) -> list[HiddenCase]:
     drawn = [HiddenCase(Case(SHAPES, dims, base.dtype, base.profile), (1.0,))]
     scales = DEFAULT_SCALES if spec.value_scales is None else spec.value_scales
     if scales:
-        stretched = [c for c in listed if c.adversarial] or listed
-        base = rng.choice(stretched)
+        # Half the time an adversarial profile's case, scaled past every listed magnitude; else
+        # any case, whose values land between the listed profiles' too.
+        stretched = [c for c in listed if c.adversarial]
+        base = rng.choice(stretched if stretched and rng.random() < 0.5 else listed)
         scale = rng.choice(sorted(scales))
         smaller = tuple(sorted((s for s in scales if s < scale), reverse=True))
         name = f"values-x{scale:g}"
@@ -204,3 +217,23 @@ def finite_where(np: Any, leaves: list[Any], like: list[Any]) -> bool:
         ):
             return False
     return True
+
+
+def listed(cases: list[Any]) -> list[Any]:
+    """The spec's own cases of a report (``CaseResult``), without the hidden ones."""
+    return [c for c in cases if c.suite != HIDDEN_SUITE]
+
+
+def noise_used(np: Any, leaves: list[Any], truth: list[Any], atol: float, rtol: float) -> float:
+    """The most of the tolerance ``atol + rtol·|truth|`` the float leaves' distance from
+    ``truth`` (the same computation in float64) uses, where both are finite."""
+    used = 0.0
+    for leaf, exact in zip(leaves, truth, strict=True):
+        value, wide = _floats(np, leaf), _floats(np, exact)
+        if value is None or wide is None or value.shape != wide.shape:
+            continue
+        finite = np.isfinite(value) & np.isfinite(wide)
+        if finite.any():
+            error = np.abs(value[finite] - wide[finite])
+            used = max(used, float((error / (atol + rtol * np.abs(wide[finite]))).max()))
+    return used

@@ -45,6 +45,10 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "bool": (0.0, 0.0),
 }
 DTYPES = tuple(DEFAULT_TOLERANCES)
+# A tolerance should leave a correct kernel this much room over the reference's own noise (its
+# float32 result against the same computation in float64): ``spec check`` suggests no less, and
+# a hidden case widens its tolerance to at least this (``runner.hidden_cases``).
+NOISE_MARGIN = 8.0
 
 # The value profile of ordinary random inputs; any other profile is adversarial (large
 # magnitudes, constant rows, ...) and a failure confined to one is classified `unstable`.
@@ -94,19 +98,25 @@ class Case:
 @dataclass(frozen=True)
 class Dim:
     """The values a dimension may take: where the engine draws its hidden cases' sizes
-    (``nearmiss.engine.hidden``). Without one, a dimension's domain is what its listed values
-    imply: from the smallest to twice the largest, in steps of the largest power of two that
-    divides them all."""
+    (``nearmiss.engine.hidden``). ``multiple_of``: multiples of it from ``min``; ``step``
+    instead: ``min``, ``min + step``, ... (odd sizes: ``Dim(min=3, step=2)``). Without one, a
+    dimension's domain is what its listed values imply: from the smallest to twice the
+    largest, in steps of the largest power of two dividing their differences."""
 
     min: int = 1
     max: int | None = None
     multiple_of: int = 1
+    step: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("min", "multiple_of"):
+        for name in ("min", "multiple_of", "step"):
             value = getattr(self, name)
+            if name == "step" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpecError(f"Dim {name}={value!r} must be a positive integer")
+        if self.step is not None and self.multiple_of != 1:
+            raise SpecError("Dim takes multiple_of or step, not both")
         if self.max is not None and (
             isinstance(self.max, bool) or not isinstance(self.max, int) or self.max < self.min
         ):
@@ -115,6 +125,8 @@ class Dim:
     def values(self, limit: int) -> range:
         """The domain's values up to ``limit`` (its own max where that is lower)."""
         top = limit if self.max is None else min(self.max, limit)
+        if self.step is not None:
+            return range(self.min, top + 1, self.step)
         first = -(-self.min // self.multiple_of) * self.multiple_of
         return range(first, top + 1, self.multiple_of)
 

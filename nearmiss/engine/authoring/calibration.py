@@ -27,9 +27,8 @@ from nearmiss.engine.runner.arrays import float_eps, is_float, load_arrays
 from nearmiss.engine.runner.sandbox import ChildFailure, Limits
 from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 from nearmiss.engine.runner.spec_sandbox import spec_request, start_spec_child
+from nearmiss.engine.spec import NOISE_MARGIN
 
-# A tolerance should leave a correct kernel this much room over the reference's own noise.
-NOISE_MARGIN = 8.0
 # ... and fail a bfloat16 computation by at least this factor.
 BUG_MARGIN = 2.0
 # A case whose noise uses more than this fraction of its tolerance may fail with a fresh seed.

@@ -42,7 +42,8 @@ from nearmiss.engine.integrity.pricing import attr as _attr
 from nearmiss.engine.integrity.pricing import kind_of as _kind
 from nearmiss.engine.integrity.pricing import shape as _shape
 
-# The name the candidate child gives each pallas_call's function (runner.artifact).
+# The name the candidate child gives each pallas_call's function (runner.traced_program); a
+# check draws its own suffix (``check_label``).
 KERNEL_LABEL = "nearmiss_pallas_kernel"
 ALIAS_MARK = "__alias_"  # KERNEL_LABEL__alias_0_0: operand 0 written in place as output 0
 
@@ -75,6 +76,25 @@ _INT = re.compile(r"dense<(-?\d+)>")
 # Ops whose one region runs once, where they stand (Shardy's per-device body).
 WALKED_ONCE = frozenset({"sdy.manual_computation", "sdy.named_computation"})
 ORDER = {"unpriced": 0, "heavy": 1, "light": 2}  # how found work is listed: unbounded first
+
+
+def check_label() -> str:
+    """A kernel label for one check: ``KERNEL_LABEL`` and a suffix drawn now, after nothing of
+    the candidate's has run. The name was a constant, and a candidate that named its own jitted
+    XLA like that, with a loop at its top, passed it off as a kernel (found 2026-12-05 by an
+    attack review): its trace cannot name what is drawn after it, and the name reaches the
+    candidate's child only in the request, never where its code runs."""
+    import secrets
+
+    return f"{KERNEL_LABEL}_{secrets.token_hex(8)}"
+
+
+def requested_label(value: object) -> str:
+    """The label a child was told to use (a request's ``label``), or ``KERNEL_LABEL`` where it
+    names none that ``check_label`` could have drawn."""
+    if isinstance(value, str) and value.startswith(KERNEL_LABEL) and value.isidentifier():
+        return value
+    return KERNEL_LABEL
 
 
 class AuditError(Exception):
@@ -151,8 +171,15 @@ def _trip_count(loop: Any) -> int | None:
 class _Walker:
     """Walks a module from ``main``, entering calls and regions, tallying work by place."""
 
-    def __init__(self, module: Any, count_kernels: bool, compiled_only: bool = False) -> None:
+    def __init__(
+        self,
+        module: Any,
+        count_kernels: bool,
+        compiled_only: bool = False,
+        label: str = KERNEL_LABEL,
+    ) -> None:
         self.compiled_only = compiled_only
+        self.label = label
         self.interpreted = 0  # labelled functions in interpret mode's form, where not kernels
         self.functions = {}
         for op in module.body.operations:
@@ -174,7 +201,7 @@ class _Walker:
 
     # -- kernels -------------------------------------------------------------------------------
     def _is_kernel_function(self, name: str) -> bool:
-        if not name.startswith(KERNEL_LABEL) or name not in self.functions:
+        if not name.startswith(self.label) or name not in self.functions:
             return False
         top = list(self.functions[name].regions[0].blocks[0].operations)
         interpreted = any(_kind(op) == "stablehlo.while" for op in top)
@@ -259,7 +286,7 @@ class _Walker:
             for region in op.regions:
                 for block in region.blocks:
                     self._walk_block(block, times, {}, depth + 1)
-        elif name in pricing.GLUE:
+        elif name in pricing.GLUE and not pricing.data_addressed(op):
             return
         elif pricing.is_dynamic(op):
             self._tally(op, "unpriced", 1, times)  # its sizes, and so its work, are unknown
@@ -384,10 +411,11 @@ def _walk(
     count_kernels: bool,
     kept: tuple[int, ...] | None = None,
     compiled_only: bool = False,
+    label: str = KERNEL_LABEL,
 ) -> _Walker:
     """Walk from ``main``; its argument i is the function's input ``kept[i]`` (JAX drops unused
     inputs from the module), input i when ``kept`` is None."""
-    walker = _Walker(module, count_kernels, compiled_only)
+    walker = _Walker(module, count_kernels, compiled_only, label)
     main_args = len(walker.main.regions[0].blocks[0].arguments)
     kept = tuple(range(main_args)) if kept is None else tuple(kept)
     if len(kept) != main_args:
@@ -403,17 +431,21 @@ def total_work(module: Any) -> int:
 
 
 def audit_module(
-    module: Any, kept: tuple[int, ...] | None = None, compiled_only: bool = False
+    module: Any,
+    kept: tuple[int, ...] | None = None,
+    compiled_only: bool = False,
+    label: str = KERNEL_LABEL,
 ) -> dict[str, Any]:
     """The facts about a candidate's artifact that the dynamic rules judge (``kept``: which
-    inputs the module's arguments are, as ``Exported.module_kept_var_idx`` says).
+    inputs the module's arguments are, as ``Exported.module_kept_var_idx`` says; ``label``: the
+    name the engine gave kernels' functions in this check, ``check_label``).
 
     ``compiled_only`` (an artifact run on a device): only a kernel custom_call is a kernel. The
     candidate's own process decides how it exports, so a candidate that makes itself believe it
     is on a CPU exports interpret mode's plain XLA, which would be "right on the GPU" without
     any GPU kernel in it; such functions are counted as ``interpreted`` and their work as XLA's.
     """
-    walker = _walk(module, count_kernels=False, kept=kept, compiled_only=compiled_only)
+    walker = _walk(module, count_kernels=False, kept=kept, compiled_only=compiled_only, label=label)
     return {
         "pallas_calls": walker.kernels,
         "interpreted": walker.interpreted,

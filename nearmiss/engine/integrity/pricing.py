@@ -258,10 +258,42 @@ def _fft(length: int) -> int:
     return 5 * length * _log2(length)
 
 
+# Slices whose position is read from an array: a gather (or scatter) of one window. At a position
+# made of constants and scalars (a scan's step counter) they walk a layout; at one read out of
+# an array, a loop of them does a whole gather outside the kernel (an embedding lookup was
+# certified that way as 0 work, found 2026-12-05 by an attack review).
+DATA_ADDRESSED = {"stablehlo.dynamic_slice": 1, "stablehlo.dynamic_update_slice": 2}
+_PROVENANCE_DEPTH = 16
+
+
+def _read_from_array(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is computed from an array's elements (any operand of more than one
+    element on the way back), rather than from constants and scalars alone. Past the depth
+    it looks, it is taken to be (default deny)."""
+    owner = value.owner
+    if not hasattr(owner, "operands"):  # a block's argument: a scalar one is a loop's counter
+        return size(value) > 1
+    if depth > _PROVENANCE_DEPTH:
+        return True
+    operands = list(owner.operands)
+    if any(size(operand) > 1 for operand in operands):
+        return True
+    return any(_read_from_array(operand, depth + 1) for operand in operands)
+
+
+def data_addressed(op: Any) -> bool:
+    """A slice (or an update of one) whose position is read from an array."""
+    first = DATA_ADDRESSED.get(kind_of(op))
+    return first is not None and any(_read_from_array(value) for value in list(op.operands)[first:])
+
+
 def op_work(op: Any) -> tuple[str, int]:
     """(kind, work) of an op without regions: kind is glue, light, heavy or unpriced."""
     name = kind_of(op)
     out = sum(size(r) for r in op.results)
+    if data_addressed(op):
+        moved = op.operands[1] if name == "stablehlo.dynamic_update_slice" else op.results[0]
+        return "heavy", size(moved)
     if name in GLUE:
         return "glue", 0
     if name in ("stablehlo.dot_general", "stablehlo.dot"):

@@ -407,6 +407,15 @@ PLATFORM_NAMES = frozenset(
         "set_tpu_interpret_mode",
         "reset_tpu_interpret_mode_state",
         "pallas_tpu_interpret_mode_context_manager",
+        # What else the process holds while the kernel is traced: a user's ``jax.jit(kernel)(x)``
+        # has ``x`` alive, the engine's trace of shapes has no array at all, so a kernel that
+        # asked ``jax.live_arrays()`` was right under the engine and wrong for every user (and
+        # read the user's input values at trace time; found 2026-12-05 by an attack review).
+        "live_arrays",
+        "live_buffers",
+        "memory_stats",
+        "device_memory_profile",
+        "unsafe_buffer_pointer",
     }
 )
 # Modules (and names) by full dotted path, as imported or as reached through an import alias.

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nearmiss.engine.integrity.audit import requested_label
 from nearmiss.engine.runner.child import describe_exception, start_child
 from nearmiss.engine.runner.geometry import kernel_geometry
 from nearmiss.engine.runner.plain_import import (
@@ -178,7 +179,8 @@ def export_case(kernel, request: dict) -> dict:
     phase = "trace"
     started = time.perf_counter()
     try:
-        key = json.dumps(request["avals"])
+        label = requested_label(request.get("label"))
+        key = json.dumps([request["avals"], label])
         program = traced_program(kernel, request["avals"])
         if key not in _EXPORTED:
             try:
@@ -194,7 +196,8 @@ def export_case(kernel, request: dict) -> dict:
             # On a CPU every pallas_call is interpreted, on a device every one is compiled for
             # it, whatever the candidate passed: a device's verdict is never emulation's.
             on_cpu = jax.default_backend() == "cpu"
-            exported = export_traced(jax.jit(program.function(on_cpu)), avals_of(request))
+            function = program.function(on_cpu, label=label)
+            exported = export_traced(jax.jit(function), avals_of(request))
             _EXPORTED[key] = (geometry, callbacks, exported, narrow)
         geometry, callbacks, artifact, narrow = _EXPORTED[key]
         (Path(request["dir"]) / ARTIFACT_FILE).write_bytes(artifact)
@@ -222,12 +225,14 @@ def export_for_target(program: TracedProgram, request: dict, target: str) -> dic
     from nearmiss.engine.targets import export_for_tpu, trim_exception
     from nearmiss.engine.targets.tpu import without_tiling_rules
 
-    key = json.dumps([request["avals"], target])
+    key = json.dumps([request["avals"], target, requested_label(request.get("label"))])
     if key not in _EXPORTED_FOR:
         try:
             # the chip's compiler, not interpret; for the gpu target's grid, grids only
             grid_only = target == GPU_GRID
-            function = program.function(interpret=False, grid_only=grid_only)
+            function = program.function(
+                interpret=False, grid_only=grid_only, label=requested_label(request.get("label"))
+            )
             with without_tiling_rules() if grid_only else contextlib.nullcontext():
                 _EXPORTED_FOR[key] = export_for_tpu(
                     function,

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from nearmiss.engine.integrity.audit import requested_label
 from nearmiss.engine.runner.artifact import (
     ARTIFACT_FILE,
     ArtifactRejected,
@@ -25,7 +26,7 @@ from nearmiss.engine.runner.child import describe_exception, start_child
 from nearmiss.engine.runner.protocol import OUTPUT_FILE
 
 
-def _audit(module, exported) -> tuple[dict | None, str]:
+def _audit(module, exported, label: str) -> tuple[dict | None, str]:
     """The artifact's audit, or None and why: the engine judges a missing audit as unverified.
     On a device only compiled kernels count: this child's backend, not the candidate's say."""
     import jax
@@ -34,7 +35,8 @@ def _audit(module, exported) -> tuple[dict | None, str]:
 
     kept = tuple(sorted(exported.module_kept_var_idx))
     try:
-        return audit_module(module, kept, compiled_only=jax.default_backend() != "cpu"), ""
+        on_device = jax.default_backend() != "cpu"
+        return audit_module(module, kept, compiled_only=on_device, label=label), ""
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"[:200]
 
@@ -80,7 +82,7 @@ class _Prepared:
     """An artifact deserialized, audited, vetted and compiled: cases with the same artifact
     (the same shapes) reuse it, as a jit cache would."""
 
-    def __init__(self, data: bytes, args: list) -> None:
+    def __init__(self, data: bytes, args: list, label: str) -> None:
         import jax
 
         from nearmiss.engine.integrity.audit import parse_module
@@ -89,7 +91,7 @@ class _Prepared:
         self.exported = load_artifact(data)
         check_signature(self.exported, args)
         module, _context = parse_module(self.exported.mlir_module())
-        self.audit, self.audit_error = _audit(module, self.exported)
+        self.audit, self.audit_error = _audit(module, self.exported, label)
         refuse_unrunnable(module)
         started = time.perf_counter()
         self.compiled = jax.jit(self.exported.call).lower(*args).compile()
@@ -129,7 +131,7 @@ def run_artifact(request: dict) -> dict:
         data = read_artifact(case_dir / ARTIFACT_FILE)
         digest = hashlib.sha256(data).hexdigest()
         if digest not in _PREPARED:
-            _PREPARED[digest] = _Prepared(data, args)
+            _PREPARED[digest] = _Prepared(data, args, requested_label(request.get("label")))
             result["compile_s"] = _PREPARED[digest].compile_s
         prepared = _PREPARED[digest]
         check_signature(prepared.exported, args)
@@ -173,7 +175,9 @@ def probe_artifact(request: dict) -> dict:
         digest = hashlib.sha256(data).hexdigest()
         if digest not in _PREPARED:
             inputs, _ = load_arrays(case_dir / "inputs.npz")
-            _PREPARED[digest] = _Prepared(data, [jnp.asarray(a) for a in inputs])
+            _PREPARED[digest] = _Prepared(
+                data, [jnp.asarray(a) for a in inputs], requested_label(request.get("label"))
+            )
         done = run_probes(_PREPARED[digest].compiled, request["probes"])
     except Exception:  # an unanswered probe is judged by the engine
         done = []

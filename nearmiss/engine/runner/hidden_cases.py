@@ -90,7 +90,9 @@ def serve_hidden(jax, np, spec, seed: int) -> tuple[list[ServedHidden], list[str
             grown = magnitude(np, leaves) / max(magnitude(np, base), 1e-30)
             served.append(
                 ServedHidden(
-                    Case(f"values-x{scale:g}", case.dims, case.dtype, case.profile),
+                    # Its profile names the scale: scaled values are adversarial, and a kernel
+                    # failing only there is unstable, whatever profile they were drawn from.
+                    Case(f"values-x{scale:g}", case.dims, case.dtype, f"{case.profile}-x{scale:g}"),
                     scaled,
                     stretched,
                     (atol * max(1.0, grown), rtol),
@@ -103,7 +105,35 @@ def serve_hidden(jax, np, spec, seed: int) -> tuple[list[ServedHidden], list[str
                 f"inputs scaled by {', '.join(f'{s:g}' for s in hidden.scales)}; declare the "
                 "scales it allows in OpSpec(value_scales=...)"
             )
+    for item in served:
+        item.tolerance = _noise_room(jax, np, spec, item.inputs, item.reference, item.tolerance)
     return served, notes
+
+
+def _noise_room(jax, np, spec, inputs, reference, tolerance: tuple[float, float]):
+    """``tolerance``, both terms widened alike until the reference's own noise on these inputs
+    (its result against the same computation in float64, ``retype``) uses at most
+    1/``NOISE_MARGIN`` of it: at a drawn size or magnitude the reference may round more than on
+    the listed cases (logits scaled 16 times round 16 times coarser), and a correct kernel that
+    rounds differently must still fit. As it is where the noise cannot be measured, or where
+    the comparison is exact."""
+    from nearmiss.engine.hidden import noise_used
+    from nearmiss.engine.runner.retype import retyped_evaluation
+    from nearmiss.engine.spec import NOISE_MARGIN
+
+    atol, rtol = tolerance
+    wide = getattr(jax, "enable_x64", None)
+    if not (atol or rtol) or wide is None:
+        return tolerance
+    try:
+        closed = jax.make_jaxpr(spec.reference)(*inputs)
+        with wide(True):
+            truth = retyped_evaluation(closed, inputs, np.float64)
+        used = noise_used(np, jax.tree_util.tree_leaves(reference), truth, atol, rtol)
+    except Exception:  # a reference float64 cannot evaluate: the listed tolerance stands
+        return tolerance
+    factor = NOISE_MARGIN * used
+    return (atol * factor, rtol * factor) if factor > 1 else tolerance
 
 
 def _dims(case) -> str:

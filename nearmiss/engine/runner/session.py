@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from nearmiss.engine.errors import UsageError, last_error_line
-from nearmiss.engine.integrity.audit import CALLBACK_PRIMITIVES
+from nearmiss.engine.integrity.audit import CALLBACK_PRIMITIVES, KERNEL_LABEL, check_label
 from nearmiss.engine.integrity.dynamic import ArtifactAudit, Probe
 from nearmiss.engine.models import CaseSuite
 from nearmiss.engine.runner import spares, truth_cache
@@ -409,8 +409,9 @@ class _Executor(_Child):
     references; the input-independence probes follow once their references are drawn.
     """
 
-    def __init__(self, limits: Limits, platform: str) -> None:
+    def __init__(self, limits: Limits, platform: str, label: str = KERNEL_LABEL) -> None:
         super().__init__(EXECUTOR_MODULE, EXECUTOR_PREFIX, limits, platform)
+        self.label = label  # the check's kernel label (``audit.check_label``)
         self.ready = False
         self.work: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.thread: threading.Thread | None = None
@@ -476,7 +477,12 @@ class _Executor(_Child):
             return
         case_dir = self._stage(raw, artifact, inputs)
         message = self.ask(
-            raw, dir=str(case_dir), audit=raw.audited, probes=[], profile_runs=profile_runs
+            raw,
+            dir=str(case_dir),
+            audit=raw.audited,
+            probes=[],
+            profile_runs=profile_runs,
+            label=self.label,
         )
         if message is None:
             return
@@ -502,7 +508,13 @@ class _Executor(_Child):
         self._stage(raw, artifact, inputs)
         probes = self._copy_probes(raw, probe_dirs)
         try:
-            self.child.send(cmd="probe", suite=raw.info.suite, name=raw.info.name, probes=probes)
+            self.child.send(
+                cmd="probe",
+                suite=raw.info.suite,
+                name=raw.info.name,
+                probes=probes,
+                label=self.label,
+            )
             message = self.child.receive(self.limits.case_timeout_s)
             done = message.get("probes_done")
             if message["event"] != "probes_done" or not _int_list(done):
@@ -573,9 +585,16 @@ class _CandidateRunner(_Child):
     """
 
     def __init__(
-        self, candidate: Path, limits: Limits, platform: str, entry: Entry, shown: Path
+        self,
+        candidate: Path,
+        limits: Limits,
+        platform: str,
+        entry: Entry,
+        shown: Path,
+        label: str = KERNEL_LABEL,
     ) -> None:
         super().__init__(entry.module, CANDIDATE_PREFIX, limits, platform)
+        self.label = label  # the check's kernel label (``audit.check_label``)
         self.candidate = candidate
         self.shown = shown  # the user's path, for messages
         self.entry = entry
@@ -678,7 +697,7 @@ class _CandidateRunner(_Child):
         the finding on ``raw`` when there is none. With it, the kernel lowered for each TPU
         chip of ``lower_for`` ({chip: artifact}), moved beside it; a refused lowering is
         recorded on ``raw.lowered``."""
-        answer = self._answer(raw, avals=avals, lower_for=lower_for)
+        answer = self._answer(raw, avals=avals, lower_for=lower_for, label=self.label)
         if answer is None:
             return None, {}
         try:
@@ -970,10 +989,11 @@ def run_sandboxed(
     workdir = spares.root(reference) if reference is not None else scratch_dir(REFERENCE_PREFIX)
     snapshot = workdir / "candidate" / candidate.name
     shown, candidate = candidate, snapshot
-    executor = _Executor(limits, platform)
+    label = check_label()  # drawn now: nothing of the candidate's has run yet
+    executor = _Executor(limits, platform, label)
     # Target compiles take seconds; they get their own executor, to overlap with the runs.
-    judge = _Executor(limits, platform)
-    runner = _CandidateRunner(candidate, limits, platform, entry, shown)
+    judge = _Executor(limits, platform, label)
+    runner = _CandidateRunner(candidate, limits, platform, entry, shown, label)
     feed: _ReferenceFeed | None = None
     spares.check_began()
     try:

@@ -52,7 +52,9 @@ class TracedProgram:
     def kernels(self) -> int:
         return sum(e.primitive.name == PALLAS_CALL for e in iter_eqns(self.jaxpr.jaxpr))
 
-    def function(self, interpret: Any = None, *, grid_only: bool = False):
+    def function(
+        self, interpret: Any = None, *, grid_only: bool = False, label: str = KERNEL_LABEL
+    ):
         """A function of the inputs that evaluates this program; with ``interpret`` (``False``
         for the chip's compiler, an ``InterpretParams``...) every pallas_call runs that way.
 
@@ -68,7 +70,7 @@ class TracedProgram:
         closed = (
             self.jaxpr
             if interpret is None and rewrite is None
-            else retargeted(self.jaxpr, interpret, rewrite, label=True)
+            else retargeted(self.jaxpr, interpret, rewrite, label=label)
         )
         out_tree = self.out_tree
 
@@ -92,11 +94,11 @@ def _grid_only(params: dict[str, Any]) -> dict[str, Any]:
     return {**params, "jaxpr": stub, "compiler_params": compiler}
 
 
-def retargeted(closed: Any, interpret: Any, rewrite: Any = None, label: bool = False) -> Any:
+def retargeted(closed: Any, interpret: Any, rewrite: Any = None, label: str | None = None) -> Any:
     """``closed`` with every pallas_call's ``interpret`` parameter set to ``interpret`` (and
     its parameters passed through ``rewrite``, where given), checked: a pallas_call the
     rewrite did not reach is refused, never left as traced. With ``label`` each pallas_call
-    also lowers into a function named for the audit (``labelled_call``)."""
+    also lowers into a function of that name, for the audit (``labelled_call``)."""
     jaxpr, _ = _retarget(closed.jaxpr, interpret, rewrite, label)
     result = closed if jaxpr is closed.jaxpr else closed.replace(jaxpr=jaxpr)
     calls = [e for e in iter_eqns(result.jaxpr) if e.primitive.name == PALLAS_CALL]
@@ -112,7 +114,7 @@ def retargeted(closed: Any, interpret: Any, rewrite: Any = None, label: bool = F
 
 
 def _retarget(
-    jaxpr: Any, interpret: Any, rewrite: Any = None, label: bool = False
+    jaxpr: Any, interpret: Any, rewrite: Any = None, label: str | None = None
 ) -> tuple[Any, set]:
     """``jaxpr`` itself where it holds no pallas_call (so untouched jaxprs keep their caches)."""
     eqns, added = [], set()
@@ -125,7 +127,7 @@ def _retarget(
             new = set(effects) - set(eqn.effects)
             eqn = eqn.replace(params=params, effects=set(eqn.effects) | new)
             if label:
-                eqn = labelled_call(eqn)
+                eqn = labelled_call(eqn, label)
         else:
             params, new = {}, set()
             for name, value in eqn.params.items():
@@ -141,7 +143,7 @@ def _retarget(
 
 
 def _retarget_value(
-    value: Any, interpret: Any, rewrite: Any = None, label: bool = False
+    value: Any, interpret: Any, rewrite: Any = None, label: str | None = None
 ) -> tuple[Any, set]:
     from jax._src import core
 
@@ -158,17 +160,15 @@ def _retarget_value(
     return value, set()
 
 
-def kernel_label(params: dict[str, Any]) -> str:
-    """The name a pallas_call's function gets: ``KERNEL_LABEL``, then each operand it writes in
+def kernel_label(params: dict[str, Any], label: str) -> str:
+    """The name a pallas_call's function gets: the check's label, then each operand it writes in
     place and the output it becomes (``__alias_0_0``), for the audit's ``input_mutation``."""
     aliases = params.get("input_output_aliases") or ()
     pairs = aliases.items() if isinstance(aliases, dict) else aliases
-    return KERNEL_LABEL + "".join(
-        f"{ALIAS_MARK}{i}_{o}" for i, o in sorted(pairs) if isinstance(i, int)
-    )
+    return label + "".join(f"{ALIAS_MARK}{i}_{o}" for i, o in sorted(pairs) if isinstance(i, int))
 
 
-def labelled_call(eqn: Any) -> Any:
+def labelled_call(eqn: Any, label: str) -> Any:
     """A pallas_call equation put inside a ``jit`` named ``kernel_label``: the equation JAX
     would have traced for ``jax.jit(f)`` where ``f`` binds this pallas_call, on the same
     variables and source location."""
@@ -179,7 +179,7 @@ def labelled_call(eqn: Any) -> Any:
     def call(*operands: Any) -> Any:
         return eqn.primitive.bind(*operands, **params)
 
-    call.__name__ = call.__qualname__ = kernel_label(params)
+    call.__name__ = call.__qualname__ = kernel_label(params, label)
     traced = jax.make_jaxpr(jax.jit(call))(*(v.aval for v in eqn.invars))
     (wrapper,) = traced.jaxpr.eqns
     return wrapper.replace(
