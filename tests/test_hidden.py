@@ -140,3 +140,24 @@ def test_a_kernel_wrong_on_a_redrawn_input_fails_as_a_hidden_case():
     (found,) = redrawn_results(run, [passed])
     assert (found.suite, found.name, found.passed) == ("hidden", "base-redraw-0", False)
     assert "input #0" in found.diagnosis
+
+
+def test_draws_reach_between_the_listed_sizes_and_profiles_as_well_as_past_them():
+    """A kernel wrong on a band between the listed sizes (K=384 when 128, 256 and 512 are
+    listed) or values (between the normal and the large profile) must meet one across checks."""
+    matmul = load_spec(MATMUL_SPEC)
+    depths = {hidden.draw(matmul, seed)[0].case.dims["K"] for seed in range(60)}
+    assert 384 in depths and any(k > 512 for k in depths)
+    softmax = load_spec(SOFTMAX_SPEC)
+    profiles = {hidden.draw(softmax, seed)[1].case.profile for seed in range(20)}
+    assert profiles == {"normal", "large"}
+
+
+def test_odd_sizes_stay_odd():
+    """Filter widths 5 and 7 imply odd widths (a golden whose halo assumes an odd filter was
+    refused on even ones); a spec says so itself with ``Dim(step=...)``."""
+    spec = _spec(Case("a", {"K": 5}), Case("b", {"K": 7}))
+    assert list(hidden.domains(spec)["K"].values(100)) == [5, 7, 9, 11, 13]
+    assert list(Dim(min=3, max=9, step=2).values(100)) == [3, 5, 7, 9]
+    with pytest.raises(SpecError):
+        Dim(multiple_of=8, step=2)
