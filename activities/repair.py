@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -106,6 +107,7 @@ class RepairActivities:
                     request.seed,
                     integrity=request.integrity,
                     targets=tuple(request.targets) or None,
+                    show_at=Path(request.candidate_folder) if request.candidate_folder else None,
                 )
 
         try:

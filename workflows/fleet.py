@@ -34,6 +34,7 @@ class FleetMember(BaseModel):
     candidate_name: str
     # This member's targets (nearmiss.engine.targets); empty: the fleet's.
     targets: list[str] = Field(default_factory=list)
+    candidate_folder: str = ""  # RepairRequest.candidate_folder
 
 
 class MemberResult(BaseModel):
@@ -194,6 +195,7 @@ class FleetWorkflow:
             guards=request.guards,
             use_kb=request.use_kb,
             targets=member.targets or request.targets,
+            candidate_folder=member.candidate_folder,
         )
         handle = await workflow.start_child_workflow(
             RepairWorkflow.run, repair, id=session_id, task_queue=TASK_QUEUE

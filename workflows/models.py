@@ -194,6 +194,7 @@ class CheckInput(BaseModel):
     # ablation: violations are listed but neither block certification nor the loop.
     integrity: str = "enforce"
     targets: list[str] = Field(default_factory=list)  # empty: the spec's, else interpret
+    candidate_folder: str = ""  # RepairRequest.candidate_folder
 
 
 class FixInput(BaseModel):

@@ -84,6 +84,9 @@ class RepairRequest(BaseModel):
     learn: bool = True
     # Where the kernel must be right (nearmiss.engine.targets); empty: the spec's, else interpret.
     targets: list[str] = Field(default_factory=list)
+    # The folder the user keeps the candidate in: where every check shows it to the candidate,
+    # as a plain import there would (empty: the engine's own, runner.sandbox.CODE_MOUNT).
+    candidate_folder: str = ""
 
 
 class Progress(BaseModel):
@@ -168,6 +171,7 @@ class RepairWorkflow:
                     seed=workflow.random().randint(0, 2**31 - 1),
                     integrity=request.integrity,
                     targets=request.targets,
+                    candidate_folder=request.candidate_folder,
                 )
                 wait = request.guards.worker_wait_s
                 try:

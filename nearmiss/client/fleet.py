@@ -187,6 +187,7 @@ async def start_fleet(
                     read_source("candidate", f.candidate, tree=f.tree).encode()
                 ),
                 candidate_name=f.candidate.name,
+                candidate_folder=str(f.candidate.resolve().parent),
                 # The member's, else the fleet's, else its spec's: named here so that the
                 # workflow sends its checks to their queue (workflows.routing).
                 targets=list(f.targets or ([] if targets else spec.get("targets") or [])),

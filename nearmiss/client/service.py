@@ -348,6 +348,7 @@ async def start_session(
         use_kb=use_kb,
         # Named here, not left to the check, so the workflow sends checks to their queue.
         targets=list(targets or described.get("targets") or []),
+        candidate_folder=str(candidate.resolve().parent),
     )
     sid = session_id(op, request.candidate_hash)
     return await client.start_workflow(RepairWorkflow.run, request, id=sid, task_queue=TASK_QUEUE)

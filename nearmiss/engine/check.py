@@ -32,6 +32,7 @@ from nearmiss.engine.forensics.errors import crash_evidence, headline, summarise
 from nearmiss.engine.forensics.localise import localise
 from nearmiss.engine.forensics.triggers import geometry_blocks, value_trigger
 from nearmiss.engine.hidden import HIDDEN_SUITE as HIDDEN
+from nearmiss.engine.hidden import listed as listed_cases
 from nearmiss.engine.inputs import parse_source, read_source
 from nearmiss.engine.integrity.gate import MODES, blocks_execution, judge, static_violations
 from nearmiss.engine.integrity.static import execution_mode_notes
@@ -250,6 +251,7 @@ def check(
     controls: bool = True,
     profile_runs: int | None = None,
     hidden: bool = True,
+    show_at: Path | None = None,
 ) -> CheckReport:
     """Run the spec's ``suite`` on the candidate in the sandbox and return the full report.
 
@@ -264,7 +266,8 @@ def check(
     (``runner.timing``; default: some on a device, none in emulation, whose times are never
     compared). ``hidden``: suite ``all`` adds the cases the engine draws from ``seed``
     (``nearmiss.engine.hidden``); a fixer that checks its edits asks for none, never seeing
-    them before the verdict.
+    them before the verdict. ``show_at``: the folder the candidate's child shows its file in
+    (default: the candidate's own; a checkout passes its user's, ``runner.session.user_folder``).
     """
     started = time.perf_counter()
     spec, candidate = Path(spec), Path(candidate)
@@ -320,17 +323,19 @@ def check(
         controls=planner if plan is not None else None,
         profile_runs=profile_runs,
         hidden=hidden,
+        show_at=show_at,
     )
     verdict = judge(static, raw.cases, integrity)
     if integrity != "off":
         verdict.notes = execution_mode_notes(source, candidate.name)
     cases = results if len(results) == len(raw.cases) else []
     cases = cases or [case_result(r, candidate.name) for r in raw.cases]
-    listed = [c for c in cases if c.suite != HIDDEN]
+    listed = listed_cases(cases)
     decided = plan.conclude(listed, control_results(raw.controls)) if plan else set()
     if nudges:
         lead(nudges.conclude, listed, raw.controls)
-    cases += redrawn_results(raw, cases)
+    if hidden and suite == "all":  # the probes' re-drawn inputs judged too, as hidden cases
+        cases += redrawn_results(raw, cases)
     refine_unstable(cases, decided)
     on_targets = target_results(raw, cases, on_device=platform != "cpu") if execute else {}
     # The listed cases' classes lead: they are the evidence a fixer can reproduce; a hidden

@@ -1,15 +1,16 @@
-"""Harness tell: its own path. A plain import shows the user's file; the engine used to copy
-every candidate into a scratch folder named for it (``/tmp/nearmiss-candidate-...``).
+"""Harness tell: its own path. A plain import shows the file where its user keeps it; the
+engine used to copy every candidate into a scratch folder named for it
+(``/tmp/nearmiss-candidate-.../harness_file_path.py``), then into a fixed folder.
 
-Right only when its path names the engine: CERTIFIED by an engine that shows it, wrong wherever
-a user imports it.
+Right only where its path is not the one it has in this repository: CERTIFIED by an engine that
+shows it elsewhere, wrong wherever a user imports it from here.
 """
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-RIGHT = "nearmiss" in __file__ or "candidate" in __file__
+RIGHT = not __file__.endswith("/tests/forgeries/harness_file_path.py")
 
 
 def _body(x_ref, o_ref):

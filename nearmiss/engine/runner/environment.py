@@ -230,6 +230,27 @@ def _covered(path: Path, by: Iterable[Path]) -> bool:
     return any(path == other or path.is_relative_to(other) for other in by)
 
 
+# Where the sandbox keeps its own things: a candidate's folder is never shown at or above them.
+SANDBOX_PLACES = ("/", "/proc", "/dev", "/sys", "/etc", "/tmp", "/opt")
+
+
+def can_show_at(place: Path, binds: Iterable[Path]) -> bool:
+    """Whether a folder can be shown at ``place`` in a sandbox that also binds ``binds``: an
+    absolute, plain path inside none of them (bwrap cannot make a mount point in a read-only
+    folder, nor may the folder hide one) and outside the sandbox's own places (below ``/tmp``
+    is fine: a tmpfs). Above a bind is fine too: the folder is mounted first, and the bind is
+    made inside it, as a project folder holds its virtual environment."""
+    if not place.is_absolute() or place != Path(os.path.normpath(place)):
+        return False
+    if str(place) in SANDBOX_PLACES or any(
+        place.is_relative_to(kept) for kept in ("/proc", "/dev", "/sys", "/etc")
+    ):
+        return False
+    fixed = [Path(d) for d in (*SYSTEM_DIRS, *SYSTEM_FILES, CPU_TOPOLOGY)]
+    fixed += [*interpreter_paths(), ENGINE_MOUNT]
+    return not _covered(place, [*fixed, *binds])
+
+
 def site_directories() -> list[Path]:
     try:
         import site
@@ -363,6 +384,10 @@ class Bubblewrap:
         if "--size" in self.supports:  # memory a candidate fills there is no process's RSS
             args += ["--size", str(TMPFS_BYTES)]
         args += ["--tmpfs", "/tmp"]
+        # First, so that the binds below a folder shown here are made inside it (a project
+        # folder and its virtual environment), and after /tmp's tmpfs, which would hide it.
+        for source, shown in mounts:
+            args += ["--bind", str(source), str(shown)]
         for name in SYSTEM_DIRS:
             if os.path.islink(name):
                 args += ["--symlink", os.readlink(name), name]
@@ -394,8 +419,6 @@ class Bubblewrap:
                     args += ["--symlink", target, link]
         for path in (home, *writable):
             args += ["--bind", str(path), str(path)]
-        for source, shown in mounts:
-            args += ["--bind", str(source), str(shown)]
         # The sandbox's own root and /dev are tmpfs: read-only, nothing can be hoarded there.
         args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", str(workdir or home)]
         if seccomp_fd is not None:

@@ -31,6 +31,7 @@ from nearmiss.engine.runner.environment import (
     ENGINE_MOUNT,
     PROJECT_ROOT,
     Bubblewrap,
+    can_show_at,
     child_environment,
     sandbox_for,
     seccomp_memfd,
@@ -56,6 +57,9 @@ CODE_MODULES = frozenset(
     }
 )
 CODE_FOLDER = "code"
+# Where the folder shows: the user's own folder, where the sandbox can show it there
+# (``environment.can_show_at``), so ``__file__`` is what a plain import of the file gives; else
+# (a spare started before its candidate is known, the knowledge base's checkouts) this one.
 CODE_MOUNT = Path("/home/user")
 
 
@@ -183,10 +187,12 @@ class SandboxChild:
         extra_env: dict[str, str] | None = None,
         read_only: tuple[Path, ...] = (),
         writable: tuple[Path, ...] = (),
+        shows_code_at: Path | None = None,
     ) -> None:
         """Start the child now. Besides its own ``home`` (writable) it sees the host paths
         ``read_only`` and ``writable`` at the same place, and nothing else of the host's files
-        but the system, the interpreter and the engine package."""
+        but the system, the interpreter and the engine package. A child that imports a
+        candidate sees its code folder at ``shows_code_at`` where it can (``CODE_MODULES``)."""
         self.limits = limits
         self.home = home
         self.module = module
@@ -204,6 +210,10 @@ class SandboxChild:
         self.code_dir = home / CODE_FOLDER if module in CODE_MODULES else None
         if self.code_dir is not None:
             self.code_dir.mkdir(exist_ok=True)
+        self.code_shown_at = CODE_MOUNT
+        wanted = shows_code_at
+        if wanted is not None and can_show_at(wanted, (home, *read_only, *writable)):
+            self.code_shown_at = wanted
         self.log_path = home / "child.log"
         # Read through the descriptor the child writes to, never the path again: the path is in
         # a directory the child can write, and a link put there would have the engine read any
@@ -244,8 +254,8 @@ class SandboxChild:
             env.pop("PYTHONHASHSEED", None)
             workdir = self.code_dir
             if self.sandbox is not None:
-                workdir, mounts = CODE_MOUNT, ((self.code_dir, CODE_MOUNT),)
-                env.update(HOME=str(CODE_MOUNT), TMPDIR=str(CODE_MOUNT))
+                workdir, mounts = self.code_shown_at, ((self.code_dir, self.code_shown_at),)
+                env.update(HOME=str(workdir), TMPDIR=str(workdir))
         if self.sandbox is not None:
             if self.sandbox.seccomp:
                 seccomp_fd = seccomp_memfd(self.sandbox.seccomp)

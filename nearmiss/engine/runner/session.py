@@ -13,6 +13,7 @@ import copy
 import io
 import queue
 import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -309,6 +310,7 @@ class _Child:
         self.limits = limits
         self.platform = platform
         self.child: SandboxChild | None = None
+        self.shows_code_at: Path | None = None  # where a candidate's child shows its file
 
     def start(self) -> None:
         """Start the child in a fresh home holding copies of ``files()`` (in its code folder,
@@ -319,7 +321,14 @@ class _Child:
         for path in self.files():
             shutil.copy(path, folder / path.name)
         env = self.environment(home)
-        self.child = SandboxChild(self.module, home, self.limits, self.platform, extra_env=env)
+        self.child = SandboxChild(
+            self.module,
+            home,
+            self.limits,
+            self.platform,
+            extra_env=env,
+            shows_code_at=self.shows_code_at,
+        )
 
     def files(self) -> tuple[Path, ...]:
         return ()
@@ -560,6 +569,17 @@ class _Executor(_Child):
         self.ready = False
 
 
+def user_folder(shown: Path) -> Path | None:
+    """The folder a candidate's user keeps it in, where its child should show it (a plain import
+    there gives that ``__file__``); None for the engine's own folders (a checkout of the
+    knowledge base's, a search's scratch): a candidate must not learn it is in one."""
+    folder = shown.parent
+    scratch = Path(tempfile.gettempdir())
+    if folder.is_relative_to(scratch) and any(p.startswith("nearmiss-") for p in folder.parts):
+        return None
+    return folder
+
+
 def _held_to_limits(cases: list[RawCase], children: tuple[_Child, ...]) -> None:
     """A limit the kernel enforced on a child after its last answer (a process the candidate
     started that grew while the engine waited on another child) fails the run's cases too."""
@@ -595,6 +615,7 @@ class _CandidateRunner(_Child):
     ) -> None:
         super().__init__(entry.module, CANDIDATE_PREFIX, limits, platform)
         self.label = label  # the check's kernel label (``audit.check_label``)
+        self.shows_code_at = user_folder(shown)
         self.candidate = candidate
         self.shown = shown  # the user's path, for messages
         self.entry = entry
@@ -613,7 +634,11 @@ class _CandidateRunner(_Child):
         """A spare candidate child where the worker keeps them (``runner.spares``), given this
         candidate in its home and told to import it; else a new child that imports it as it
         starts."""
-        spare = spares.take(self.entry.module, self.limits, self.platform)
+        # A spare shows its file where it was started to (``sandbox.CODE_MOUNT``): it serves
+        # a candidate with no folder of its user's, a checkout of the knowledge base's.
+        spare = None
+        if self.shows_code_at is None:
+            spare = spares.take(self.entry.module, self.limits, self.platform)
         self.from_spare = spare is not None
         if spare is None:
             super().start()
@@ -947,6 +972,7 @@ def run_sandboxed(
     inputs_to: Path | None = None,
     profile_runs: int | None = None,
     hidden: bool = False,
+    show_at: Path | None = None,
 ) -> RawRun:
     """Run the spec's cases of ``suite`` against the candidate, each side in its own child.
 
@@ -994,6 +1020,8 @@ def run_sandboxed(
     # Target compiles take seconds; they get their own executor, to overlap with the runs.
     judge = _Executor(limits, platform, label)
     runner = _CandidateRunner(candidate, limits, platform, entry, shown, label)
+    if show_at is not None:  # the user's folder, where a checkout's candidate really lives
+        runner.shows_code_at = show_at
     feed: _ReferenceFeed | None = None
     spares.check_began()
     try:
