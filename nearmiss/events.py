@@ -60,6 +60,7 @@ class RepairStarted(Event):
     certify_suite: str = "all"
     learn: bool = True
     targets: list[str] = []
+    candidate_folder: str = ""  # where its checks showed the candidate (empty: /home/user)
 
 
 class EvidenceCollected(Event):

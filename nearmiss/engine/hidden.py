@@ -7,9 +7,11 @@ passes every listed case. So every certifying check (suite ``all``) also runs ca
 its seed (the same ``--seed`` draws the same ones), reported under the suite ``hidden`` and
 never shown to a fixer before the verdict:
 
-- ``shapes``: a listed case with its dimensions drawn anew, as many as the size budget holds,
-  in a random order — each half the time above the listed sizes, else among all the sizes no
-  case lists — and a fresh key;
+- ``larger`` and ``unlisted``: a listed case each, with its dimensions drawn anew, as many as
+  the size budget holds, in a random order, from the sizes no case lists — above the listed
+  sizes for ``larger`` (more blocks: where an accumulator reset or a bound that holds for two
+  blocks shows), any of them for ``unlisted`` (between the listed sizes too: a kernel keyed on
+  them, or wrong on a band) — and a fresh key;
 - ``values-xN``: a listed case (half the time one with an adversarial profile, where the spec
   has one: the profiles that stretch the values) with a fresh key and its signal-like float
   inputs — both signs and more than two distinct values, so not masks, probabilities, scales
@@ -40,7 +42,9 @@ from typing import Any, Final
 from nearmiss.engine.spec import Case, Dim, OpSpec
 
 HIDDEN_SUITE: Final = "hidden"
-SHAPES = "shapes"
+# The sizes cases: past the listed sizes, and among all those no case lists.
+LARGER = "larger"
+UNLISTED = "unlisted"
 DEFAULT_SCALES = (4.0, 8.0, 16.0)
 NO_SIZE_TO_DRAW = "the spec's cases leave no size to draw hidden cases from"
 GROWTH = 2
@@ -129,26 +133,30 @@ def _size(case: Case) -> int:
 
 
 def _draw_dims(
-    rng: random.Random, base: Case, found: dict[str, Dim], listed: dict[str, set[int]], limit: int
+    rng: random.Random,
+    base: Case,
+    found: dict[str, Dim],
+    listed: dict[str, set[int]],
+    limit: int,
+    larger: bool,
 ) -> dict[str, int]:
     """The base case's dims, as many as fit in ``limit`` elements drawn anew, taken in a random
-    order: each, half the time, from its domain's values above every listed one (more blocks,
-    longer loops: where an accumulator reset or a bound that holds for two blocks shows), else
-    from all its unlisted values, between the listed ones too (a kernel keyed on the listed
-    sizes, or wrong on a band of them, shows there). A dim whose draw would pass the limit
-    keeps its value (a few tries each)."""
+    order, each from its domain's values no case lists: with ``larger``, those above every
+    listed one where there are some (more blocks, longer loops: where an accumulator reset or
+    a bound that holds for two blocks shows); else any of them, between the listed ones too (a
+    kernel keyed on the listed sizes, or wrong on a band of them). A dim whose draw would pass
+    the limit keeps its value (a few tries each)."""
     choices = {}
     for dim in base.dims:
         values = found[dim].values(limit)
         unlisted = [v for v in values if v not in listed[dim]]
         above = [v for v in unlisted if v > max(listed[dim])]
         if unlisted:
-            choices[dim] = (above or unlisted, unlisted)
+            choices[dim] = (above or unlisted) if larger else unlisted
     dims = dict(base.dims)
     for dim in rng.sample(sorted(choices), len(choices)):
-        above, unlisted = choices[dim]
         for _ in range(8):
-            value = rng.choice(above if rng.random() < 0.5 else unlisted)
+            value = rng.choice(choices[dim])
             if math.prod({**dims, dim: value}.values()) <= limit:
                 dims[dim] = value
                 break
@@ -161,9 +169,12 @@ def draw(spec: OpSpec, seed: int) -> list[HiddenCase]:
     rng = random.Random(f"nearmiss-hidden-{seed}")
     listed = [*spec.compact, *spec.extended]
     limit = GROWTH * max(_size(c) for c in listed)
-    base = rng.choice(listed)
-    dims = _draw_dims(rng, base, domains(spec), _listed_values(spec), limit)
-    drawn = [HiddenCase(Case(SHAPES, dims, base.dtype, base.profile), (1.0,))]
+    drawn = []
+    for name, larger in ((LARGER, True), (UNLISTED, False)):
+        base = rng.choice(listed)
+        dims = _draw_dims(rng, base, domains(spec), _listed_values(spec), limit, larger)
+        if all(dims != h.case.dims for h in drawn):  # the same sizes twice say nothing more
+            drawn.append(HiddenCase(Case(name, dims, base.dtype, base.profile), (1.0,)))
     scales = DEFAULT_SCALES if spec.value_scales is None else spec.value_scales
     if scales:
         # Half the time an adversarial profile's case, scaled past every listed magnitude; else
