@@ -169,7 +169,7 @@ def draw(spec: OpSpec, seed: int) -> list[HiddenCase]:
     rng = random.Random(f"nearmiss-hidden-{seed}")
     listed = [*spec.compact, *spec.extended]
     limit = GROWTH * max(_size(c) for c in listed)
-    drawn = []
+    drawn: list[HiddenCase] = []
     for name, larger in ((LARGER, True), (UNLISTED, False)):
         base = rng.choice(listed)
         dims = _draw_dims(rng, base, domains(spec), _listed_values(spec), limit, larger)

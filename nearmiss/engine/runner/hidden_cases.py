@@ -128,7 +128,7 @@ def _noise_room(jax, np, spec, inputs, reference, tolerance: tuple[float, float]
     try:
         closed = jax.make_jaxpr(spec.reference)(*inputs)
         with wide(True):
-            truth = retyped_evaluation(closed, inputs, np.float64)
+            truth = retyped_evaluation(closed, inputs, np.float64, compiled=True)
         used = noise_used(np, jax.tree_util.tree_leaves(reference), truth, atol, rtol)
     except Exception:  # a reference float64 cannot evaluate: the listed tolerance stands
         return tolerance

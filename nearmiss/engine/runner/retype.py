@@ -155,8 +155,15 @@ def retyped_evaluation(
     inputs: Sequence[Any],
     dtype: Any,
     zeroed: frozenset[float] = frozenset(),
+    compiled: bool = False,
 ) -> list:
-    """``evaluate`` on numpy inputs, returning numpy leaves (trace once, evaluate per type)."""
+    """``evaluate`` on numpy inputs, returning numpy leaves (trace once, evaluate per type).
+    ``compiled``: as one jitted program, rather than op by op (one compile instead of one per
+    op: several times faster for a single evaluation)."""
     dtype = np.dtype(dtype)
     args = [_cast(jnp.asarray(value), dtype) for value in inputs]
-    return [np.asarray(value) for value in evaluate(closed, args, dtype, zeroed)]
+    if compiled:
+        outputs = jax.jit(lambda *values: evaluate(closed, values, dtype, zeroed))(*args)
+    else:
+        outputs = evaluate(closed, args, dtype, zeroed)
+    return [np.asarray(value) for value in outputs]
