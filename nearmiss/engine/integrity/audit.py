@@ -9,9 +9,10 @@ dicts and decides nothing: the engine validates what comes back and applies the 
 
 Kernels. Where JAX lowers a pallas_call to a device kernel it is a ``custom_call`` with a kernel
 target (Mosaic TPU, Triton, Mosaic GPU). In CPU interpret mode the kernel becomes ordinary HLO, so
-the candidate child wraps every pallas_call in a function labelled ``KERNEL_LABEL`` (see
-``runner.artifact``); a labelled function counts as a kernel only if it has the shape interpret
-mode gives one — a grid loop at its top — or holds a kernel custom_call. The work inside kernels
+the candidate child puts every pallas_call in a function labelled with the check's label
+(``check_label``: ``KERNEL_LABEL`` and a suffix drawn per check; ``runner.traced_program``); a
+labelled function counts as a kernel only if it has the shape interpret mode gives one — a grid
+loop at its top — or holds a kernel custom_call. The work inside kernels
 is the kernel's own and is not counted.
 
 Work is counted in element operations, a FLOP-like unit: a matmul costs 2·M·N·K, a

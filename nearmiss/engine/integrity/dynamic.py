@@ -119,29 +119,23 @@ def audit_violations(audit: ArtifactAudit, reference_work: int) -> list[Violatio
                 f"{_percent(outside / reference_work)} of the reference's: {items}",
             )
         )
-    unpriced = [w for w in audit.unbounded if w.kind == "unpriced"]
-    if unpriced:
-        items = "; ".join(f"{w.primitive} over {w.operand}{_at(w.where)}" for w in unpriced[:3])
-        found.append(
-            Violation(
-                rule="wrapper_compute",
-                detail="XLA outside the pallas_call runs work the audit cannot price, so it is "
-                f"counted as heavy (an unknown op, library call or dynamic shape): {items}",
-            )
-        )
-    # Any work at all: per iteration it may be a few scalars, and the loop runs as often as the
-    # data says (a matmul done 128 elements a turn was certified while a threshold applied per
-    # op, found 2026-12-05 by an attack review).
-    looped = [w for w in audit.unbounded if w.kind != "unpriced" and w.work > 0]
-    if looped:
-        items = "; ".join(f"{w.primitive} over {w.operand}{_at(w.where)}" for w in looped[:3])
-        found.append(
-            Violation(
-                rule="wrapper_compute",
-                detail="a loop of unknown trip count outside the pallas_call computes on every "
-                f"iteration, so it can do any share of the work: {items}",
-            )
-        )
+    unbounded = {
+        "XLA outside the pallas_call runs work the audit cannot price, so it is counted as "
+        "heavy (an unknown op, library call or dynamic shape)": [
+            w for w in audit.unbounded if w.kind == "unpriced"
+        ],
+        # Any work at all: per iteration it may be a few scalars, and the loop runs as often as
+        # the data says (a matmul done 128 elements a turn was certified while a threshold
+        # applied per op, found 2026-12-05 by an attack review).
+        "a loop of unknown trip count outside the pallas_call computes on every iteration, so "
+        "it can do any share of the work": [
+            w for w in audit.unbounded if w.kind != "unpriced" and w.work > 0
+        ],
+    }
+    for why, works in unbounded.items():
+        if works:
+            items = "; ".join(f"{w.primitive} over {w.operand}{_at(w.where)}" for w in works[:3])
+            found.append(Violation(rule="wrapper_compute", detail=f"{why}: {items}"))
     for callback in audit.callbacks:
         found.append(
             Violation(

@@ -277,7 +277,7 @@ def serve(entry: str, run, *, interpret: bool = True) -> None:
         if request.get("cmd") != "load" or not isinstance(request.get("candidate"), str):
             os._exit(0)
         _candidate_path = request["candidate"]
-    # Named relative to the working directory, the code folder (``sandbox.CODE_MOUNT``).
+    # Named relative to the working directory: the code folder, wherever the sandbox shows it.
     _candidate_path = os.path.abspath(_candidate_path)
     if channel.engine_gone():  # asked again just before the first untrusted line (``child``)
         os._exit(0)

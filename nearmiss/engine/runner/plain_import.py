@@ -7,8 +7,9 @@ function wrapped by the engine (``__wrapped__``), JAX's interpret flag set globa
 ``sys.argv``, ``__main__``, the engine's modules in ``sys.modules`` or its folder on
 ``sys.path``, the hash seed. So the children that import a candidate:
 
-- import it under its file's stem, from a file of its own name in a folder the sandbox shows at a
-  neutral path (``sandbox.CODE_MOUNT``), which is also their working directory;
+- import it under its file's stem, from a file of its own name in a folder the sandbox shows
+  where the file's user keeps it (``sandbox.SandboxChild``: else ``sandbox.CODE_MOUNT``), which
+  is also their working directory;
 - leave JAX's objects alone: kernels are labelled and their execution mode set on the traced
   program (``runner.traced_program``), not by replacing ``pallas_call`` or setting a flag;
 - drop the engine's variables once read (``forget_harness_environment``) and start without a

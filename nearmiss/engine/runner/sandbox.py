@@ -45,10 +45,10 @@ LOG_TAIL_BYTES = 256 * 1024  # enough for the last lines a failure quotes
 # refused where no sandbox can start (unless the user opted out).
 TRUSTED_MODULES = frozenset({"nearmiss.engine.runner.reference_child"})
 # Children that import a candidate's file. The file is put in CODE_FOLDER of the child's home,
-# which is the child's working directory and, in the sandbox, shows at CODE_MOUNT: what the
-# candidate sees of its own path (``__file__``) and of its process names nothing of the engine
-# (``runner.plain_import``). Nor do they get a fixed hash seed: ``hash("x")`` is a constant
-# under one, and a plain Python draws a new seed each start.
+# which is the child's working directory and, in the sandbox, shows where its user keeps it
+# (else at CODE_MOUNT): what the candidate sees of its own path (``__file__``) and of its
+# process names nothing of the engine (``runner.plain_import``). Nor do they get a fixed hash
+# seed: ``hash("x")`` is a constant under one, and a plain Python draws a new seed each start.
 CODE_MODULES = frozenset(
     {
         "nearmiss.engine.runner.candidate_child",
