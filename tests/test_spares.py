@@ -20,8 +20,23 @@ from conftest import OPS
 from nearmiss.engine.check import check
 from nearmiss.engine.runner import spares
 from nearmiss.engine.runner.sandbox import Limits, _process_tree
+from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 
 MATMUL = OPS / "matmul"
+
+
+@pytest.fixture
+def golden():
+    """The matmul golden in an engine scratch folder, as the knowledge base's checkouts and the
+    search's edits are: only such a candidate can take a spare candidate child, which shows its
+    file at the folder it was started with, never at a user's (``session.user_folder``)."""
+    folder = scratch_dir("nearmiss-check-")
+    try:
+        copy = folder / "golden.py"
+        copy.write_text((MATMUL / "golden.py").read_text())
+        yield copy
+    finally:
+        remove_tree(folder)
 
 
 Process = tuple[int, str | None]  # a pid and its start time: a pid alone may be reused
@@ -107,16 +122,16 @@ def handed_out(monkeypatch):
         spares.disable()
 
 
-def test_each_check_gets_executors_started_before_it_and_never_shared(handed_out):
+def test_each_check_gets_executors_started_before_it_and_never_shared(handed_out, golden):
     homes_before = my_spare_homes()
-    first = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 1, targets=("tpu-v5e",))
+    first = check(MATMUL / "spec.py", golden, "compact", 1, targets=("tpu-v5e",))
     assert first.certified
     assert handed_out == []  # nothing was waiting for the first check
     waiting = spares.waiting_pids()
     assert len(waiting) == sum(spares.DEPTH.values()) and all(alive(pid) for pid in waiting)
     processes = identify(waiting)
 
-    second = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2, targets=("tpu-v5e",))
+    second = check(MATMUL / "spec.py", golden, "compact", 2, targets=("tpu-v5e",))
     assert second.certified and second.targets["tpu-v5e"].ok
     # The second check ran on the spares started after the first (the spec's child, the
     # candidate's child, the runs' and the target judge's executors)...
@@ -132,15 +147,15 @@ def test_each_check_gets_executors_started_before_it_and_never_shared(handed_out
     assert my_spare_homes() == homes_before  # every spare's home removed
 
 
-def test_a_spare_that_died_while_waiting_is_never_handed_out(handed_out):
-    check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 1)
+def test_a_spare_that_died_while_waiting_is_never_handed_out(handed_out, golden):
+    check(MATMUL / "spec.py", golden, "compact", 1)
     waiting = spares.waiting_pids()
     trees = [interpreter_tree(pid) for pid in waiting]
     processes = identify(pid for tree in trees for pid in tree)
     for tree in trees:  # the sandboxed interpreter dies (the OOM killer, say); bwrap follows
         os.kill(tree[-1], 9)
     time.sleep(0.5)
-    report = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2)
+    report = check(MATMUL / "spec.py", golden, "compact", 2)
     assert report.certified  # its children were started for it
     assert handed_out == []
     assert not any(alive(process) for process in processes)  # nothing of them is left
@@ -164,7 +179,9 @@ def test_a_check_whose_spec_answer_is_kept_leaves_the_spec_spare_waiting(
 
 
 @pytest.mark.parametrize("module", [spares.CANDIDATE_MODULE, spares.REFERENCE_MODULE])
-def test_a_spare_that_dies_once_handed_out_costs_a_restart_not_a_finding(monkeypatch, module):
+def test_a_spare_that_dies_once_handed_out_costs_a_restart_not_a_finding(
+    monkeypatch, module, golden
+):
     """Killed between being handed out and its first answer (the candidate's import, the
     spec's description): the check starts a child for it and certifies, as it would have
     without spares — neither the candidate nor the spec is blamed for the worker's loss."""
@@ -181,12 +198,26 @@ def test_a_spare_that_dies_once_handed_out_costs_a_restart_not_a_finding(monkeyp
     monkeypatch.setattr(spares, "take", take_and_kill)
     spares.enable()
     try:
-        check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 1)
-        report = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2)
+        check(MATMUL / "spec.py", golden, "compact", 1)
+        report = check(MATMUL / "spec.py", golden, "compact", 2)
     finally:
         spares.disable()
     assert len(killed) == 1
     assert report.certified, report.diagnosis
+
+
+def test_a_users_file_is_never_shown_by_a_spare_started_for_another_folder(handed_out):
+    """A spare candidate child shows its file where it was started to; a file in its user's
+    folder must show there (a plain import gives that ``__file__``), so its check starts its own
+    candidate child and leaves the spare waiting for a checkout."""
+    check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 1)
+    candidate_spares = spares.waiting_pids(spares.CANDIDATE_MODULE)
+    assert candidate_spares
+    report = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2)
+    assert report.certified
+    assert handed_out and not set(handed_out) & set(candidate_spares)
+    assert spares.waiting_pids(spares.CANDIDATE_MODULE) == candidate_spares
+    assert all(alive(pid) for pid in candidate_spares)
 
 
 def test_a_check_that_ends_while_others_keep_the_cores_busy_starts_no_spares(monkeypatch):
