@@ -12,6 +12,7 @@ integrity gate must let through while it still refuses the cheat corpus.
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -67,13 +68,29 @@ def test_a_shipped_module_with_an_entry_point_certifies(tmp_path, name):
     assert report.certified, [c.model_dump() for c in report.cases]
 
 
-@pytest.mark.parametrize("name", ["flash_attention", "tpu_matmul"])
-def test_a_shipped_tpu_module_certifies_for_the_chip(tmp_path, name):
-    report = check(
-        SPECS / f"{name}_spec.py",
-        shipped_candidate(tmp_path, name),
-        "compact",
-        3,
-        targets=("tpu-v5e",),
+# JAX's shipped TPU kernels compute their float32 dots at DEFAULT precision: one bfloat16 pass
+# on the chip (``runner.chip_arithmetic``), measured 2.6e-3 off for flash attention and 0.18
+# for the matmul at K=256. Their specs here ask for float32's tolerance, so a chip spec says the
+# chip's: what a kernel team would write for these kernels on a TPU.
+CHIP_TOLERANCE = {"flash_attention": "(1e-2, 1e-2)", "tpu_matmul": "(0.4, 2e-2)"}
+
+
+def chip_spec(tmp_path: Path, name: str) -> Path:
+    source = (SPECS / f"{name}_spec.py").read_text()
+    spec = tmp_path / f"{name}_chip_spec.py"
+    spec.write_text(
+        re.sub(r'"float32": \([^)]*\)', f'"float32": {CHIP_TOLERANCE[name]}', source, count=1)
     )
+    return spec
+
+
+@pytest.mark.parametrize("name", sorted(CHIP_TOLERANCE))
+def test_a_shipped_tpu_module_certifies_for_the_chip_at_the_chips_tolerance(tmp_path, name):
+    candidate = shipped_candidate(tmp_path, name)
+    report = check(chip_spec(tmp_path, name), candidate, "compact", 3, targets=("tpu-v5e",))
     assert report.certified and report.targets["tpu-v5e"].ok, report.targets
+    # At float32's tolerance the chip's arithmetic is too coarse, and the verdict says why.
+    strict = check(SPECS / f"{name}_spec.py", candidate, "compact", 3, targets=("tpu-v5e",))
+    tpu = strict.targets["tpu-v5e"]
+    assert all(c.passed for c in strict.cases) and not strict.certified
+    assert tpu.failure_class == "precision" and "one bfloat16 pass" in tpu.error, tpu

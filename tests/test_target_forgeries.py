@@ -37,6 +37,13 @@ def right_in_program_order(report) -> bool:
     return bool(report.cases) and all(c.passed for c in report.cases) and report.integrity.ok
 
 
+def line_of(text: str, forgery: str) -> int:
+    """The line of ``forgery`` where ``text`` first appears in its code (not its docstring)."""
+    lines = (FORGERIES / forgery).read_text().splitlines()
+    code = max(i for i, line in enumerate(lines) if line.startswith('"""') or line.endswith('"""'))
+    return next(i for i, line in enumerate(lines, 1) if i > code and text in line)
+
+
 def kinds(result) -> set[str]:
     return {finding["kind"] for finding in result.findings}
 
@@ -278,29 +285,64 @@ def test_state_carried_in_scratch_across_gpu_programs_is_not_certified_for_gpu()
     assert any("scratch" in reason for reason in gpu.undetermined), gpu
 
 
-class CertifiedWhileWrongOnTheChip(AssertionError):
-    """The one failure the open holes below are expected to show: any other fails the run."""
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=CertifiedWhileWrongOnTheChip,
-    reason="OPEN: every run the check makes fills padding and fresh buffers with NaN, and "
-    "computes float32 dots in full precision; a TPU does neither (see each file's docstring)",
-)
 @pytest.mark.parametrize(
     ("forgery", "spec"),
+    [("fill_nan_padding_mask.py", COL_SUM_SPEC), ("fill_nan_scratch_carry.py", CUMSUM_SPEC)],
+)
+def test_a_kernel_that_tells_unwritten_memory_by_its_nan_is_refused_for_the_chip(forgery, spec):
+    # Right in both interpret modes, whose fresh memory and padding are always NaN; a TPU's
+    # hold whatever was there, as the second TPU-semantics run's do.
+    report = check(spec, FORGERIES / forgery, "all", 1, targets=("interpret", "tpu-v5e"))
+    tpu = report.targets["tpu-v5e"]
+    assert report.integrity.ok and all(c.passed for c in report.cases)  # right in emulation
+    assert report.targets["interpret"].ok
+    assert not report.certified and not tpu.ok, tpu
+    assert "fill_dependent" in kinds(tpu), tpu.findings
+    assert "values nobody wrote" in tpu.error
+
+
+def test_a_float32_dot_right_only_in_float32_is_refused_for_the_chip_with_its_line():
+    report = check(
+        CUMSUM_SPEC,
+        FORGERIES / "chip_default_precision_dot.py",
+        "all",
+        1,
+        targets=("interpret", "tpu-v5e"),
+    )
+    tpu = report.targets["tpu-v5e"]
+    assert report.integrity.ok and all(c.passed for c in report.cases)
+    assert not report.certified and not tpu.ok and tpu.failure_class == "precision", tpu
+    assert "chip_precision" in kinds(tpu), tpu.findings
+    # The diagnosis names the dot, what the chip does with it, and the fix.
+    assert (
+        f"chip_default_precision_dot.py:{line_of('jnp.dot(', 'chip_default_precision_dot.py')}"
+        in tpu.error
+    )
+    assert "one bfloat16 pass on tpu-v5e" in tpu.error and "Precision.HIGHEST" in tpu.error
+
+
+def test_the_same_dot_at_highest_precision_is_certified_for_the_chip():
+    # The cumsum golden asks for HIGHEST: the chip's six passes are float32's, and nothing of
+    # its memory is read before it is written.
+    report = check(
+        CUMSUM_SPEC, OPS / "cumsum_rows" / "golden.py", "all", 1, targets=("interpret", "tpu-v5e")
+    )
+    assert report.certified, (report.diagnosis, report.targets["tpu-v5e"])
+
+
+@pytest.mark.parametrize(
+    ("forgery", "what"),
     [
-        ("open_nan_padding_mask.py", COL_SUM_SPEC),
-        ("open_nan_scratch_carry.py", CUMSUM_SPEC),
-        ("open_default_precision_dot.py", CUMSUM_SPEC),
+        ("chip_shift_by_width.py", "a shift by 32 or more"),
+        ("chip_float_to_int_overflow.py", "a float converted to int32 that it does not fit"),
     ],
 )
-def test_open_a_kernel_right_only_on_interpret_modes_memory_and_arithmetic(forgery, spec):
-    # Each is wrong on a TPU and was certified for tpu-v5e when found: this fails (an expected
-    # failure) while the hole is open, and passes, failing the run, once it is closed: then
-    # take the mark off and the word OPEN out of the file.
-    report = check(spec, FORGERIES / forgery, "all", 1, targets=("interpret", "tpu-v5e"))
-    assert report.integrity.ok and all(c.passed for c in report.cases)  # right in emulation
-    if report.certified:
-        raise CertifiedWhileWrongOnTheChip("certified for tpu-v5e while wrong on a TPU")
+def test_an_integer_operation_the_chip_leaves_undefined_is_refused_with_its_line(forgery, what):
+    # XLA on a CPU gives each a fixed answer the kernel relies on; the TPU compiler's is poison.
+    report = check(DOUBLE_SPEC, FORGERIES / forgery, "compact", 3, targets=("tpu-v5e",))
+    tpu = report.targets["tpu-v5e"]
+    assert right_in_program_order(report)
+    assert not report.certified and not tpu.ok and tpu.failure_class == "runtime_error", tpu
+    assert "undefined_on_chip" in kinds(tpu), tpu.findings
+    assert what in tpu.error, tpu.error
+    assert f"{forgery}:{line_of('scale = ', forgery)}" in tpu.error, tpu.error

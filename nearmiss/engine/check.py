@@ -500,11 +500,23 @@ def device_verdict(verified_by: str, cases: list[CaseResult]) -> TargetResult:
 
 def semantics_verdict(raw: RawCase, evidence: dict, in_order: bool | None) -> dict | None:
     """The case under the target's semantics (TPU interpret mode), judged here: {"passed",
-    "races", "error", "detail"}; None where it did not run. Its numbers are compared only
-    where the case is right in program order (``in_order``)."""
+    "races", "error", "detail", "max_error", "reduced", "undefined", "fill"}; None where it did
+    not run. ``fill`` is the run with values nobody wrote in fresh memory, judged the same way.
+    Numbers are compared only where the case is right in program order (``in_order``)."""
     run = evidence.get("semantics")
     if run is None:
         return None
+    verdict = _semantics_run_verdict(raw, run, in_order)
+    verdict["atol"] = raw.info.atol
+    verdict["reduced"] = run.get("reduced") or []
+    verdict["undefined"] = run.get("undefined") or []
+    fill = evidence.get("semantics_fill")
+    if fill is not None:
+        verdict["fill"] = _semantics_run_verdict(raw, fill, in_order)
+    return verdict
+
+
+def _semantics_run_verdict(raw: RawCase, run: dict, in_order: bool | None) -> dict:
     if "error" in run:
         error = run["error"]
         message = f"{error.get('type', 'Error')}: {error.get('message', '')}".strip()
@@ -516,14 +528,21 @@ def semantics_verdict(raw: RawCase, evidence: dict, in_order: bool | None) -> di
         return {"passed": False, "races": run["races"], "error": "", "detail": "its structure"}
     leaves = compare_outputs(raw.reference, outputs, raw.info.atol, raw.info.rtol)
     wrong = [leaf.stats for leaf in leaves if leaf.stats.mismatched]
-    detail = ""
+    detail, max_error = "", 0.0
     if wrong:
         stats = wrong[0]
+        max_error = max(s.max_abs_error for s in wrong)
         detail = (
             f"{stats.mismatched} of {stats.total} values of {stats.path} wrong"
             f"{f', {stats.nan_count} NaN' if stats.nan_count else ''}"
         )
-    return {"passed": not wrong, "races": run["races"], "error": "", "detail": detail}
+    return {
+        "passed": not wrong,
+        "races": run["races"],
+        "error": "",
+        "detail": detail,
+        "max_error": max_error,
+    }
 
 
 def target_note(results: dict[str, TargetResult]) -> str:

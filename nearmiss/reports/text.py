@@ -190,6 +190,9 @@ def render_report(report: CheckReport) -> str:
     gate += "".join(f"\n  note: {note}" for note in integrity.notes)
     if report.certified:
         verdict = "CERTIFIED"
+        judged = [f"{name}: {t.verified_by}" for name, t in report.targets.items()]
+        if judged:
+            verdict += f" ({'; '.join(judged)})"
         if report.suite != "all":
             verdict += f" on the {report.suite} suite only (not full coverage)"
     else:

@@ -14,7 +14,13 @@ def _causal_attention_body(q_ref, k_ref, v_ref, o_ref):
     k = k_ref[...].astype(jnp.float32)
     v = v_ref[...].astype(jnp.float32)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    s = jax.lax.dot_general(
+        q,
+        k,
+        (((1,), (1,)), ((), ())),
+        preferred_element_type=jnp.float32,
+        precision=jax.lax.Precision.HIGHEST,
+    )
     s = s * scale
     # Global positions: this block's query rows start at program_id(1) * BQ.
     row = pl.program_id(1) * BQ + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
@@ -23,7 +29,7 @@ def _causal_attention_body(q_ref, k_ref, v_ref, o_ref):
     s = s - jnp.max(s, axis=-1, keepdims=True)
     p = jnp.exp(s)
     p = p / jnp.sum(p, axis=-1, keepdims=True)
-    out = jnp.dot(p, v, preferred_element_type=jnp.float32)
+    out = jnp.dot(p, v, preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST)
     o_ref[...] = out.astype(o_ref.dtype)
 
 

@@ -768,17 +768,20 @@ class _CandidateRunner(_Child):
         except Exception as exc:
             self.unusable(raw, exc)
 
-    def under_tpu_semantics(self, raw: RawCase, inputs: Path, target: str, seed: int) -> dict:
-        """The case run by the child under TPU interpret mode (``runner.tpu_semantics``), after
-        every export: {"outputs", "tree", "races"}, or {"error": ...}. Only ever evidence
-        against the candidate; the engine compares the outputs itself."""
+    def under_tpu_semantics(
+        self, raw: RawCase, inputs: Path, target: str, seed: int, **run: str
+    ) -> dict:
+        """The case run by the child under TPU interpret mode (``runner.tpu_semantics``; ``run``:
+        its ``fill`` and ``numerics``), after every export: {"outputs", "tree", "races",
+        "reduced", "undefined"}, or {"error": ...}. Only ever evidence against the candidate;
+        the engine compares the outputs itself."""
         if self.child is None or self.import_problem is not None:
             return {"error": {"message": "the candidate's child is not running"}}
         try:
             case_dir = self.put(inputs, raw, "inputs.npz").parent
         except OSError as exc:  # a link of the candidate's in the way: evidence against it
             return {"error": {"message": f"the candidate's home refused its inputs: {exc}"}}
-        request = {"target": target, "seed": seed}
+        request = {"target": target, "seed": seed, **run}
         try:
             self.child.send(
                 cmd="run",
@@ -798,6 +801,11 @@ class _CandidateRunner(_Child):
                 "outputs": outputs,
                 "tree": str(message.get("treedef")),
                 "races": message.get("races") is True,
+                # Lines and words for the diagnosis; a candidate can only add to them.
+                "reduced": _records(
+                    message.get("reduced"), ("line", "precision", "passes", "in_kernel")
+                ),
+                "undefined": _records(message.get("undefined"), ("line", "what")),
             }
         except ChildFailure as exc:
             self.stop()
@@ -821,6 +829,17 @@ class _CandidateRunner(_Child):
             raw.error = error
             return False
         return True
+
+
+def _records(value: Any, keys: tuple[str, ...], most: int = 8) -> list[dict[str, str]]:
+    """A child's list of records, each cut to ``keys`` as short strings."""
+    if not isinstance(value, list):
+        return []
+    return [
+        {key: str(item.get(key, ""))[:200] for key in keys}
+        for item in value[:most]
+        if isinstance(item, dict)
+    ]
 
 
 def _control_info(item: dict[str, Any]) -> CaseInfo:
@@ -1102,8 +1121,14 @@ def run_sandboxed(
             if artifact is not None:  # every export is done: the child may see values now
                 for plan in plans:
                     if plan.compile:
-                        raw.targets[plan.target]["semantics"] = runner.under_tpu_semantics(
-                            raw, inputs, plan.target, seed
+                        # The chip's arithmetic with NaN in fresh memory, then float32 with
+                        # values nobody wrote there (``runner.tpu_semantics``).
+                        evidence = raw.targets[plan.target]
+                        evidence["semantics"] = runner.under_tpu_semantics(
+                            raw, inputs, plan.target, seed, fill="nan", numerics="chip"
+                        )
+                        evidence["semantics_fill"] = runner.under_tpu_semantics(
+                            raw, inputs, plan.target, seed, fill="arbitrary", numerics="exact"
                         )
             if not entry.artifact:
                 runner.run(raw, inputs, probe_dirs)

@@ -38,11 +38,15 @@ class TargetPlan:
 
     @property
     def verified_by(self) -> str:
-        """What stands behind this target's verdict, in words for the report."""
+        """What stands behind this target's verdict, in words for the report (and the verdict
+        line: a certificate says how each target was judged)."""
         if self.on_device:
             return "compiled for the GPU and run there, numbers checked on the device"
         if self.compile:
-            return "compiled by the target's compiler (compile-only) and its grid checked"
+            return (
+                "compiled by libtpu (compile-only), grid checked, numbers emulated as the chip "
+                "computes and fills memory"
+            )
         if self.semantics == GPU:
             return "judged by grid semantics only (no GPU run)"
         return "numbers checked in CPU interpret mode"

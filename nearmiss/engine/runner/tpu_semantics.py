@@ -12,11 +12,25 @@ exported. It evaluates the same traced program as the exports (``runner.traced_p
 every pallas_call set to the interpreter's parameters: the candidate's Python is not traced
 again, so it cannot tell this run from the exports. Its verdict can only count *against* the
 candidate: the engine compares the outputs with the reference itself.
+
+Two things the interpreter does not do as the chip does are put right here. Its arithmetic is a
+CPU's: ``runner.chip_arithmetic`` rewrites the program so each float32 matmul computes as the
+MXU does (bfloat16 passes by precision) and each integer operation the chip leaves undefined
+reports the operand that makes it so (``numerics="chip"``; ``"exact"`` keeps float32, to tell a
+precision failure from another). And its fresh memory is always NaN: scratch, outputs before
+their first write, the padding of a ragged block. On a chip it is whatever was there, so a kernel
+that tells padding or a fresh carry by ``x == x`` is right only here
+(``tests/forgeries/fill_*.py``). A second run (``fill="arbitrary"``) gives every such element a
+value drawn from the check's seed, finite and of the data's kind, that no kernel can tell from
+data; the first keeps NaN, which shows any use at all (``0 * garbage`` included).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from nearmiss.engine.runner.protocol import OUTPUT_FILE
 
@@ -25,7 +39,9 @@ def run_under_tpu_semantics(programs, request: dict) -> dict:
     """Run the case of ``request["dir"]`` as the chip ``request["target"]`` would.
 
     ``programs(shapes)``: the kernel's one trace on those input shapes
-    (``candidate_child.traced_program``); this run re-evaluates it, never traces again."""
+    (``candidate_child.traced_program``); this run re-evaluates it, never traces again.
+    ``request["fill"]``: "nan" (the default) or "arbitrary"; ``request["numerics"]``: "chip"
+    (the default) or "exact"."""
     import jax
     import numpy as np
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpreter
@@ -33,28 +49,121 @@ def run_under_tpu_semantics(programs, request: dict) -> dict:
 
     from nearmiss.engine.runner.arrays import load_arrays, save_arrays, shapes_of
     from nearmiss.engine.runner.child import describe_exception
+    from nearmiss.engine.runner.chip_arithmetic import on_the_chip
     from nearmiss.engine.targets import get_target, lowering_for
 
     case_dir = Path(request["dir"])
     result: dict = {"event": "case_done", "suite": request["suite"], "name": request["name"]}
     target = get_target(request["target"])
+    arbitrary = request.get("fill") == "arbitrary"
+    seed = int(request["seed"])
     params = pltpu.InterpretParams(
-        random_seed=int(request["seed"]),
-        detect_races=True,
+        # Another order of the 'parallel' axes for the second run (and another cache entry in
+        # the interpreter, whose traces hold the fill values).
+        random_seed=seed + 1 if arbitrary else seed,
+        detect_races=not arbitrary,  # the first run watched for races already
         num_cores_or_threads=target.num_cores or 1,
         out_of_bounds_reads="raise",
         uninitialized_memory="nan",
     )
     try:
         inputs, _ = load_arrays(case_dir / "inputs.npz")
-        program = programs(shapes_of(inputs)).function(interpret=params)
-        with lowering_for(target):  # the chip's facts (cores, generation) for the interpreter
-            output = jax.block_until_ready(jax.jit(program)(*inputs))
+        program = programs(shapes_of(inputs))
+        chip = None
+        if request.get("numerics", "chip") == "chip":
+            closed, chip = on_the_chip(program.retargeted(params))
+            function = program.evaluate(closed)
+        else:
+            function = program.function(interpret=params)
+        with lowering_for(target), fill_arbitrary(seed) if arbitrary else contextlib.nullcontext():
+            output = jax.block_until_ready(jax.jit(function)(*inputs))
         leaves, treedef = jax.tree_util.tree_flatten(output)
         save_arrays(case_dir / OUTPUT_FILE, [np.asarray(leaf) for leaf in leaves])
         races = interpreter.races
         result.update(ok=True, treedef=str(treedef), races=bool(races and races.races_found))
+        if chip is not None:
+            result.update(reduced=chip.reduced[:8], undefined=chip.undefined)
     except Exception as exc:
         pltpu.reset_tpu_interpret_mode_state()  # the interpreter's own rule after an exception
         result.update(ok=False, error=describe_exception(exc, "run"))
     return result
+
+
+# Arbitrary values' magnitudes: powers of two from 2**-4 to 2**10, either sign — data-like, and
+# far enough from 0 that adding one to a sum shows.
+_SMALLEST, _LARGEST = -4.0, 10.0
+
+
+def arbitrary_values(rng: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """An array of ``shape`` and ``dtype`` as memory nobody wrote might hold it: finite floats of
+    data-like magnitude, integers over the type's range, random booleans."""
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        magnitude = np.exp2(rng.uniform(_SMALLEST, _LARGEST, size=shape))
+        sign = np.where(rng.random(size=shape) < 0.5, -1.0, 1.0)
+        return (sign * magnitude).astype(dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    if dtype.kind == "b":
+        return rng.random(size=shape) < 0.5
+    return np.zeros(shape, dtype)
+
+
+@contextlib.contextmanager
+def fill_arbitrary(seed: int) -> Iterator[None]:
+    """JAX's TPU interpreter, for the block, filling fresh buffers and block padding with
+    ``arbitrary_values`` drawn from ``seed`` instead of NaN: each fill point of
+    ``jax._src.pallas.mosaic.interpret`` (the fill value, a fresh array, an input padded to its
+    blocks, a buffer padded to its tiles) is swapped for one that draws. A JAX whose interpreter
+    lacks them raises ``NotImplementedError``: the run is then not made, never made with NaN."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    try:
+        from jax._src.pallas.mosaic.interpret import interpret_pallas_call as calls
+        from jax._src.pallas.mosaic.interpret import utils
+    except ImportError as exc:
+        raise NotImplementedError(f"this JAX's TPU interpreter has no fill points: {exc}") from exc
+    names = ("get_uninitialized_value", "get_uninitialized_array", "pad_to_block_dimension")
+    if not all(hasattr(utils, n) for n in names) or not hasattr(calls, "_get_with_padding"):
+        raise NotImplementedError("this JAX's TPU interpreter fills memory where the engine cannot")
+    rng = np.random.default_rng([seed, 0xF111])
+
+    def value(dtype, mode):
+        return arbitrary_values(rng, (), dtype)[()]
+
+    def array(shape, dtype, mode):
+        return jnp.asarray(arbitrary_values(rng, tuple(shape), dtype))
+
+    def padded(value, block_shape, mode):
+        if block_shape is None:
+            return value
+        shape = tuple(
+            ((v - 1) // b + 1) * b for v, b in zip(value.shape, block_shape, strict=False)
+        )
+        if shape == tuple(value.shape):
+            return value
+        garbage = jnp.asarray(arbitrary_values(rng, shape, value.dtype))
+        return garbage.at[tuple(slice(0, d) for d in value.shape)].set(value)
+
+    def tile_padded(x, mode):
+        shape = calls._get_padded_shape(x.shape, x.dtype)
+        result = np.array(arbitrary_values(rng, tuple(shape), x.dtype))
+        result[tuple(slice(0, d) for d in x.shape)] = x
+        return result
+
+    originals = {n: getattr(utils, n) for n in names}
+    original_tiles = calls._get_with_padding
+    utils.get_uninitialized_value = value
+    utils.get_uninitialized_array = array
+    utils.pad_to_block_dimension = padded
+    calls._get_with_padding = tile_padded
+    try:
+        yield
+    finally:
+        for n, f in originals.items():
+            setattr(utils, n, f)
+        calls._get_with_padding = original_tiles

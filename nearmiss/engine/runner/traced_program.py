@@ -63,15 +63,23 @@ class TracedProgram:
         ``gpu`` target's grid is read from through a TPU lowering, without a GPU: the body and
         a Triton kernel's ``plgpu.CompilerParams`` say nothing about which grid point writes
         which block, and the TPU lowering would refuse them for reasons no GPU has."""
+        return self.evaluate(self.retargeted(interpret, grid_only=grid_only, label=label))
+
+    def retargeted(
+        self, interpret: Any = None, *, grid_only: bool = False, label: str = KERNEL_LABEL
+    ) -> Any:
+        """The program's ClosedJaxpr as ``function`` evaluates it, for a further rewrite
+        (``runner.chip_arithmetic``) before ``evaluate``."""
+        rewrite = _grid_only if grid_only else None
+        if interpret is None and rewrite is None:
+            return self.jaxpr
+        return retargeted(self.jaxpr, interpret, rewrite, label=label)
+
+    def evaluate(self, closed: Any):
+        """A function of the inputs that evaluates ``closed`` (this program, rewritten)."""
         import jax
         from jax._src import core
 
-        rewrite = _grid_only if grid_only else None
-        closed = (
-            self.jaxpr
-            if interpret is None and rewrite is None
-            else retargeted(self.jaxpr, interpret, rewrite, label=label)
-        )
         out_tree = self.out_tree
 
         def program(*args: Any) -> Any:

@@ -99,11 +99,31 @@ def judge_target(
 def _judge_semantics(
     result: TargetResult, target: str, key: str, run: dict | None, seen: set[tuple]
 ) -> None:
-    """The case under the target's interpreter (TPU interpret mode): a race, an exception (an
-    out-of-bounds read) or numbers that differ from program order's are findings."""
-    if run is None or (run.get("passed") and not run.get("races")):
+    """The case under the target's interpreter (TPU interpret mode) with the chip's arithmetic,
+    then with values nobody wrote in fresh memory: an operation the chip leaves undefined, a
+    race, an exception, or numbers that differ from program order's are findings, each named
+    for what the chip does differently."""
+    if run is None:
         return
-    if run.get("races"):
+    fill = run.get("fill") or {}
+    fill_error = str(fill.get("error") or "")
+    if fill_error.startswith("NotImplementedError"):
+        _unverified(result, f"{key}: {fill_error}")
+        fill = {}
+    undefined = run.get("undefined") or []
+    reduced = run.get("reduced") or []
+    fill_ok = not fill or (fill.get("passed") and not fill.get("races"))
+    if run.get("passed") and not run.get("races") and fill_ok and not undefined:
+        return
+    failure: FailureClass = "grid_race"
+    if undefined:
+        first = undefined[0]
+        kind, failure = "undefined_on_chip", "runtime_error"
+        text = (
+            f"{first.get('what')} at {first.get('line')} is undefined on {target}: its compiler "
+            "may give any value there, where XLA on a CPU gives a fixed one"
+        )
+    elif run.get("races"):
         kind, text = (
             "race_detected",
             (
@@ -113,23 +133,56 @@ def _judge_semantics(
             ),
         )
     elif run.get("error"):
-        kind, text = "interpreter_error", f"it raised under TPU semantics: {run['error']}"
+        kind, failure = "interpreter_error", "runtime_error"
+        text = f"it raised under TPU semantics: {run['error']}"
+    elif not run.get("passed") and reduced and fill_ok:
+        # Right in float32 with the same order and arbitrary fill: its matmul precision.
+        kind, failure = "chip_precision", "precision"
+        error = float(run.get("max_error") or 0.0)
+        text = (
+            f"{describe_reduced(reduced[0], target)}: {run.get('detail') or 'its output differs'}"
+            f" (max error {error:.2g} > atol {float(run.get('atol') or 0.0):g}); pass "
+            "precision=jax.lax.Precision.HIGHEST to the dot, or loosen the spec's float32 "
+            f"tolerance to about {2 * error:.1g}"
+        )
+    elif not run.get("passed"):
+        kind = "order_dependent"
+        text = (
+            f"under TPU semantics ('parallel' axes in a random order, fresh buffers NaN) "
+            f"{run.get('detail') or 'its output differs'}, though it is right in program order"
+        )
+    elif fill.get("error"):
+        kind, failure = "interpreter_error", "runtime_error"
+        text = f"it raised with values nobody wrote in fresh memory: {fill['error']}"
     else:
-        kind, text = (
-            "order_dependent",
-            (
-                f"under TPU semantics ('parallel' axes in a random order, fresh buffers NaN) "
-                f"{run.get('detail') or 'its output differs'}, though it is right in program order"
-            ),
+        kind, failure = "fill_dependent", "wrong_values"
+        text = (
+            f"with fresh buffers and block padding holding values nobody wrote, as on the chip "
+            f"(not NaN), {fill.get('detail') or 'its output differs'}, though it is right with NaN "
+            "there: the kernel tells padding or unwritten memory by its value; mask by index "
+            "and initialise what it reads"
         )
     result.ok = False
     if (kind, key) not in seen and len(result.findings) < MAX_FINDINGS:
         seen.add((kind, key))
         result.findings.append({"kind": kind, "case": key, "detail": text})
-    failure: FailureClass = "runtime_error" if kind == "interpreter_error" else "grid_race"
     if result.failure_class != "compile_error":
         result.failure_class = result.failure_class or failure
     result.error = result.error or f"{target} ({key}): {text}"
+
+
+_PASS_WORDS = {"1": "one bfloat16 pass", "3": "three bfloat16 passes"}
+
+
+def describe_reduced(entry: dict[str, Any], target: str) -> str:
+    """One line for a float32 matmul the chip computes in bfloat16 passes
+    (``runner.chip_arithmetic``)."""
+    passes = _PASS_WORDS.get(str(entry.get("passes")), "bfloat16 passes")
+    where = "in the kernel" if str(entry.get("in_kernel")) == "True" else "outside the kernel"
+    return (
+        f"a float32 dot at {entry.get('precision') or 'DEFAULT'} precision ({where}, "
+        f"{entry.get('line') or '?'}) runs as {passes} on {target}"
+    )
 
 
 def _footprint(memory: dict[str, Any]) -> int:

@@ -12,12 +12,20 @@ def _attention_body(q_ref, k_ref, v_ref, o_ref):
     k = k_ref[...].astype(jnp.float32)
     v = v_ref[...].astype(jnp.float32)
     scale = 1.0 / q.shape[-1]
-    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    s = jax.lax.dot_general(
+        q,
+        k,
+        (((1,), (1,)), ((), ())),
+        preferred_element_type=jnp.float32,
+        precision=jax.lax.Precision.HIGHEST,
+    )
     s = s * scale
     s = s - jnp.max(s, axis=-1, keepdims=True)
     p = jnp.exp(s)
     p = p / jnp.sum(p, axis=-1, keepdims=True)
-    o_ref[...] = jnp.dot(p, v, preferred_element_type=jnp.float32).astype(o_ref.dtype)
+    o_ref[...] = jnp.dot(
+        p, v, preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST
+    ).astype(o_ref.dtype)
 
 
 def kernel(q, k, v):

@@ -10,6 +10,13 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+
+def _precision(x):
+    """HIGHEST for float32 operands: a TPU's MXU computes DEFAULT in one bfloat16 pass, off by
+    ~1e-2. None for bfloat16 ones, exact in one pass (Mosaic refuses HIGHEST for them)."""
+    return jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
+
+
 # TPU blocks: the last two dims a multiple of (8, 128) — (16, 128) for bfloat16 — or the
 # array's whole dim; min() takes the whole dim of an array smaller than one block
 # (K keeps BK: its ragged tail is masked).
@@ -29,7 +36,7 @@ def _bmm_body(a_ref, b_ref, o_ref, *, k_size):
     b_row = kk * BK + jax.lax.broadcasted_iota(jnp.int32, b.shape, 0)
     a = jnp.where(a_col < k_size, a, jnp.zeros_like(a))
     b = jnp.where(b_row < k_size, b, jnp.zeros_like(b))
-    o_ref[0] += jnp.dot(a, b, preferred_element_type=jnp.float32)
+    o_ref[0] += jnp.dot(a, b, preferred_element_type=jnp.float32, precision=_precision(a))
 
 
 def kernel(a, b):

@@ -23,7 +23,13 @@ def _causal_flash_body(q_ref, k_ref, v_ref, o_ref, *, seq_len):
         start = pl.multiple_of(j * BK, BK)
         k = k_ref[pl.ds(start, BK), :].astype(jnp.float32)
         v = v_ref[pl.ds(start, BK), :].astype(jnp.float32)
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        s = jax.lax.dot_general(
+            q,
+            k,
+            (((1,), (1,)), ((), ())),
+            preferred_element_type=jnp.float32,
+            precision=jax.lax.Precision.HIGHEST,
+        )
         s = s * scale
         # Global key positions: causal mask, and keys past seq_len (zero padding) masked out.
         col = start + jax.lax.broadcasted_iota(jnp.int32, (BQ, BK), 1)
@@ -32,7 +38,9 @@ def _causal_flash_body(q_ref, k_ref, v_ref, o_ref, *, seq_len):
         alpha = jnp.exp(m_prev - m_new)
         p = jnp.exp(s - m_new)
         l_new = alpha * l_prev + jnp.sum(p, axis=-1, keepdims=True)
-        acc_new = alpha * acc_prev + jnp.dot(p, v, preferred_element_type=jnp.float32)
+        acc_new = alpha * acc_prev + jnp.dot(
+            p, v, preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST
+        )
         return m_new, l_new, acc_new
 
     # Only KV blocks that start at or before this query block's last row contribute.

@@ -28,7 +28,13 @@ def _flash_body(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, seq_len):
     k = k_ref[...].astype(jnp.float32)
     v = v_ref[...].astype(jnp.float32)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    s = jax.lax.dot_general(
+        q,
+        k,
+        (((1,), (1,)), ((), ())),
+        preferred_element_type=jnp.float32,
+        precision=jax.lax.Precision.HIGHEST,
+    )
     s = s * scale
     # Keys past seq_len lie in the padding of the last KV block: mask them and zero their values.
     col = kv * BK + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
@@ -41,7 +47,9 @@ def _flash_body(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, seq_len):
     alpha = jnp.exp(m_prev - m_new)
     p = jnp.exp(s - m_new)
     l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=-1, keepdims=True)
-    acc_ref[...] = alpha * acc_ref[...] + jnp.dot(p, v, preferred_element_type=jnp.float32)
+    acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
+        p, v, preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST
+    )
     m_ref[...] = m_new
 
     @pl.when(kv == pl.num_programs(2) - 1)

@@ -30,7 +30,16 @@ def _attention_kernel(
     def _compute():
         q = q_ref[...].astype(jnp.float32)
         k = k_ref[...].astype(jnp.float32)
-        s = jax.lax.dot_general(q, k, NT_DIMS, preferred_element_type=jnp.float32) * sm_scale
+        s = (
+            jax.lax.dot_general(
+                q,
+                k,
+                NT_DIMS,
+                preferred_element_type=jnp.float32,
+                precision=jax.lax.Precision.HIGHEST,
+            )
+            * sm_scale
+        )
         col = kv_index * block_k + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
         mask = col < length
         s = s + jnp.where(mask, 0.0, DEFAULT_MASK_VALUE)
@@ -40,7 +49,7 @@ def _attention_kernel(
         p = jnp.exp(s - m_next)
         l_scr[...] = alpha * l_prev + jnp.sum(p, axis=-1, keepdims=True)
         v = v_ref[...].astype(jnp.float32)
-        pv = jnp.dot(p, v, preferred_element_type=jnp.float32)
+        pv = jnp.dot(p, v, preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST)
         acc_scr[...] = (alpha * acc_scr[...].astype(jnp.float32) + pv).astype(acc_scr.dtype)
         m_scr[...] = m_next
 

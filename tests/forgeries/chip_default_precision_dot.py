@@ -1,13 +1,11 @@
-"""OPEN target forgery (tpu-v5e; found 2026-12-05 by an attack review): the cumsum_rows golden with
-``precision=HIGHEST`` taken off its float32 dot. Every run the check makes computes that dot in
-full float32 on a CPU, and the tpu-v5e check only compiles it; libtpu's own output for v5e
-(``--xla_mosaic_dump_to``) shows one ``vmatmul`` pass in ``round`` mode where the golden has six:
-operands rounded to bfloat16. Emulated that way (operands rounded to bfloat16, float32
-accumulation) it is off by up to 8.1e-2 against an atol of 2e-4, on 4,041 of 4,096 values.
-CERTIFIED for tpu-v5e at the time of writing (an expected failure in
-``test_target_forgeries.py``). The shipped matmul golden and nine others have float32 dots at
-the default precision too: a fix (the TPU-semantics run rounding such dots' operands as the chip
-does) will fail them on TPU targets until they ask for HIGHEST.
+"""Target forgery (tpu-v5e; found 2026-12-05 by an attack review): the cumsum_rows golden with
+``precision=HIGHEST`` taken off its float32 dot. A CPU computes that dot in full float32; libtpu's
+own output for v5e (``--xla_mosaic_dump_to``) shows one ``vmatmul`` pass in ``round`` mode where
+the golden has six: operands rounded to bfloat16. Emulated that way (operands rounded to
+bfloat16, float32 accumulation) it is off by up to 8e-2 against an atol of 2e-4. It was
+certified for tpu-v5e while every run computed in float32; the TPU-semantics run now computes
+each matmul as the chip does (``runner.chip_arithmetic``) and names the dot's line and the
+precision that would fix it.
 """
 
 import functools

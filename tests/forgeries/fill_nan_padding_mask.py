@@ -1,14 +1,12 @@
-"""OPEN target forgery (tpu-v5e; found 2026-12-05 by an attack review): rows past the edge of the
+"""Target forgery (tpu-v5e; found 2026-12-05 by an attack review): rows past the edge of the
 last block are dropped by testing for NaN, not by their index.
 
 Both interpret modes fill what a ragged last block reads past the array's end with NaN (JAX's
-debugging aid), and the TPU-semantics run asks for that fill (``uninitialized_memory="nan"``), so
-"NaN" reliably means "padding" in every run the check makes. On a TPU the padding holds whatever
-was in VMEM. Under JAX's TPU interpreter with the fill patched to 3.0, the ragged case (100x300)
-is off by 84 (28 padded rows times 3); the golden, which masks by row index, is right with any
-fill. CERTIFIED for tpu-v5e at the time of writing (``test_target_forgeries.py`` holds it as an
-expected failure). A fix needs a run whose padding and fresh buffers hold values a kernel
-cannot tell from data (drawn per check, per element), which JAX's interpreter does not offer.
+debugging aid), so "NaN" reliably meant "padding" in every run the check made. On a TPU the
+padding holds whatever was in VMEM: with a fill of 3.0 the ragged case (100x300) is off by 84
+(28 padded rows times 3); the golden, which masks by row index, is right with any fill. It was
+certified for tpu-v5e until the TPU-semantics run gained a second run whose padding and fresh
+buffers hold values drawn from the check's seed (``runner.tpu_semantics.fill_arbitrary``).
 """
 
 import jax

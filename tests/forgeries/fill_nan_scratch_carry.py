@@ -1,10 +1,9 @@
-"""OPEN target forgery (tpu-v5e; found 2026-12-05 by an attack review): the cumsum carry is never
+"""Target forgery (tpu-v5e; found 2026-12-05 by an attack review): the cumsum carry is never
 reset. The last column block poisons it with NaN after use, and every block reads a NaN carry as
-0: right wherever a fresh scratch buffer holds NaN, as in both interpret modes and the
-TPU-semantics run. On a TPU the first row block starts from whatever an earlier kernel left in
-that VMEM: with the interpreter's fill patched to 3.0 it is off by 3.0 on every case. CERTIFIED
-for tpu-v5e at the time of writing (an expected failure in ``test_target_forgeries.py``); see
-``open_nan_padding_mask.py`` for what a fix needs.
+0: right wherever a fresh scratch buffer holds NaN, as in both interpret modes. On a TPU the
+first row block starts from whatever an earlier kernel left in that VMEM: with a fill of 3.0 it
+is off by 3.0 on every case. Refused since the TPU-semantics run's second run fills fresh
+buffers with values drawn from the check's seed (see ``fill_nan_padding_mask.py``).
 """
 
 import functools

@@ -1,0 +1,326 @@
+"""A traced program computed as a TPU computes it: matmul precision and undefined integer results.
+
+Every run a check makes on a CPU computes a float32 matmul in float32. A TPU does not: its MXU
+multiplies bfloat16, so a float32 ``dot`` at DEFAULT precision is one pass over operands rounded
+to bfloat16 (read from libtpu's own output for v5e: one ``vmatmul`` in round mode; HIGHEST gives
+six), HIGH is three (bf16_3x: each float32 operand split into a high and a low bfloat16 part, the
+low×low product left out; XLA only, Mosaic refuses HIGH) and HIGHEST is float32 to within
+rounding. Read from libtpu's LLO for v4, v5e, v5p and v6e alike (compile-only): one ``vdwg``
+weight load per pass, in kernels and in XLA code. Inside a Pallas kernel,
+Mosaic reads only the dot's own ``precision``; outside, XLA also reads the
+``jax_default_matmul_precision`` setting. A kernel right only in float32 is wrong on the chip
+(``tests/forgeries/chip_default_precision_dot.py``: 8e-2 off at atol 2e-4).
+
+``on_the_chip`` rewrites the traced program so each such matmul (``dot_general``, and outside
+kernels ``conv_general_dilated``) computes on operands rounded as the chip rounds them, with
+float32 accumulation, and lists the ones it changed (their lines, for the diagnosis). It also
+watches, inside kernel bodies, the integer operations whose result the TPU compiler leaves
+undefined (MLIR's poison: a shift by the bit width or more, a division by zero, the most negative
+value divided by -1, a float converted to an integer it does not fit): XLA on a CPU gives each a
+fixed answer a kernel can come to rely on; the chip gives whatever it gives. Each such operation
+reports, through a host callback, when it meets an operand that makes it undefined.
+
+The rewrite works on the jaxpr the candidate traced once (``runner.traced_program``): no
+candidate code runs again, and each replaced equation keeps its source location, so a kernel
+that misbehaves here is named by its own line.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# bfloat16 passes of a float32 matmul on a TPU's MXU, by precision. The same MXU (bfloat16
+# multipliers, float32 accumulation) in v4, v5e, v5p and v6e.
+DEFAULT_PASSES, HIGH_PASSES, EXACT = 1, 3, None
+# ``jax_default_matmul_precision`` values (XLA, outside kernels) -> passes.
+_CONFIG_PASSES = {
+    "bfloat16": DEFAULT_PASSES,
+    "default": DEFAULT_PASSES,
+    "fastest": DEFAULT_PASSES,
+    "bfloat16_3x": HIGH_PASSES,
+    "high": HIGH_PASSES,
+    "tensorfloat32": HIGH_PASSES,
+    "float32": EXACT,
+    "highest": EXACT,
+}
+_PRESET_PASSES = {
+    "BF16_BF16_F32": DEFAULT_PASSES,
+    "BF16_BF16_F32_X3": HIGH_PASSES,
+    "DEFAULT": DEFAULT_PASSES,
+}
+
+
+@dataclass
+class ChipArithmetic:
+    """What ``on_the_chip`` changed, and what the run met: ``reduced`` lists each matmul it
+    rounded ({"line", "precision", "passes", "in_kernel"}); ``undefined`` collects, while the
+    program runs, each operation that met an operand the chip leaves undefined ({"line",
+    "what"})."""
+
+    reduced: list[dict[str, Any]] = field(default_factory=list)
+    undefined: list[dict[str, str]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def report(self, line: str, what: str) -> Callable[[Any], None]:
+        def seen(bad: Any) -> None:
+            if bool(bad):
+                with self._lock:
+                    if (
+                        len(self.undefined) < 8
+                        and {"line": line, "what": what} not in self.undefined
+                    ):
+                        self.undefined.append({"line": line, "what": what})
+
+        return seen
+
+
+def on_the_chip(closed: Any) -> tuple[Any, ChipArithmetic]:
+    """``closed`` (a ClosedJaxpr, pallas_calls already set to run under the TPU interpreter)
+    with the chip's matmul rounding and undefined-integer watches; what it changed."""
+    from jax._src import config
+
+    found = ChipArithmetic()
+    default = _config_passes(config.default_matmul_precision.value)
+    jaxpr, _ = _rewrite(closed.jaxpr, found, default, in_kernel=False)
+    return (closed if jaxpr is closed.jaxpr else closed.replace(jaxpr=jaxpr)), found
+
+
+def _config_passes(value: Any) -> int | None:
+    if value is None:
+        return DEFAULT_PASSES
+    return _CONFIG_PASSES.get(str(value).lower(), DEFAULT_PASSES)
+
+
+def _precision_passes(precision: Any, default: int | None, in_kernel: bool) -> int | None:
+    """The passes of a dot whose ``precision`` parameter is this: None and DEFAULT are the
+    configured default outside a kernel and one pass in one (Mosaic reads no setting)."""
+    from jax import lax
+
+    if precision is None:
+        return DEFAULT_PASSES if in_kernel else default
+    if isinstance(precision, lax.DotAlgorithmPreset):
+        return _PRESET_PASSES.get(precision.name, EXACT)
+    levels = precision if isinstance(precision, tuple | list) else (precision,)
+    passes: list[int | None] = []
+    for level in levels:
+        if level is None or level == lax.Precision.DEFAULT:
+            passes.append(DEFAULT_PASSES if in_kernel else default)
+        elif level == lax.Precision.HIGH:
+            passes.append(HIGH_PASSES)
+        else:
+            passes.append(EXACT)
+    # Per-operand precisions: the chip computes at the finer of the two.
+    if any(p is EXACT for p in passes):
+        return EXACT
+    return max(p for p in passes if p is not None)
+
+
+def _line(eqn: Any) -> str:
+    from jax._src import source_info_util
+
+    try:
+        return source_info_util.summarize(eqn.source_info)
+    except Exception:  # a location is for the diagnosis only
+        return "?"
+
+
+def _rounded(x: Any, passes: int) -> tuple[Any, ...]:
+    """A float32 operand as the MXU sees it. One pass: rounded to bfloat16 (the MXU's ``round``
+    mode). Three: split into a high and a low bfloat16 part by truncation, as libtpu's code does
+    (``vand`` with 0xFFFF0000, then a subtraction). Other dtypes pass through whole."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    if x.dtype != jnp.float32:
+        return (x,)
+    if passes == DEFAULT_PASSES:
+        return (x.astype(jnp.bfloat16).astype(jnp.float32),)
+
+    def truncated(v: Any) -> Any:
+        bits = lax.bitcast_convert_type(v, jnp.uint32) & jnp.uint32(0xFFFF0000)
+        return lax.bitcast_convert_type(bits, jnp.float32)
+
+    high = truncated(x)
+    return high, truncated(x - high)
+
+
+def _emulated_product(eqn: Any, passes: int) -> Any:
+    """A ``jit`` equation computing ``eqn`` (a dot or convolution) from rounded operands."""
+
+    primitive, params = eqn.primitive, eqn.params
+
+    def product(lhs: Any, rhs: Any) -> Any:
+        lhs_parts, rhs_parts = _rounded(lhs, passes), _rounded(rhs, passes)
+        total = None
+        for i, a in enumerate(lhs_parts):
+            for j, b in enumerate(rhs_parts):
+                if i and j:
+                    continue  # bf16_3x leaves out low x low
+                term = primitive.bind(a, b, **params)
+                total = term if total is None else total + term
+        return total
+
+    product.__name__ = product.__qualname__ = f"{primitive.name}_as_on_the_chip"
+    return _as_call(eqn, product)
+
+
+def _as_call(eqn: Any, function: Callable[..., Any]) -> Any:
+    """``function`` of ``eqn``'s operands as one ``jit`` equation on ``eqn``'s variables, with
+    its source location (what ``traced_program.labelled_call`` does for a kernel)."""
+    import jax
+
+    traced = jax.make_jaxpr(jax.jit(function))(*(v.aval for v in eqn.invars))
+    (call,) = traced.jaxpr.eqns
+    return call.replace(
+        invars=list(eqn.invars), outvars=list(eqn.outvars), source_info=eqn.source_info
+    )
+
+
+def _undefined_when(eqn: Any) -> tuple[str, Callable[..., Any]] | None:
+    """For an integer operation the TPU compiler may leave undefined: what it is and a function
+    of its operands that is True, element by element, where it is."""
+    import jax.numpy as jnp
+
+    name = eqn.primitive.name
+    dtypes = [getattr(v.aval, "dtype", None) for v in eqn.invars]
+    if not dtypes or dtypes[0] is None:
+        return None
+    if name in ("shift_left", "shift_right_logical", "shift_right_arithmetic"):
+        if not jnp.issubdtype(dtypes[0], jnp.integer):
+            return None
+        bits = jnp.iinfo(dtypes[0]).bits
+        return (
+            f"a shift by {bits} or more (or by a negative amount) of a {bits}-bit integer",
+            lambda x, y: (y < 0) | (y >= bits),
+        )
+    if name in ("div", "rem"):
+        if not jnp.issubdtype(dtypes[0], jnp.integer):
+            return None
+        signed = jnp.issubdtype(dtypes[0], jnp.signedinteger)
+        smallest = jnp.iinfo(dtypes[0]).min
+
+        def bad(x: Any, y: Any) -> Any:
+            wrong = y == 0
+            if signed:
+                wrong = wrong | ((x == smallest) & (y == -1))
+            return wrong
+
+        what = "an integer division by zero" + (
+            " (or of the most negative value by -1)" if signed else ""
+        )
+        return what, bad
+    if name == "convert_element_type":
+        new = eqn.params.get("new_dtype")
+        if new is None or not jnp.issubdtype(new, jnp.integer):
+            return None
+        if not jnp.issubdtype(dtypes[0], jnp.floating):
+            return None
+        info = jnp.iinfo(new)
+        low, high = float(info.min), float(info.max) + 1.0
+        return (
+            f"a float converted to {jnp.dtype(new).name} that it does not fit (or NaN)",
+            lambda x: ~((x >= low) & (x < high)),
+        )
+    return None
+
+
+def _watched(eqn: Any, found: ChipArithmetic) -> Any:
+    """``eqn`` as one ``jit`` equation that also reports, through a host callback, when its
+    operands make its result undefined on the chip. Its result is XLA's where defined; where
+    not, the operation runs on operands that are (a divisor of 1: XLA on a CPU traps on some
+    integer divisions by zero), for the result is the chip's to choose anyway."""
+    import jax
+    import jax.numpy as jnp
+
+    watch = _undefined_when(eqn)
+    if watch is None:
+        return eqn
+    what, bad = watch
+    seen = found.report(_line(eqn), what)
+    primitive, params = eqn.primitive, eqn.params
+
+    def checked(*operands: Any) -> Any:
+        undefined = bad(*operands)
+        jax.debug.callback(seen, jnp.any(undefined))
+        if primitive.name in ("div", "rem"):
+            x, y = operands
+            operands = (x, jnp.where(undefined, jnp.ones_like(y), y))
+        return primitive.bind(*operands, **params)
+
+    checked.__name__ = checked.__qualname__ = f"{primitive.name}_watched"
+    return _as_call(eqn, checked)
+
+
+def _rewrite(
+    jaxpr: Any, found: ChipArithmetic, default: int | None, in_kernel: bool
+) -> tuple[Any, set]:
+    """``jaxpr`` with its matmuls rounded and (inside kernels) its undefined integer operations
+    watched; itself where nothing changed. Returns it with the effects the rewrite added."""
+    eqns, added = [], set()
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        new = eqn
+        if name == "dot_general" or (name == "conv_general_dilated" and not in_kernel):
+            passes = _precision_passes(eqn.params.get("precision"), default, in_kernel)
+            float32 = any(str(getattr(v.aval, "dtype", "")) == "float32" for v in eqn.invars)
+            if passes is not EXACT and float32:
+                new = _emulated_product(eqn, passes)
+                found.reduced.append(
+                    {
+                        "line": _line(eqn),
+                        "precision": _precision_name(eqn.params.get("precision")),
+                        "passes": passes,
+                        "in_kernel": in_kernel,
+                    }
+                )
+        elif in_kernel and _undefined_when(eqn) is not None:
+            new = _watched(eqn, found)
+        else:
+            params, more = {}, set()
+            inside = in_kernel or name == "pallas_call"
+            for key, value in eqn.params.items():
+                params[key], extra = _rewrite_value(value, found, default, inside)
+                more |= extra
+            if any(params[key] is not eqn.params[key] for key in params):
+                if name == "pallas_call":
+                    _, effects = eqn.primitive.abstract_eval(
+                        *(v.aval for v in eqn.invars), **params
+                    )
+                    more |= set(effects) - set(eqn.effects)
+                new = eqn.replace(params=params, effects=set(eqn.effects) | more)
+        if new is not eqn:
+            added |= set(new.effects) - set(eqn.effects)
+        eqns.append(new)
+    if all(a is b for a, b in zip(eqns, jaxpr.eqns, strict=True)):
+        return jaxpr, set()
+    return jaxpr.replace(eqns=eqns, effects=set(jaxpr.effects) | added), added
+
+
+def _rewrite_value(
+    value: Any, found: ChipArithmetic, default: int | None, in_kernel: bool
+) -> tuple[Any, set]:
+    from jax._src import core
+
+    if isinstance(value, tuple | list):
+        pairs = [_rewrite_value(item, found, default, in_kernel) for item in value]
+        if all(new is old for (new, _), old in zip(pairs, value, strict=True)):
+            return value, set()
+        return type(value)(new for new, _ in pairs), set().union(*(a for _, a in pairs))
+    if isinstance(value, core.ClosedJaxpr):
+        inner, added = _rewrite(value.jaxpr, found, default, in_kernel)
+        return (value if inner is value.jaxpr else value.replace(jaxpr=inner)), added
+    if isinstance(value, core.Jaxpr):
+        return _rewrite(value, found, default, in_kernel)
+    return value, set()
+
+
+def _precision_name(precision: Any) -> str:
+    if precision is None:
+        return "DEFAULT"
+    if isinstance(precision, tuple | list):
+        names = {getattr(p, "name", str(p)) if p is not None else "DEFAULT" for p in precision}
+        return "/".join(sorted(names))
+    return getattr(precision, "name", str(precision))
