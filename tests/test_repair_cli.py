@@ -91,6 +91,28 @@ def test_a_repair_for_a_tpu_target_ends_certified_for_it(temporal_address, postg
     assert again.certified and tpu.ok and tpu.compile_s > 0, again.diagnosis
 
 
+def test_a_float32_dot_too_coarse_on_the_chip_is_repaired_for_it_at_zero_tokens(
+    temporal_address, postgres_dsn, tmp_path
+):
+    # The cumsum golden without its precision=HIGHEST: right on a CPU, one bfloat16 pass on
+    # TPU v5e, 8e-2 off at atol 2e-4. The target names the dot; the playbook asks it for
+    # float32, and the certificate is for tpu-v5e.
+    cumsum = OPS / "cumsum_rows"
+    candidate = tmp_path / "cumsum_default_precision.py"
+    golden = (cumsum / "golden.py").read_text()
+    assert "precision=jax.lax.Precision.HIGHEST, " in golden
+    candidate.write_text(golden.replace("precision=jax.lax.Precision.HIGHEST, ", ""))
+    env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
+    result = run_cli(
+        "repair", cumsum / "spec.py", candidate, "--target", "tpu-v5e", "--json", env=env
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["certified"] is True and report["rounds"] >= 1
+    assert report["tokens"]["input"] == 0 and report["targets"] == {"tpu-v5e": True}
+    assert "Precision.HIGHEST" in Path(report["fixed_path"]).read_text()
+
+
 def test_without_configured_services_the_embedded_stack_runs_for_the_command(tmp_path):
     config = private_stack(tmp_path / "state")
     env = {
