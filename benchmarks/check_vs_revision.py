@@ -6,7 +6,10 @@ load, and prints each kernel's median wall time and the ratio. This tree is meas
 with the spec's compilation cache cold (a fresh ``NEARMISS_CACHE_DIR`` per check: a first
 check) and warm (the cache filled by an earlier check of the same spec: every later one).
 
-    .venv/bin/python benchmarks/check_vs_revision.py --baseline 8390593 [--repeat 5]
+    .venv/bin/python benchmarks/check_vs_revision.py --baseline 8390593 [--repeat 5] [--target T]
+
+``--target`` (e.g. ``interpret,tpu-v5e``) checks every kernel for those targets on both sides:
+what a change to a target's judging costs.
 """
 
 from __future__ import annotations
@@ -30,12 +33,14 @@ KERNELS = [
 CHECK = "import sys; from nearmiss.cli.main import main; sys.argv[0] = 'nearmiss'; main()"
 
 
-def timed_check(tree: Path, op: str, kernel: str, env: dict[str, str]) -> float:
+def timed_check(
+    tree: Path, op: str, kernel: str, env: dict[str, str], extra: tuple[str, ...] = ()
+) -> float:
     """Wall seconds of one `nearmiss check` of the kernel, run from ``tree``'s sources."""
     spec, candidate = ROOT / "pallas_ops" / op / "spec.py", ROOT / "pallas_ops" / op / kernel
     started = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-c", CHECK, "check", str(spec), str(candidate)],
+        [sys.executable, "-c", CHECK, "check", str(spec), str(candidate), *extra],
         cwd=tree,
         env={**env, "PYTHONPATH": str(tree)},
         stdout=subprocess.DEVNULL,
@@ -48,7 +53,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", required=True, help="git revision to compare against")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--target", help="targets to check for, on both sides")
     args = parser.parse_args()
+    extra = ("--target", args.target) if args.target else ()
     # Only the CPU backend for both trees: an older tree does not ask for it itself.
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     with tempfile.TemporaryDirectory(prefix="nearmiss-bench-") as scratch:
@@ -62,17 +69,19 @@ def main() -> None:
             warm_cache = Path(scratch) / "warm-cache"
             rows = []
             for op, kernel in KERNELS:
-                timed_check(ROOT, op, kernel, {**env, "NEARMISS_CACHE_DIR": str(warm_cache)})
+                timed_check(ROOT, op, kernel, {**env, "NEARMISS_CACHE_DIR": str(warm_cache)}, extra)
                 old, cold, warm = [], [], []
                 for attempt in range(args.repeat):
                     fresh = Path(scratch) / f"cold-{op}-{attempt}"
-                    old.append(timed_check(baseline, op, kernel, env))
+                    old.append(timed_check(baseline, op, kernel, env, extra))
                     cold.append(
-                        timed_check(ROOT, op, kernel, {**env, "NEARMISS_CACHE_DIR": str(fresh)})
+                        timed_check(
+                            ROOT, op, kernel, {**env, "NEARMISS_CACHE_DIR": str(fresh)}, extra
+                        )
                     )
                     warm.append(
                         timed_check(
-                            ROOT, op, kernel, {**env, "NEARMISS_CACHE_DIR": str(warm_cache)}
+                            ROOT, op, kernel, {**env, "NEARMISS_CACHE_DIR": str(warm_cache)}, extra
                         )
                     )
                 o, c, w = (statistics.median(x) for x in (old, cold, warm))
