@@ -306,3 +306,15 @@ def test_spec_new_refuses_a_missing_function_and_an_existing_file(tmp_path):
     out.write_text("# mine\n")
     exists = run_cli("spec", "new", out, "--reference", f"{tmp_path / 'ref.py'}:rms_norm", *common)
     assert exists.returncode == 2 and out.read_text() == "# mine\n"
+
+
+def test_spec_check_says_what_a_tpus_default_precision_dot_does_to_the_tolerance():
+    # The matmul spec's float32 tolerance (1e-4) is far below one bfloat16 pass per dot; its
+    # bfloat16 cases are exact in one pass and get no such line.
+    result = run_cli("spec", "check", OPS / "matmul" / "spec.py", "--seed", "1", "--json")
+    cases = {c["name"]: c for c in json.loads(result.stdout)["cases"]}
+    assert cases["base"]["chip_used"] > 1 and cases["base"]["chip_max_abs"] > 1e-2
+    assert cases["bf16"]["chip_used"] is None
+    text = run_cli("spec", "check", OPS / "matmul" / "spec.py", "--seed", "1").stdout
+    assert "TPU targets, float32: float32 dots at DEFAULT precision" in text
+    assert "must ask for precision=HIGHEST" in text and "TPU targets, bfloat16" not in text

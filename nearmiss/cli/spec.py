@@ -10,6 +10,7 @@ import argparse
 import secrets
 import sys
 from pathlib import Path
+from typing import cast
 
 from nearmiss.engine.authoring import calibration
 from nearmiss.engine.authoring.calibration import NOISE_MARGIN, CaseNoise, SpecNoise
@@ -155,6 +156,29 @@ def _explain(case: CaseNoise) -> str | None:
     return None
 
 
+def _chip_lines(result: SpecNoise) -> list[str]:
+    """Per dtype whose cases have float32 dots: what a TPU target's arithmetic supports (each
+    dot one bfloat16 pass, as the chip computes DEFAULT precision)."""
+    lines = []
+    for dtype in sorted({c.dtype for c in result.cases if c.chip_used is not None}):
+        mine = [c for c in result.cases if c.dtype == dtype and c.chip_used is not None]
+        used = max(cast(float, c.chip_used) for c in mine)
+        error = max(c.chip_max_abs or 0.0 for c in mine)
+        if used <= 1:
+            lines.append(
+                f"TPU targets, {dtype}: float32 dots at DEFAULT precision (one bfloat16 pass on "
+                f"the chip) use {_percent(used)} of the tolerance: a kernel may keep DEFAULT"
+            )
+        else:
+            lines.append(
+                f"TPU targets, {dtype}: float32 dots at DEFAULT precision (one bfloat16 pass on "
+                f"the chip) use {_percent(used)} of the tolerance (max error {error:.2g}): a "
+                "kernel for a TPU must ask for precision=HIGHEST, or the tolerance must be "
+                f"about {2 * error:.1g}"
+            )
+    return lines
+
+
 def render_noise(result: SpecNoise, heading: bool = True) -> str:
     lines = []
     if heading:
@@ -198,6 +222,7 @@ def render_noise(result: SpecNoise, heading: bool = True) -> str:
             f"{advice.dtype}: suggested atol = rtol {span} (declared {advice.declared[0]:g}, "
             f"{advice.declared[1]:g})"
         )
+    lines += _chip_lines(result)
     for value, used in result.droppable:
         lines.append(
             f"warning: the reference's constant {value:g} can be left out: without it every "

@@ -58,6 +58,10 @@ class CaseNoise(BaseModel):
     # The same computation in bfloat16 against the reference (None: not wider than bfloat16).
     narrow_used: float | None = None
     narrow_scaled: float | None = None
+    # The reference with every float32 dot one bfloat16 pass (a TPU at DEFAULT precision)
+    # against float64: how much of the tolerance that uses (None: no float32 dot).
+    chip_used: float | None = None
+    chip_max_abs: float | None = None
     reference_s: float = 0.0
     note: str = ""
     # Each small constant of the reference (an eps) and how much of the tolerance the same
@@ -291,7 +295,19 @@ def _case(message: dict) -> CaseNoise:
             pairs = _float_pairs(zeroed, references)
             used = max((tolerance_used(z, r, atol, rtol) for z, r in pairs), default=math.inf)
             constants.append((float(value), used))
-    notes = [m for m in (message.get("truth"), message.get("coarse")) if m and m != "ok"]
+    chips = _load(case_dir, "chip.npz") if message.get("chip") == "ok" else None
+    if chips is not None and truths is not None and len(chips) == len(truths):
+        pairs = _float_pairs(chips, truths)
+        figures["chip_used"] = max((tolerance_used(c, t, atol, rtol) for c, t in pairs), default=0)
+        figures["chip_max_abs"] = max(
+            (float(np.nanmax(np.abs(c.astype(np.float64) - t))) for c, t in pairs if t.size),
+            default=0.0,
+        )
+    notes = [
+        m
+        for m in (message.get("truth"), message.get("coarse"), message.get("chip"))
+        if m and m != "ok"
+    ]
     return CaseNoise(
         suite=message["suite"],
         name=message["name"],

@@ -77,14 +77,16 @@ class ChipArithmetic:
         return seen
 
 
-def on_the_chip(closed: Any) -> tuple[Any, ChipArithmetic]:
+def on_the_chip(closed: Any, every_dot: int | None = None) -> tuple[Any, ChipArithmetic]:
     """``closed`` (a ClosedJaxpr, pallas_calls already set to run under the TPU interpreter)
-    with the chip's matmul rounding and undefined-integer watches; what it changed."""
+    with the chip's matmul rounding and undefined-integer watches; what it changed.
+    ``every_dot``: that many passes for every float32 dot whatever its precision (what a kernel
+    computing a spec's reference at DEFAULT precision would get: ``spec check``)."""
     from jax._src import config
 
     found = ChipArithmetic()
     default = _config_passes(config.default_matmul_precision.value)
-    jaxpr, _ = _rewrite(closed.jaxpr, found, default, in_kernel=False)
+    jaxpr, _ = _rewrite(closed.jaxpr, found, default, in_kernel=False, every_dot=every_dot)
     return (closed if jaxpr is closed.jaxpr else closed.replace(jaxpr=jaxpr)), found
 
 
@@ -255,7 +257,11 @@ def _watched(eqn: Any, found: ChipArithmetic) -> Any:
 
 
 def _rewrite(
-    jaxpr: Any, found: ChipArithmetic, default: int | None, in_kernel: bool
+    jaxpr: Any,
+    found: ChipArithmetic,
+    default: int | None,
+    in_kernel: bool,
+    every_dot: int | None = None,
 ) -> tuple[Any, set]:
     """``jaxpr`` with its matmuls rounded and (inside kernels) its undefined integer operations
     watched; itself where nothing changed. Returns it with the effects the rewrite added."""
@@ -264,7 +270,7 @@ def _rewrite(
         name = eqn.primitive.name
         new = eqn
         if name == "dot_general" or (name == "conv_general_dilated" and not in_kernel):
-            passes = _precision_passes(eqn.params.get("precision"), default, in_kernel)
+            passes = every_dot or _precision_passes(eqn.params.get("precision"), default, in_kernel)
             float32 = any(str(getattr(v.aval, "dtype", "")) == "float32" for v in eqn.invars)
             if passes is not EXACT and float32:
                 new = _emulated_product(eqn, passes)
@@ -282,7 +288,7 @@ def _rewrite(
             params, more = {}, set()
             inside = in_kernel or name == "pallas_call"
             for key, value in eqn.params.items():
-                params[key], extra = _rewrite_value(value, found, default, inside)
+                params[key], extra = _rewrite_value(value, found, default, inside, every_dot)
                 more |= extra
             if any(params[key] is not eqn.params[key] for key in params):
                 if name == "pallas_call":
@@ -300,20 +306,24 @@ def _rewrite(
 
 
 def _rewrite_value(
-    value: Any, found: ChipArithmetic, default: int | None, in_kernel: bool
+    value: Any,
+    found: ChipArithmetic,
+    default: int | None,
+    in_kernel: bool,
+    every_dot: int | None = None,
 ) -> tuple[Any, set]:
     from jax._src import core
 
     if isinstance(value, tuple | list):
-        pairs = [_rewrite_value(item, found, default, in_kernel) for item in value]
+        pairs = [_rewrite_value(item, found, default, in_kernel, every_dot) for item in value]
         if all(new is old for (new, _), old in zip(pairs, value, strict=True)):
             return value, set()
         return type(value)(new for new, _ in pairs), set().union(*(a for _, a in pairs))
     if isinstance(value, core.ClosedJaxpr):
-        inner, added = _rewrite(value.jaxpr, found, default, in_kernel)
+        inner, added = _rewrite(value.jaxpr, found, default, in_kernel, every_dot)
         return (value if inner is value.jaxpr else value.replace(jaxpr=inner)), added
     if isinstance(value, core.Jaxpr):
-        return _rewrite(value, found, default, in_kernel)
+        return _rewrite(value, found, default, in_kernel, every_dot)
     return value, set()
 
 

@@ -6,7 +6,9 @@ computation in float64) and, for cases whose outputs are float32 or wider, ``coa
 same computation in bfloat16, cast back to the output's type: what a kernel that computes in
 bfloat16 would return), and for each small constant written into the reference (an eps: a float
 scalar above 0 and at most ``SMALL``) ``zeroed-N.npz``, the float64 computation with that
-constant read as 0, cast to the output's type (what a kernel that left it out would return).
+constant read as 0, cast to the output's type (what a kernel that left it out would return), and
+where the reference has float32 dots ``chip.npz``: the same computation with every one of them
+one bfloat16 pass, as a TPU computes a dot at DEFAULT precision (``runner.chip_arithmetic``).
 The engine judges them (``nearmiss.engine.authoring.calibration``); this side
 only computes. All cases are drawn and traced before x64 is switched on, so the inputs and the
 traces are exactly the check's.
@@ -38,6 +40,7 @@ def calibrate(channel: Channel, request: dict) -> None:
 
     from nearmiss.engine.runner.arrays import is_float, save_arrays
     from nearmiss.engine.runner.case_draw import arrays_or_none, case_key
+    from nearmiss.engine.runner.chip_arithmetic import DEFAULT_PASSES, on_the_chip
     from nearmiss.engine.runner.retype import retyped_evaluation, small_constants
     from nearmiss.engine.runner.selection import select_cases
     from nearmiss.engine.spec import SpecError, load_spec
@@ -102,6 +105,7 @@ def calibrate(channel: Channel, request: dict) -> None:
             "reference_s": reference_s,
             "truth": None,
             "coarse": None,
+            "chip": None,
             "constants": [],
         }
         try:
@@ -128,5 +132,13 @@ def calibrate(channel: Channel, request: dict) -> None:
                 message["coarse"] = "ok"
             except Exception as exc:
                 message["coarse"] = f"not evaluated in {NARROW}: {_first_line(exc)}"
+        try:
+            rewritten, found = on_the_chip(closed, every_dot=DEFAULT_PASSES)
+            if found.reduced:
+                chip = jax.core.eval_jaxpr(rewritten.jaxpr, rewritten.consts, *arrays)
+                save_arrays(case_dir / "chip.npz", [np.asarray(c) for c in chip])
+                message["chip"] = "ok"
+        except Exception as exc:
+            message["chip"] = f"not evaluated with the chip's matmuls: {_first_line(exc)}"
         channel.send(**message)
     channel.send(event="done")
