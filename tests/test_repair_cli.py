@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fake_openai import FakeOpenAI, answer
 
-from conftest import OPS, private_stack, run_cli
+from conftest import OPS, PLANTED, private_stack, run_cli
 from infra.devstack import PostgresService, pid_alive
 from nearmiss.engine.check import check
 
@@ -125,11 +125,13 @@ def test_without_configured_services_the_embedded_stack_runs_for_the_command(tmp
         NEARMISS_TEMPORAL_PORT=str(config.temporal_port),
         NEARMISS_POSTGRES_PORT=str(config.postgres_port),
     )
-    candidate = SOFTMAX / "golden.py"  # already right: certified without a round
+    candidate = PLANTED / "gpu_col_sum.py"  # already right on a GPU: certified without a round
     try:
         # For the GPU without a GPU: on its own stack the command's worker serves that target
-        # too (grid semantics), as nobody else can.
-        result = run_cli("repair", SOFTMAX / "spec.py", candidate, "--target", "gpu", env=env)
+        # too (emulated), as nobody else can.
+        result = run_cli(
+            "repair", OPS / "col_sum" / "spec.py", candidate, "--target", "gpu", env=env
+        )
     finally:
         PostgresService(config).remove_data()
     assert result.returncode == 0, result.stderr

@@ -94,3 +94,13 @@ def test_a_shipped_tpu_module_certifies_for_the_chip_at_the_chips_tolerance(tmp_
     tpu = strict.targets["tpu-v5e"]
     assert all(c.passed for c in strict.cases) and not strict.certified
     assert tpu.failure_class == "precision" and "one bfloat16 pass" in tpu.error, tpu
+
+
+def test_a_shipped_gpu_module_certifies_for_gpu_through_the_triton_lowering(tmp_path):
+    # JAX's own Triton kernel (masked loads and stores, power-of-two blocks): the gpu target's
+    # emulation on a CPU must take what Pallas' Triton lowering takes and a GPU runs right.
+    candidate = shipped_candidate(tmp_path, "gpu_rms_norm")
+    report = check(SPECS / "gpu_rms_norm_spec.py", candidate, "compact", 3, targets=("gpu",))
+    gpu = report.targets["gpu"]
+    assert report.certified and gpu.ok, (report.diagnosis, gpu)
+    assert "Triton" in gpu.verified_by

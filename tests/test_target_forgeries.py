@@ -346,3 +346,84 @@ def test_an_integer_operation_the_chip_leaves_undefined_is_refused_with_its_line
     assert "undefined_on_chip" in kinds(tpu), tpu.findings
     assert what in tpu.error, tpu.error
     assert f"{forgery}:{line_of('scale = ', forgery)}" in tpu.error, tpu.error
+
+
+# -- the gpu target on a CPU: Pallas' Triton lowering, TF32, and what a ragged block reads ------
+
+
+def test_a_float32_dot_at_default_precision_is_refused_for_gpu_as_tf32_and_highest_certifies(
+    tmp_path: Path,
+):
+    forgery = FORGERIES / "gpu_default_precision_dot.py"
+    report = check(MATMUL_SPEC, forgery, "compact", 1, targets=("interpret", "gpu"))
+    gpu = report.targets["gpu"]
+    assert all(c.passed for c in report.cases) and report.targets["interpret"].ok
+    assert not report.certified and not gpu.ok and gpu.failure_class == "precision", gpu
+    assert "TF32" in gpu.error and "HIGHEST" in gpu.error
+    assert f"gpu_default_precision_dot.py:{line_of('o_ref[...] = jnp.dot(', forgery.name)}" in (
+        gpu.error
+    )
+    # The same kernel asking for HIGHEST: right on a GPU and on a TPU, certified for both.
+    fixed = tmp_path / "matmul_highest.py"
+    fixed.write_text(
+        forgery.read_text().replace("PRECISION = None", "PRECISION = jax.lax.Precision.HIGHEST")
+    )
+    report = check(MATMUL_SPEC, fixed, "compact", 1, targets=("interpret", "tpu-v5e", "gpu"))
+    assert report.certified, report.diagnosis
+    assert "Triton" in report.targets["gpu"].verified_by
+
+
+def test_a_block_triton_cannot_hold_is_refused_for_gpu_with_its_shape_and_line():
+    forgery = FORGERIES / "gpu_block_not_power_of_two.py"
+    report = check(MATMUL_SPEC, forgery, "compact", 1, targets=("interpret", "gpu"))
+    gpu = report.targets["gpu"]
+    assert all(c.passed for c in report.cases) and report.targets["interpret"].ok
+    assert not report.certified and gpu.failure_class == "compile_error", gpu
+    assert "block (96, 256): Triton needs power-of-two block shapes" in gpu.error
+    assert f"gpu_block_not_power_of_two.py:{line_of('pl.pallas_call(', forgery.name)}" in (
+        gpu.error
+    )
+
+
+def test_a_kernel_that_tells_a_ragged_blocks_tail_by_nan_is_refused_for_gpu():
+    report = check(
+        COL_SUM_SPEC,
+        FORGERIES / "gpu_fill_nan_tail_rows.py",
+        "all",
+        1,
+        targets=("interpret", "gpu"),
+    )
+    gpu = report.targets["gpu"]
+    assert report.integrity.ok and all(c.passed for c in report.cases)  # right in emulation
+    assert not report.certified and not gpu.ok, gpu
+    assert "fill_dependent" in kinds(gpu), gpu.findings
+    assert not any(f.get("kind") == "grid_race" for f in gpu.findings)  # no race: its reads
+
+
+def test_the_softmax_golden_is_refused_for_gpu_on_its_ragged_block_through_triton():
+    # Certified for gpu by grid semantics alone before the check lowered through Triton.
+    report = check(
+        OPS / "softmax_rows" / "spec.py",
+        OPS / "softmax_rows" / "golden.py",
+        "extended",
+        1,
+        targets=("interpret", "gpu"),
+    )
+    gpu = report.targets["gpu"]
+    assert all(c.passed for c in report.cases) and not report.certified
+    assert gpu.failure_class == "compile_error" and "block (8, 320)" in gpu.error, gpu
+
+
+def test_a_ragged_output_block_stored_whole_is_refused_for_gpu_and_a_masked_store_certifies():
+    forgery = FORGERIES / "gpu_ragged_store.py"
+    report = check(COL_SUM_SPEC, forgery, "all", 1, targets=("interpret", "gpu"))
+    gpu = report.targets["gpu"]
+    assert all(c.passed for c in report.cases) and report.targets["interpret"].ok
+    assert not report.certified and gpu.failure_class == "compile_error", gpu
+    assert "writes past the array's end" in gpu.error
+    stored = "o_ref[...] = jnp.sum(x, axis=0, keepdims=True).astype(o_ref.dtype)"
+    assert f"gpu_ragged_store.py:{line_of(stored, forgery.name)}" in gpu.error
+    # The same kernel storing through a mask of the columns inside the array: right on a GPU.
+    masked = PLANTED / "gpu_col_sum.py"
+    report = check(COL_SUM_SPEC, masked, "all", 1, targets=("interpret", "gpu"))
+    assert report.certified, report.diagnosis

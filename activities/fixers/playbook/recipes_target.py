@@ -363,8 +363,9 @@ def arbitrary_reduction_axis(mod: _Module, evidence: Evidence) -> list[_Edit]:
     return edits
 
 
-# The TPU target's precision finding (``targets.verdict``): "a float32 dot at DEFAULT precision
-# (in the kernel, /home/user/k.py:36:12 (_body)) runs as one bfloat16 pass on tpu-v5e: ...".
+# A target's precision finding (``targets.verdict``): "a float32 dot at DEFAULT precision (in the
+# kernel, /home/user/k.py:36:12 (_body)) runs as one bfloat16 pass on tpu-v5e: ..." (or "runs as
+# TF32 ... on gpu").
 _CHIP_DOT = re.compile(r"a float32 dot at \S+ precision \((?:in|outside) the kernel, .*?:(\d+):\d+")
 _DOT_NAMES = ("dot", "dot_general", "matmul", "einsum")
 
@@ -375,8 +376,9 @@ _DOT_NAMES = ("dot", "dot_general", "matmul", "einsum")
     "a float32 dot the chip computes in bfloat16 passes (per the target) → precision=HIGHEST",
 )
 def dot_precision_highest(mod: _Module, evidence: Evidence) -> list[_Edit]:
-    """Pattern: a TPU target found a float32 dot at DEFAULT (or HIGH) precision too coarse for
-    the spec's tolerance — one bfloat16 pass on the MXU — and named its line. Fix: that dot
+    """Pattern: a target found a float32 dot at DEFAULT (or HIGH) precision too coarse for
+    the spec's tolerance — one bfloat16 pass on a TPU's MXU, TF32 on a GPU — and named its
+    line. Fix: that dot
     asks for ``precision=lax.Precision.HIGHEST`` (float32 on the chip, six passes), for float32
     operands only: Mosaic refuses HIGHEST for bfloat16 ones, which one pass computes exactly.
     An existing ``precision=`` keyword is replaced."""

@@ -100,7 +100,7 @@ def avals_of(request: dict) -> list:
 def traced_callbacks(jaxpr) -> list[str]:
     """Host callbacks in a traced program (they cannot be exported; the engine is told why)."""
     from nearmiss.engine.integrity.audit import CALLBACK_PRIMITIVES
-    from nearmiss.engine.runner.geometry import iter_eqns
+    from nearmiss.engine.jaxpr_walk import iter_eqns
 
     return sorted(
         {e.primitive.name for e in iter_eqns(jaxpr, into_pallas=True)} & CALLBACK_PRIMITIVES
@@ -112,7 +112,7 @@ def narrow_floats(jaxpr) -> list[str]:
     without one, small spread errors are not rounding in a narrower type."""
     import jax.numpy as jnp
 
-    from nearmiss.engine.runner.geometry import iter_eqns
+    from nearmiss.engine.jaxpr_walk import iter_eqns
 
     found = set()
     values = [v for e in iter_eqns(jaxpr, into_pallas=True) for v in e.outvars]
@@ -246,7 +246,34 @@ def export_for_target(program: TracedProgram, request: dict, target: str) -> dic
     if isinstance(found, str):
         return {"ok": False, "error": found}
     (Path(request["dir"]) / target_artifact_file(target)).write_bytes(found)
+    if target == GPU_GRID:
+        return {"ok": True, "triton": lowered_for_triton(program, request)}
     return {"ok": True}
+
+
+# Triton lowerings by input shapes: the modules' text, or the lowering's refusal.
+_TRITON: dict[str, dict] = {}
+
+
+def lowered_for_triton(program: TracedProgram, request: dict) -> dict:
+    """The traced kernel through Pallas' Triton lowering (``targets.triton``): its modules
+    written to ``triton.mlir`` in the case dir for the executor to read, or the refusal."""
+    import json
+
+    from nearmiss.engine.targets.triton import MODULE_SEPARATOR, TRITON_FILE, lower_for_triton
+
+    key = json.dumps(request["avals"])
+    if key not in _TRITON:
+        try:
+            _TRITON[key] = lower_for_triton(program.jaxpr, _candidate_path)
+        except (Exception, SystemExit) as exc:  # the engine's own step failed: not a verdict
+            _TRITON[key] = {"ok": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    found = _TRITON[key]
+    if not found.get("ok"):
+        return {"ok": found.get("ok"), "error": found.get("error")}
+    text = MODULE_SEPARATOR.join(found["modules"])
+    (Path(request["dir"]) / TRITON_FILE).write_text(text)
+    return {"ok": True, "mosaic_gpu": found["mosaic_gpu"]}
 
 
 def serve(entry: str, run, *, interpret: bool = True) -> None:

@@ -51,6 +51,22 @@ _PRESET_PASSES = {
     "BF16_BF16_F32_X3": HIGH_PASSES,
     "DEFAULT": DEFAULT_PASSES,
 }
+# A GPU's tensor cores take float32 operands as TF32 (a 10-bit mantissa): Pallas' Triton
+# lowering gives a float32 dot at DEFAULT or HIGH precision (either operand's) ``inputPrecision
+# = tf32``, HIGHEST ``ieee``; XLA on a GPU computes DEFAULT and HIGH float32 dots in TF32 too
+# unless ``jax_default_matmul_precision`` says otherwise.
+TF32 = "tf32"
+_GPU_CONFIG = _CONFIG_PASSES | {
+    "default": TF32,
+    "fastest": TF32,
+    "high": TF32,
+    "tensorfloat32": TF32,
+}
+_GPU_PRESETS: dict[str, int | str | None] = {
+    "TF32_TF32_F32": TF32,
+    "BF16_BF16_F32": DEFAULT_PASSES,
+    "DEFAULT": TF32,
+}
 
 
 @dataclass
@@ -77,47 +93,65 @@ class ChipArithmetic:
         return seen
 
 
-def on_the_chip(closed: Any, every_dot: int | None = None) -> tuple[Any, ChipArithmetic]:
+Passes = int | str | None  # bfloat16 passes (TPU), TF32 (GPU) or EXACT
+
+
+def on_the_chip(
+    closed: Any, every_dot: Passes = None, gpu: bool = False
+) -> tuple[Any, ChipArithmetic]:
     """``closed`` (a ClosedJaxpr, pallas_calls already set to run under the TPU interpreter)
     with the chip's matmul rounding and undefined-integer watches; what it changed.
-    ``every_dot``: that many passes for every float32 dot whatever its precision (what a kernel
-    computing a spec's reference at DEFAULT precision would get: ``spec check``)."""
+    ``every_dot``: that rounding for every float32 dot whatever its precision (what a kernel
+    computing a spec's reference at DEFAULT precision would get: ``spec check``). ``gpu``: a
+    GPU's arithmetic (TF32) instead of a TPU's."""
     from jax._src import config
 
     found = ChipArithmetic()
-    default = _config_passes(config.default_matmul_precision.value)
-    jaxpr, _ = _rewrite(closed.jaxpr, found, default, in_kernel=False, every_dot=every_dot)
+    table = _GPU_CONFIG if gpu else _CONFIG_PASSES
+    value = config.default_matmul_precision.value
+    default = table.get(str(value or "default").lower(), table["default"])
+    jaxpr, _ = _rewrite(closed.jaxpr, found, _Rules(default, gpu, every_dot), in_kernel=False)
     return (closed if jaxpr is closed.jaxpr else closed.replace(jaxpr=jaxpr)), found
 
 
-def _config_passes(value: Any) -> int | None:
-    if value is None:
-        return DEFAULT_PASSES
-    return _CONFIG_PASSES.get(str(value).lower(), DEFAULT_PASSES)
+@dataclass(frozen=True)
+class _Rules:
+    default: Passes  # outside kernels, a DEFAULT dot (the configured precision)
+    gpu: bool
+    every_dot: Passes = None
 
 
-def _precision_passes(precision: Any, default: int | None, in_kernel: bool) -> int | None:
-    """The passes of a dot whose ``precision`` parameter is this: None and DEFAULT are the
-    configured default outside a kernel and one pass in one (Mosaic reads no setting)."""
+def _precision_passes(precision: Any, rules: _Rules, in_kernel: bool) -> Passes:
+    """How a dot whose ``precision`` parameter is this computes. None and DEFAULT are the
+    configured default outside a kernel; in one, one bfloat16 pass on a TPU (Mosaic reads no
+    setting) and TF32 on a GPU (Triton's lowering)."""
     from jax import lax
 
+    if rules.every_dot is not None:
+        return rules.every_dot
+    in_kernel_default = TF32 if rules.gpu else DEFAULT_PASSES
     if precision is None:
-        return DEFAULT_PASSES if in_kernel else default
+        return in_kernel_default if in_kernel else rules.default
     if isinstance(precision, lax.DotAlgorithmPreset):
-        return _PRESET_PASSES.get(precision.name, EXACT)
+        presets: dict[str, Passes] = {**(_GPU_PRESETS if rules.gpu else _PRESET_PASSES)}
+        return presets.get(precision.name, EXACT)
     levels = precision if isinstance(precision, tuple | list) else (precision,)
-    passes: list[int | None] = []
+    passes: list[Passes] = []
     for level in levels:
         if level is None or level == lax.Precision.DEFAULT:
-            passes.append(DEFAULT_PASSES if in_kernel else default)
+            passes.append(in_kernel_default if in_kernel else rules.default)
         elif level == lax.Precision.HIGH:
-            passes.append(HIGH_PASSES)
+            passes.append(TF32 if rules.gpu else HIGH_PASSES)
         else:
             passes.append(EXACT)
-    # Per-operand precisions: the chip computes at the finer of the two.
+    if rules.gpu and in_kernel:  # Triton: TF32 if either operand allows it
+        return TF32 if TF32 in passes else EXACT
+    # Per-operand precisions: XLA and Mosaic compute at the finer of the two.
     if any(p is EXACT for p in passes):
         return EXACT
-    return max(p for p in passes if p is not None)
+    if TF32 in passes:
+        return TF32
+    return max(p for p in passes if isinstance(p, int))
 
 
 def _line(eqn: Any) -> str:
@@ -129,7 +163,7 @@ def _line(eqn: Any) -> str:
         return "?"
 
 
-def _rounded(x: Any, passes: int) -> tuple[Any, ...]:
+def _rounded(x: Any, passes: int | str) -> tuple[Any, ...]:
     """A float32 operand as the MXU sees it. One pass: rounded to bfloat16 (the MXU's ``round``
     mode). Three: split into a high and a low bfloat16 part by truncation, as libtpu's code does
     (``vand`` with 0xFFFF0000, then a subtraction). Other dtypes pass through whole."""
@@ -138,6 +172,9 @@ def _rounded(x: Any, passes: int) -> tuple[Any, ...]:
 
     if x.dtype != jnp.float32:
         return (x,)
+    if passes == TF32:  # the tensor core reads the top 19 bits: 10 of mantissa
+        bits = lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0xFFFFE000)
+        return (lax.bitcast_convert_type(bits, jnp.float32),)
     if passes == DEFAULT_PASSES:
         return (x.astype(jnp.bfloat16).astype(jnp.float32),)
 
@@ -149,7 +186,7 @@ def _rounded(x: Any, passes: int) -> tuple[Any, ...]:
     return high, truncated(x - high)
 
 
-def _emulated_product(eqn: Any, passes: int) -> Any:
+def _emulated_product(eqn: Any, passes: int | str) -> Any:
     """A ``jit`` equation computing ``eqn`` (a dot or convolution) from rounded operands."""
 
     primitive, params = eqn.primitive, eqn.params
@@ -259,9 +296,8 @@ def _watched(eqn: Any, found: ChipArithmetic) -> Any:
 def _rewrite(
     jaxpr: Any,
     found: ChipArithmetic,
-    default: int | None,
+    rules: _Rules,
     in_kernel: bool,
-    every_dot: int | None = None,
 ) -> tuple[Any, set]:
     """``jaxpr`` with its matmuls rounded and (inside kernels) its undefined integer operations
     watched; itself where nothing changed. Returns it with the effects the rewrite added."""
@@ -270,7 +306,7 @@ def _rewrite(
         name = eqn.primitive.name
         new = eqn
         if name == "dot_general" or (name == "conv_general_dilated" and not in_kernel):
-            passes = every_dot or _precision_passes(eqn.params.get("precision"), default, in_kernel)
+            passes = _precision_passes(eqn.params.get("precision"), rules, in_kernel)
             float32 = any(str(getattr(v.aval, "dtype", "")) == "float32" for v in eqn.invars)
             if passes is not EXACT and float32:
                 new = _emulated_product(eqn, passes)
@@ -288,7 +324,7 @@ def _rewrite(
             params, more = {}, set()
             inside = in_kernel or name == "pallas_call"
             for key, value in eqn.params.items():
-                params[key], extra = _rewrite_value(value, found, default, inside, every_dot)
+                params[key], extra = _rewrite_value(value, found, rules, inside)
                 more |= extra
             if any(params[key] is not eqn.params[key] for key in params):
                 if name == "pallas_call":
@@ -308,22 +344,21 @@ def _rewrite(
 def _rewrite_value(
     value: Any,
     found: ChipArithmetic,
-    default: int | None,
+    rules: _Rules,
     in_kernel: bool,
-    every_dot: int | None = None,
 ) -> tuple[Any, set]:
     from jax._src import core
 
     if isinstance(value, tuple | list):
-        pairs = [_rewrite_value(item, found, default, in_kernel, every_dot) for item in value]
+        pairs = [_rewrite_value(item, found, rules, in_kernel) for item in value]
         if all(new is old for (new, _), old in zip(pairs, value, strict=True)):
             return value, set()
         return type(value)(new for new, _ in pairs), set().union(*(a for _, a in pairs))
     if isinstance(value, core.ClosedJaxpr):
-        inner, added = _rewrite(value.jaxpr, found, default, in_kernel, every_dot)
+        inner, added = _rewrite(value.jaxpr, found, rules, in_kernel)
         return (value if inner is value.jaxpr else value.replace(jaxpr=inner)), added
     if isinstance(value, core.Jaxpr):
-        return _rewrite(value, found, default, in_kernel, every_dot)
+        return _rewrite(value, found, rules, in_kernel)
     return value, set()
 
 

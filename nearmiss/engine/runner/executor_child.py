@@ -206,6 +206,8 @@ def judge_target(request: dict) -> dict:
         request["semantics"],
         bool(request.get("compile")),
     )
+    if request["semantics"] == "gpu":
+        result["triton"] = _read_triton(Path(request["dir"]), request.get("candidate"))
     if key in _JUDGED:  # cases of one shape: the same bytes, the same verdict, no compile time
         compiled, grid = _JUDGED[key]
         if compiled is not None:
@@ -223,6 +225,23 @@ def judge_target(request: dict) -> dict:
         grid = {"findings": [], "undetermined": [{"reason": f"{type(exc).__name__}: {exc}"[:200]}]}
     _JUDGED[key] = compiled, grid
     return {**result, "compiled": compiled, "grid": grid}
+
+
+def _read_triton(case_dir: Path, candidate: str | None) -> dict | None:
+    """The Triton modules the candidate child lowered for this case, read and verified here
+    (``targets.triton``); None where it filed none."""
+    from nearmiss.engine.targets.triton import TRITON_FILE, read_triton_modules
+
+    try:
+        text = (case_dir / TRITON_FILE).read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        return {"ok": None, "error": f"the Triton modules are unreadable: {exc}"[:200]}
+    try:
+        return read_triton_modules(text, candidate)
+    except Exception as exc:  # not Triton IR this jaxlib reads: the target stays undetermined
+        return {"ok": None, "error": f"the Triton modules do not parse: {exc}"[:200]}
 
 
 # Target verdicts by artifact digest, target, semantics and whether compiled, as _PREPARED keeps

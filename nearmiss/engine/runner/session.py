@@ -59,6 +59,8 @@ from nearmiss.engine.runner.spec_sandbox import (
 )
 from nearmiss.engine.runner.target_plan import TargetPlan, choose_targets, lowerings, plan_targets
 from nearmiss.engine.runner.timing import profile_runs_for
+from nearmiss.engine.targets.registry import GPU
+from nearmiss.engine.targets.triton import TRITON_FILE
 
 
 @dataclass(frozen=True)
@@ -544,6 +546,9 @@ class _Executor(_Child):
         assert self.child is not None
         assert plan.structure is not None  # judged only for a structure the kernel was lowered for
         case_dir = self.put(artifact, raw, target_artifact_file(plan.structure)).parent
+        modules = triton_modules_file(artifact)
+        if plan.semantics == GPU and modules.is_file():
+            self.put(modules, raw, TRITON_FILE)
         try:
             self.child.send(
                 cmd="target",
@@ -560,6 +565,8 @@ class _Executor(_Child):
             if message["event"] != "target_done" or message.get("name") != raw.info.name:
                 raise ValueError(f"unexpected message {message['event']!r}")
             verdict["compiled"], verdict["grid"] = message.get("compiled"), message.get("grid")
+            if plan.semantics == GPU:
+                verdict["triton"] = message.get("triton")
         except (ChildFailure, ValueError, KeyError) as exc:
             verdict["error"] = f"the target's check did not finish: {exc}"[:300]
             self.stop()
@@ -752,6 +759,16 @@ class _CandidateRunner(_Child):
             moved[chip] = keep.with_name(f"{keep.stem}-{chip}.bin")
             self.take(raw, target_artifact_file(chip), moved[chip])
             raw.lowered[chip] = {"ok": True, "error": None}
+            triton = answer.get("triton")
+            if isinstance(triton, dict):  # the gpu target's: Pallas' Triton lowering
+                said_ok = triton.get("ok")
+                raw.lowered[chip]["triton"] = {
+                    "ok": said_ok if said_ok in (True, False, None) else None,
+                    "error": str(triton.get("error") or "")[:500] or None,
+                    "mosaic_gpu": _count(triton.get("mosaic_gpu")),
+                }
+                if said_ok is True:
+                    self.take(raw, TRITON_FILE, triton_modules_file(moved[chip]))
         return moved
 
     def run(self, raw: RawCase, inputs: Path, probe_dirs: dict[int, Path]) -> None:
@@ -829,6 +846,15 @@ class _CandidateRunner(_Child):
             raw.error = error
             return False
         return True
+
+
+def triton_modules_file(artifact: Path) -> Path:
+    """Where the engine keeps the Triton modules lowered beside a case's gpu-grid artifact."""
+    return artifact.with_suffix(".triton.mlir")
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _records(value: Any, keys: tuple[str, ...], most: int = 8) -> list[dict[str, str]]:
@@ -1120,8 +1146,8 @@ def run_sandboxed(
                 shutil.copy(inputs, inputs_to / raw.info.key / "inputs.npz")
             if artifact is not None:  # every export is done: the child may see values now
                 for plan in plans:
-                    if plan.compile:
-                        # The chip's arithmetic with NaN in fresh memory, then float32 with
+                    if plan.emulated:
+                        # The target's arithmetic with NaN in fresh memory, then float32 with
                         # values nobody wrote there (``runner.tpu_semantics``).
                         evidence = raw.targets[plan.target]
                         evidence["semantics"] = runner.under_tpu_semantics(

@@ -7,9 +7,12 @@
 - ``gpu`` alone on a machine whose GPU answers (``targets.run_platform``): the check runs there,
   every pallas_call compiled by the GPU's compiler (Triton, else Mosaic GPU), so the cases' own
   numbers are the target's verdict; nothing more is lowered.
-- ``gpu`` elsewhere: judged by grid semantics only: the kernel's BlockSpecs are read from a
-  TPU lowering (GPU lowering needs a GPU), and two grid programs writing one output block are a
-  race, because GPU grid programs run concurrently. That lowering is its own (``GPU_GRID``):
+- ``gpu`` elsewhere: lowered by Pallas' Triton lowering in the candidate child and read by the
+  executor (``targets.triton``: a refusal is the target's), each case run as a GPU computes
+  (TF32 dots, values nobody wrote where a block runs past its array), and its grid judged: the
+  kernel's BlockSpecs are read from a TPU lowering, and two grid programs writing one output
+  block are a race, because GPU grid programs run concurrently. That lowering is its own
+  (``GPU_GRID``):
   every pallas_call with its grid, BlockSpecs, scratch and aliases but an empty body and no GPU
   compiler parameters (``TracedProgram.function(grid_only=True)``), so a Triton-style kernel
   (``plgpu.CompilerParams``, a body Mosaic cannot lower) still has its grid read.
@@ -48,8 +51,17 @@ class TargetPlan:
                 "computes and fills memory"
             )
         if self.semantics == GPU:
-            return "judged by grid semantics only (no GPU run)"
+            return (
+                "lowered by Pallas' Triton lowering (no GPU compile), grid checked, numbers "
+                "emulated as a GPU computes (TF32 dots) and fills memory (no GPU run)"
+            )
         return "numbers checked in CPU interpret mode"
+
+    @property
+    def emulated(self) -> bool:
+        """Whether the check also runs each case as the target computes (``runner.tpu_semantics``
+        with ``runner.chip_arithmetic``): TPU targets, and the gpu target without a GPU."""
+        return self.compile or self.semantics == GPU
 
 
 def choose_targets(

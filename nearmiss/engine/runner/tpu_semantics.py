@@ -23,6 +23,12 @@ that tells padding or a fresh carry by ``x == x`` is right only here
 (``tests/forgeries/fill_*.py``). A second run (``fill="arbitrary"``) gives every such element a
 value drawn from the check's seed, finite and of the data's kind, that no kernel can tell from
 data; the first keeps NaN, which shows any use at all (``0 * garbage`` included).
+
+The gpu target without a GPU runs the same two runs under JAX's plain interpreter instead
+(``interpret=True``: it runs the masked loads and stores Triton kernels use, which the TPU
+interpreter refuses), with a GPU's arithmetic (TF32) and ``fill_arbitrary_plain`` for the
+second: Pallas' Triton lowering reads a ragged block whole, so the rows past an array's end
+hold whatever memory follows it on a GPU.
 """
 
 from __future__ import annotations
@@ -55,31 +61,39 @@ def run_under_tpu_semantics(programs, request: dict) -> dict:
     case_dir = Path(request["dir"])
     result: dict = {"event": "case_done", "suite": request["suite"], "name": request["name"]}
     target = get_target(request["target"])
+    # The gpu target: JAX's plain interpreter (it runs what Triton kernels use, masked loads
+    # and stores, where the TPU interpreter does not) with a GPU's arithmetic; a GPU's grid
+    # order is judged by ``integrity.grid``.
+    gpu = not target.is_tpu
     arbitrary = request.get("fill") == "arbitrary"
     seed = int(request["seed"])
-    params = pltpu.InterpretParams(
-        # Another order of the 'parallel' axes for the second run (and another cache entry in
-        # the interpreter, whose traces hold the fill values).
-        random_seed=seed + 1 if arbitrary else seed,
-        detect_races=not arbitrary,  # the first run watched for races already
-        num_cores_or_threads=target.num_cores or 1,
-        out_of_bounds_reads="raise",
-        uninitialized_memory="nan",
-    )
+    interpret: Any = True
+    if not gpu:
+        interpret = pltpu.InterpretParams(
+            # Another order of the 'parallel' axes for the second run (and another cache entry
+            # in the interpreter, whose traces hold the fill values).
+            random_seed=seed + 1 if arbitrary else seed,
+            detect_races=not arbitrary,  # the first run watched for races already
+            num_cores_or_threads=target.num_cores or 1,
+            out_of_bounds_reads="raise",
+            uninitialized_memory="nan",
+        )
+    filled = (fill_arbitrary_plain if gpu else fill_arbitrary)(seed) if arbitrary else None
     try:
         inputs, _ = load_arrays(case_dir / "inputs.npz")
         program = programs(shapes_of(inputs))
         chip = None
         if request.get("numerics", "chip") == "chip":
-            closed, chip = on_the_chip(program.retargeted(params))
+            closed, chip = on_the_chip(program.retargeted(interpret), gpu=gpu)
             function = program.evaluate(closed)
         else:
-            function = program.function(interpret=params)
-        with lowering_for(target), fill_arbitrary(seed) if arbitrary else contextlib.nullcontext():
+            function = program.function(interpret=interpret)
+        chip_info = contextlib.nullcontext() if gpu else lowering_for(target)
+        with chip_info, filled or contextlib.nullcontext():
             output = jax.block_until_ready(jax.jit(function)(*inputs))
         leaves, treedef = jax.tree_util.tree_flatten(output)
         save_arrays(case_dir / OUTPUT_FILE, [np.asarray(leaf) for leaf in leaves])
-        races = interpreter.races
+        races = None if gpu else interpreter.races
         result.update(ok=True, treedef=str(treedef), races=bool(races and races.races_found))
         if chip is not None:
             result.update(reduced=chip.reduced[:8], undefined=chip.undefined)
@@ -110,6 +124,33 @@ def arbitrary_values(rng: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     if dtype.kind == "b":
         return rng.random(size=shape) < 0.5
     return np.zeros(shape, dtype)
+
+
+@contextlib.contextmanager
+def fill_arbitrary_plain(seed: int) -> Iterator[None]:
+    """JAX's plain interpreter (``interpret=True``), for the block, filling fresh outputs and
+    block padding with ``arbitrary_values`` drawn from ``seed`` instead of NaN: its one fill
+    point, ``pallas.primitives.uninitialized_value``, is swapped for one that draws (a padding
+    takes one value throughout). ``NotImplementedError`` where this JAX has no such point."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax._src.pallas import primitives
+
+    if not hasattr(primitives, "uninitialized_value"):
+        raise NotImplementedError("this JAX's interpreter fills memory where the engine cannot")
+    rng = np.random.default_rng([seed, 0xF112])
+    original = primitives.uninitialized_value
+
+    def drawn(shape, dtype):
+        if not jnp.issubdtype(dtype, jnp.floating) and not jnp.issubdtype(dtype, jnp.integer):
+            return original(shape, dtype)  # semaphores, booleans: the interpreter's own
+        return jnp.asarray(arbitrary_values(rng, tuple(shape), dtype))
+
+    primitives.uninitialized_value = drawn
+    try:
+        yield
+    finally:
+        primitives.uninitialized_value = original
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nearmiss.engine.integrity.audit import ALIAS_MARK, KERNEL_LABEL
-from nearmiss.engine.runner.geometry import iter_eqns
+from nearmiss.engine.jaxpr_walk import iter_eqns
 
 PALLAS_CALL = "pallas_call"
 
@@ -71,6 +71,10 @@ class TracedProgram:
         """The program's ClosedJaxpr as ``function`` evaluates it, for a further rewrite
         (``runner.chip_arithmetic``) before ``evaluate``."""
         rewrite = _grid_only if grid_only else None
+        if rewrite is None and _tpu_interpreter(interpret):
+            # The TPU interpreter reads Mosaic's compiler parameters and asserts on others: a
+            # Triton kernel's are for its GPU lowering, which this run stands in for.
+            rewrite = _tpu_compiler_params_only
         if interpret is None and rewrite is None:
             return self.jaxpr
         return retargeted(self.jaxpr, interpret, rewrite, label=label)
@@ -92,14 +96,28 @@ class TracedProgram:
 def _grid_only(params: dict[str, Any]) -> dict[str, Any]:
     """A pallas_call's parameters with an empty kernel body (its refs kept, no equation) and
     compiler parameters only where they are Mosaic TPU's (others: the TPU default)."""
-    from jax._src.pallas.mosaic import core as tpu_core
-
     body = params["jaxpr"]
     stub = body.replace(eqns=[], outvars=[], effects=set())
+    return _tpu_compiler_params_only({**params, "jaxpr": stub})
+
+
+def _tpu_interpreter(interpret: Any) -> bool:
+    if interpret is None or isinstance(interpret, bool):
+        return False
+    from jax.experimental.pallas import tpu as pltpu
+
+    return isinstance(interpret, pltpu.InterpretParams)
+
+
+def _tpu_compiler_params_only(params: dict[str, Any]) -> dict[str, Any]:
+    """A pallas_call's parameters with compiler parameters only where they are Mosaic TPU's
+    (others: the TPU default)."""
+    from jax._src.pallas.mosaic import core as tpu_core
+
     compiler = params.get("compiler_params")
     if compiler is not None and not isinstance(compiler, tpu_core.CompilerParams):
-        compiler = None
-    return {**params, "jaxpr": stub, "compiler_params": compiler}
+        return {**params, "compiler_params": None}
+    return params
 
 
 def retargeted(closed: Any, interpret: Any, rewrite: Any = None, label: str | None = None) -> Any:

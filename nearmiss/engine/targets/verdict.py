@@ -90,10 +90,46 @@ def judge_target(
         for note in grid.get("notes", []):
             if note not in result.notes and len(result.notes) < MAX_FINDINGS:
                 result.notes.append(str(note)[:300])
+        if "triton" in lowered:
+            _judge_triton(result, target, key, lowered["triton"], case.get("triton"))
         _judge_semantics(result, target, key, case.get("semantics"), seen_findings)
     if compiles:
         result.compile_s = round(compile_s, 3)
     return result
+
+
+def _judge_triton(result: TargetResult, target: str, key: str, lowering: Any, read: Any) -> None:
+    """The kernel through Pallas' Triton lowering (``targets.triton``): its refusal, in the
+    candidate child, counts against the candidate; its modules count only once the executor
+    has read and verified them. A grid race found first stays the verdict's class."""
+    lowering = lowering if isinstance(lowering, dict) else {}
+    if lowering.get("ok") is False:
+        _refused_too(
+            result,
+            f"{target} refuses the kernel ({key}): Pallas' Triton lowering: "
+            f"{lowering.get('error') or 'refused without saying why'}",
+        )
+        return
+    if lowering.get("ok") is None:
+        _unverified(result, f"{key}: the Triton lowering did not run: {lowering.get('error')}")
+        return
+    if lowering.get("mosaic_gpu"):
+        _unverified(result, f"{key}: a Mosaic GPU kernel is not lowered without a GPU")
+    if not isinstance(read, dict) or read.get("ok") is None:
+        why = read.get("error") if isinstance(read, dict) else "no Triton module reached it"
+        _unverified(result, f"{key}: the engine could not read the Triton lowering: {why}")
+    elif not read.get("ok"):
+        _refused_too(result, f"{target} refuses the kernel ({key}): {read.get('error')}")
+
+
+def _refused_too(result: TargetResult, error: str) -> None:
+    """A refusal that leaves a grid race already found as the verdict's class."""
+    if result.failure_class == "grid_race":
+        result.ok = False
+        if len(result.findings) < MAX_FINDINGS:
+            result.findings.append({"kind": "compile_error", "detail": error[:300]})
+        return
+    _refused(result, error)
 
 
 def _judge_semantics(
@@ -157,7 +193,7 @@ def _judge_semantics(
     else:
         kind, failure = "fill_dependent", "wrong_values"
         text = (
-            f"with fresh buffers and block padding holding values nobody wrote, as on the chip "
+            f"with fresh buffers and block padding holding values nobody wrote, as on the hardware "
             f"(not NaN), {fill.get('detail') or 'its output differs'}, though it is right with NaN "
             "there: the kernel tells padding or unwritten memory by its value; mask by index "
             "and initialise what it reads"
@@ -171,11 +207,15 @@ def _judge_semantics(
     result.error = result.error or f"{target} ({key}): {text}"
 
 
-_PASS_WORDS = {"1": "one bfloat16 pass", "3": "three bfloat16 passes"}
+_PASS_WORDS = {
+    "1": "one bfloat16 pass",
+    "3": "three bfloat16 passes",
+    "tf32": "TF32 (operands cut to a 10-bit mantissa)",
+}
 
 
 def describe_reduced(entry: dict[str, Any], target: str) -> str:
-    """One line for a float32 matmul the chip computes in bfloat16 passes
+    """One line for a float32 matmul the target computes in bfloat16 passes or TF32
     (``runner.chip_arithmetic``)."""
     passes = _PASS_WORDS.get(str(entry.get("passes")), "bfloat16 passes")
     where = "in the kernel" if str(entry.get("in_kernel")) == "True" else "outside the kernel"

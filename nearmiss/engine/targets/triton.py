@@ -1,0 +1,299 @@
+"""The GPU target without a GPU: Pallas' real Triton lowering, and a reading of what it made.
+
+Pallas lowers a kernel for an NVIDIA GPU in two steps: Python over jaxlib's Triton dialect turns
+the kernel's jaxpr into a Triton module (``lower_jaxpr_to_triton_module``), then Triton compiles
+that module to PTX on the GPU's host. The first step needs no GPU and is where Pallas refuses
+what Triton cannot do: block shapes whose size is not a power of two, scratch memory, scalar
+prefetch, TPU compiler parameters (a ``pltpu.CompilerParams`` kernel is lowered for TPU only),
+operations without a Triton rule. Pallas only reaches that step through its GPU registration,
+which imports the CUDA plugin, so the engine calls it itself, per pallas_call, with the checks
+that registration makes first.
+
+Two halves, for the two sides of the sandbox, as for TPU targets (``targets.tpu``):
+
+- the candidate child (``lower_for_triton``) lowers every pallas_call of the traced program and
+  writes each Triton module as text, with its source locations; a refusal, trimmed to the
+  candidate's line, counts against the candidate;
+- the executor child (``read_triton_modules``), engine code that never imports the candidate,
+  parses those modules with the Triton dialect, has MLIR verify them, and holds every tensor to
+  Triton's power-of-two rule itself; it lists the dots that run in TF32 (``inputPrecision =
+  tf32``: Pallas' Triton lowering gives a float32 dot at DEFAULT or HIGH precision TF32
+  operands). A module the executor cannot read leaves the target undetermined.
+
+Read from Pallas' Triton lowering: a BlockSpec block is loaded and stored whole, unmasked, so a
+block that runs past its array's end (a ragged last block) reads and writes memory past it on
+the GPU (``runner.tpu_semantics`` gives such reads values nobody wrote).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from nearmiss.engine.targets.errors import trim_error, trim_exception
+
+# The compute capability the lowering is asked for: Hopper, the oldest Triton's Pallas lowering
+# falls back to without a GPU (``pallas_call_registration``).
+COMPUTE_CAPABILITY = 90
+TRITON_FILE = "triton.mlir"
+# Between modules in ``TRITON_FILE``: a line no MLIR printer writes.
+MODULE_SEPARATOR = "\n// ---- nearmiss: next kernel ----\n"
+
+
+def _refusal_before_lowering(params: dict[str, Any]) -> str | None:
+    """What Pallas' GPU registration refuses before it lowers (its own words where it has some)."""
+    from jax._src.pallas.triton import core as triton_core
+
+    compiler_params = params.get("compiler_params")
+    if compiler_params is not None and not isinstance(compiler_params, triton_core.CompilerParams):
+        kind = f"{type(compiler_params).__module__}.{type(compiler_params).__name__}"
+        if ".mosaic_gpu." in kind:
+            return None  # Mosaic GPU's: not Triton's to judge (``lower_for_triton``)
+        return (
+            f"its compiler parameters ({type(compiler_params).__name__} of "
+            f"{type(compiler_params).__module__.removeprefix('jax._src.pallas.')}) are not a "
+            "GPU's: Pallas lowers such a kernel for that backend only (Cannot lower pallas_call "
+            "on platform: gpu); pass none, or plgpu's Triton CompilerParams, for a GPU"
+        )
+    if params.get("mesh") is not None:
+        return "a kernel with a mesh does not lower through Triton (mesh is not supported)"
+    return None
+
+
+def _module_context() -> Any:
+    """The lowering context Pallas' Triton lowering reads: its platform and nothing else."""
+    import itertools
+
+    from jax._src import sharding_impls
+    from jax._src.interpreters import mlir
+
+    return mlir.ModuleContext(
+        platforms=("cuda",),
+        backend=None,
+        axis_context=sharding_impls.ShardingContext(1),
+        keepalives=[],
+        channel_iterator=itertools.count(1),
+        host_callbacks=[],
+        lowering_parameters=mlir.LoweringParameters(),
+    )
+
+
+def lower_for_triton(closed: Any, candidate: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Every pallas_call of ``closed`` (a ClosedJaxpr) through Pallas' Triton lowering:
+    ``{"ok": True, "modules": [text, ...], "mosaic_gpu": n}`` (``mosaic_gpu``: kernels that
+    ask for Mosaic GPU, not lowered here), or ``{"ok": False, "error": one line}``."""
+    from jax._src.pallas.triton import lowering
+
+    from nearmiss.engine.jaxpr_walk import iter_eqns
+
+    modules, mosaic_gpu = [], 0
+    for eqn in iter_eqns(closed.jaxpr):
+        if eqn.primitive.name != "pallas_call":
+            continue
+        params = eqn.params
+        refusal = _refusal_before_lowering(params)
+        where = _kernel_line(eqn, candidate)
+        if refusal:
+            return {"ok": False, "error": f"{refusal}{where}"}
+        if (
+            params.get("compiler_params") is not None
+            and ".mosaic_gpu." in type(params["compiler_params"]).__module__ + "."
+        ):
+            mosaic_gpu += 1
+            continue
+        try:
+            result = lowering.lower_jaxpr_to_triton_module(
+                params["jaxpr"],
+                params["grid_mapping"],
+                "cuda",
+                COMPUTE_CAPABILITY,
+                _module_context(),
+            )
+            modules.append(
+                result.module.operation.get_asm(enable_debug_info=True, print_generic_op_form=True)
+            )
+            store = unmasked_store_past_the_end(params)
+            if store:
+                return {"ok": False, "error": f"{store}{where}"}
+        except Exception as exc:  # the lowering's refusal, whatever it raises
+            text = _power_of_two_words(str(exc)) or trim_exception(exc, candidate)
+            if candidate is not None and os.path.basename(str(candidate)) not in text:
+                text += where
+            return {"ok": False, "error": text}
+    return {"ok": True, "modules": modules, "mosaic_gpu": mosaic_gpu}
+
+
+def unmasked_store_past_the_end(params: dict[str, Any]) -> str | None:
+    """What a GPU does that no CPU run shows: an output block that runs past its array's end
+    (a ragged last block) stored whole. Pallas' Triton lowering stores a block without a mask
+    unless the kernel gives one (``pl.store(..., mask=)``), so that program writes past the
+    array, into memory that is not the output's. Interpret modes drop those elements."""
+    from jax._src.pallas import core as pallas_core
+
+    mapping, body = params["grid_mapping"], params["jaxpr"]
+    blocks = body.invars[mapping.slice_block_ops]
+    outputs = blocks[mapping.num_inputs :]
+    for index, (ref, block) in enumerate(zip(outputs, mapping.block_mappings_output, strict=False)):
+        shape = block.array_aval.shape
+        dims = [
+            None if isinstance(b, pallas_core.Squeezed) else pallas_core._get_block_dim_size(b)
+            for b in block.block_shape
+        ]
+        if all(d is None or size % d == 0 for d, size in zip(dims, shape, strict=False)):
+            continue
+        line = _unmasked_store_line(body, {ref})
+        if line is not None:
+            shown = tuple(1 if d is None else d for d in dims)
+            return (
+                f"output {index}'s block {shown} runs past its array {tuple(shape)} in the last "
+                f"program, and {line} stores it whole: on a GPU that writes past the array's "
+                "end (Triton stores a block unmasked); store with a mask of the elements inside "
+                "the array (pl.store(..., mask=)), or pick a block that divides the array"
+            )
+    return None
+
+
+def _unmasked_store_line(jaxpr: Any, refs: set) -> str | None:
+    """The source line of a store without a mask into one of ``refs`` (vars of ``jaxpr``),
+    looking into nested jaxprs (loops, conditionals, scoped calls) where the ref is passed on."""
+    from jax._src import core, source_info_util
+
+    from nearmiss.engine.jaxpr_walk import sub_jaxprs
+
+    def held(v: Any) -> bool:
+        return isinstance(v, core.Var) and v in refs
+
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in ("swap", "masked_swap") and eqn.invars and held(eqn.invars[0]):
+            masked = False
+            if name == "masked_swap":
+                tree = eqn.params.get("args_tree")
+                try:
+                    *_, mask = tree.unflatten(eqn.invars)
+                    masked = mask is not None
+                except Exception:
+                    masked = True  # a form this reading does not know: not held against it
+            if not masked:
+                return os.path.basename(source_info_util.summarize(eqn.source_info))
+        passed = [i for i, v in enumerate(eqn.invars) if held(v)]
+        if not passed:
+            continue
+        for sub in sub_jaxprs(eqn.params):
+            inner = getattr(sub, "jaxpr", sub)
+            # Operands line up with the nested jaxpr's inputs from the end (a conditional's
+            # index, a loop's constants of the other jaxpr come first); failing that, every
+            # input of the nested jaxpr that is a ref is taken as the ref passed on.
+            offset = len(eqn.invars) - len(inner.invars)
+            if offset >= 0:
+                inner_refs = {inner.invars[i - offset] for i in passed if i >= offset}
+            else:
+                inner_refs = {v for v in inner.invars if "Ref" in type(v.aval).__name__}
+            found = _unmasked_store_line(inner, inner_refs) if inner_refs else None
+            if found:
+                return found
+    return None
+
+
+_NOT_POWER_OF_TWO = re.compile(r"size is a power of 2\. Encountered an array of shape (\([^)]*\))")
+
+
+def _power_of_two_words(message: str) -> str | None:
+    """Pallas' power-of-two refusal, said as the fix needs it (the line is added after)."""
+    match = _NOT_POWER_OF_TWO.search(message)
+    if match is None:
+        return None
+    return (
+        f"block {match.group(1)}: Triton needs power-of-two block shapes; round the block up "
+        "to a power of two and mask the tail (pl.load/pl.store with mask=), or pad the array"
+    )
+
+
+def _kernel_line(eqn: Any, candidate: str | os.PathLike | None) -> str:
+    """`` (at kernel.py:12)``: where the pallas_call was made, for a refusal without a line."""
+    from jax._src import source_info_util
+
+    try:
+        frame = source_info_util.user_frame(eqn.source_info.traceback)
+    except Exception:
+        frame = None
+    if frame is None:
+        return ""
+    name = os.path.basename(frame.file_name)
+    if candidate is not None and name != os.path.basename(str(candidate)):
+        return ""
+    return f" (at {name}:{frame.start_line})"
+
+
+# -- the executor's side: the modules read, never the candidate's word ----------------------------
+
+_TENSOR = re.compile(r"tensor<((?:\d+x)+)[a-z]")
+# Triton's InputPrecision in generic form: 0 is TF32 (1 TF32x3, 2 IEEE).
+_TF32_DOT = re.compile(r"\"tt\.dot\"\(.*inputPrecision = 0 : i32.* loc\((?P<loc>#loc\d*)\)")
+
+
+def read_triton_modules(text: str, candidate: str | None = None) -> dict[str, Any]:
+    """The candidate child's Triton modules, read by the engine: ``{"ok", "error", "tf32"}``.
+    ``ok`` False with an ``error`` where a module does not parse or verify with the Triton
+    dialect, or holds a tensor whose size is not a power of two (Triton's rule: its lowering
+    refuses such blocks); ``tf32``: the source lines of the dots that run in TF32."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.triton import dialect as tt_dialect
+
+    modules = [m for m in text.split(MODULE_SEPARATOR) if m.strip()]
+    tf32: list[str] = []
+    for module_text in modules:
+        context = mlir.JaxIrContext()
+        context.append_dialect_registry(mlir.upstream_dialects)
+        tt_dialect.register_dialect(context)
+        context.load_all_available_dialects()
+        with context:
+            module = ir.Module.parse(module_text)
+            if not module.operation.verify():
+                return {"ok": False, "error": "a Triton module does not verify"}
+            generic = str(
+                module.operation.get_asm(enable_debug_info=True, print_generic_op_form=True)
+            )
+        for match in _TENSOR.finditer(generic):
+            dims = [int(d) for d in match.group(1).rstrip("x").split("x")]
+            size = 1
+            for d in dims:
+                size *= d
+            if size & (size - 1):
+                shape = tuple(dims)
+                return {
+                    "ok": False,
+                    "error": trim_error(
+                        f"a block of shape {shape} in the Triton module: Triton needs every "
+                        "block's size to be a power of two",
+                        candidate,
+                    ),
+                }
+        aliases = dict(_LOC_ALIAS.findall(generic))
+        for match in _TF32_DOT.finditer(generic):
+            tf32.append(_source_line(match["loc"], aliases, candidate))
+    return {"ok": True, "error": None, "tf32": tf32[:8], "kernels": len(modules)}
+
+
+_LOC_ALIAS = re.compile(r"^(#loc\d*) = loc\((.*)\)$", re.MULTILINE)
+_FILE_LINE = re.compile(r"\"(?P<file>[^\"]+\.py)\":(?P<line>\d+)")
+_ALIAS = re.compile(r"#loc\d*")
+
+
+def _source_line(alias: str, aliases: dict[str, str], candidate: str | None) -> str:
+    """``kernel.py:12`` for an operation's location alias, following the aliases it names."""
+    pending, seen = [alias], set()
+    while pending:
+        name = pending.pop(0)
+        if name in seen or name not in aliases:
+            continue
+        seen.add(name)
+        body = aliases[name]
+        for match in _FILE_LINE.finditer(body):
+            file = os.path.basename(match["file"])
+            if candidate is None or file == os.path.basename(candidate):
+                return f"{file}:{match['line']}"
+        pending.extend(_ALIAS.findall(body))
+    return "?"
