@@ -1,9 +1,10 @@
 """Run the corpus's goldens on a real NVIDIA GPU: does each lower, is it right, racy, how fast?
 
 For the rare session that is lent a GPU machine (issue 14). Without a GPU the engine judges the
-``gpu`` target by grid semantics alone (``nearmiss.engine.integrity.grid``: two grid points writing
-one output block are a ``grid_race``); this script measures what the hardware does with the same
-kernels, so that verdict can be compared with the machine. It is never needed for CI; its dry run
+``gpu`` target by emulation (Pallas' Triton lowering on the CPU, TF32 dots, values nobody wrote
+in a ragged block's tail, and grid semantics: two grid points writing one output block are a
+``grid_race``); this script measures what the hardware does with the same kernels, so that
+verdict can be compared with the machine. It is never needed for CI; its dry run
 (``--cpu-dry-run``) is tested on two goldens (tests/test_gpu_check_script.py).
 
 For every ``pallas_ops/<op>/golden.py`` (then every variant that ``variants.json`` labels for the
@@ -19,6 +20,9 @@ For every ``pallas_ops/<op>/golden.py`` (then every variant that ``variants.json
 - the engine's static verdict: the kernel exported for TPU v5e on this host
   (``nearmiss.engine.targets.tpu.export_for_tpu``) and read by ``grid_findings(exported, "gpu")``
   (``race?``), live, or from ``--predictions`` written here beforehand by ``--predict-only``;
+- the engine's own verdict for the ``gpu`` target on a CPU host (``--predict-only`` runs
+  ``check(..., targets=("gpu",))`` here: Triton lowering, TF32, fill, grid), held against what
+  the device did with each case: agree / certified-but-wrong / refused-but-right;
 - the kernel run many times (more when a race is predicted; plus a case with every dim scaled
   by ``--stress-scale`` for those): do the results differ between runs, or from the reference?
 - kernel and reference times: median of warm runs, each ended by ``block_until_ready`` (the
@@ -312,6 +316,9 @@ class Runner:
             row.update(status=ERROR, error="inputs/reference: " + error_text(exc))
             return row
         row.update(self.predict(op, case, kernel, inputs, stress))
+        verdict = self.predictions.get("ops", {}).get(op, {}).get(case.name, {}).get("engine")
+        if verdict and not stress:
+            row["engine_verdict"] = verdict
 
         compiled, errors = None, {}
         for backend in backends:
@@ -823,6 +830,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         }
 
     return {
+        "agreement": agreement(rows),
         "rows": len(rows),
         "kernels": len({r["kernel"] for r in rows}),
         "statuses": statuses,
@@ -835,6 +843,39 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "not_predicted": group(False),
             "undetermined": group(None),
         },
+    }
+
+
+# The engine's CPU verdict (``--predict-only``: ``check(..., targets=("gpu",))`` here) against
+# what the device did with the case: right (lowered, every run within tolerance) or not.
+AGREE, CERTIFIED_WRONG, REFUSED_RIGHT = "agree", "certified-but-wrong", "refused-but-right"
+
+
+def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per case with an engine verdict and a device result: agree / certified-but-wrong /
+    refused-but-right, counted, with the kernels of each disagreement."""
+    counts: dict[str, Any] = {AGREE: 0, CERTIFIED_WRONG: [], REFUSED_RIGHT: []}
+    for row in rows:
+        verdict, status = row.get("engine_verdict"), row.get("status")
+        if (
+            not verdict
+            or row.get("stress")
+            or status not in (OK, MISMATCH, NOT_LOWERED, RUNTIME_ERROR)
+        ):
+            continue
+        right = status == OK and bool(row.get("passed"))
+        certified = verdict == "certified"
+        if certified == right:
+            counts[AGREE] += 1
+        else:
+            counts[CERTIFIED_WRONG if certified else REFUSED_RIGHT].append(
+                f"{row['kernel']}/{row['case']}"
+            )
+    return {
+        AGREE: counts[AGREE],
+        CERTIFIED_WRONG: len(counts[CERTIFIED_WRONG]),
+        REFUSED_RIGHT: len(counts[REFUSED_RIGHT]),
+        "cases": {k: counts[k] for k in (CERTIFIED_WRONG, REFUSED_RIGHT)},
     }
 
 
@@ -957,6 +998,14 @@ def render(data: dict[str, Any]) -> str:
         f"{summary['not_lowered_cases']}, passed {summary['passed_cases']}; statuses "
         f"{summary['statuses']}"
     )
+    agreed = summary.get("agreement") or {}
+    if any(agreed.get(k) for k in (AGREE, CERTIFIED_WRONG, REFUSED_RIGHT)):
+        lines.append(
+            f"  engine's CPU gpu verdict vs the device: {agreed[AGREE]} agree, "
+            f"{agreed[CERTIFIED_WRONG]} certified-but-wrong "
+            f"{agreed['cases'][CERTIFIED_WRONG][:8]}, {agreed[REFUSED_RIGHT]} refused-but-right "
+            f"{agreed['cases'][REFUSED_RIGHT][:8]}"
+        )
     for label, key in (
         ("race predicted", "predicted"),
         ("no race predicted", "not_predicted"),
@@ -986,6 +1035,44 @@ def case_key(jax, seed: int, spec, case):
     return jax.random.fold_in(jax.random.PRNGKey(seed), tag)
 
 
+def engine_verdicts(op: str, seed: int) -> dict[str, str]:
+    """The engine's own verdict for the gpu target on this CPU host, per case of the spec's
+    "all" suite: "certified", or "refused: <class>" where the gpu target names the case (or
+    names none: a grid race is every case's)."""
+    from nearmiss.engine.check import check
+
+    spec_path, kernel_path = unit_paths(op)
+    try:
+        report = check(spec_path, kernel_path, "all", seed, targets=("gpu",))
+    except Exception as exc:
+        _progress(f"{op}: the engine's check failed: {error_text(exc)}")
+        return {}
+    gpu = report.targets.get("gpu")
+    verdicts = {}
+    for case in report.cases:
+        if case.suite not in ("compact", "extended"):
+            continue
+        key = f"{case.suite}-{case.name}"
+        said = (
+            " ".join(
+                [str(gpu.error or "")]
+                + [str(f.get("case", "")) for f in gpu.findings]
+                + list(gpu.undetermined)
+            )
+            if gpu
+            else ""
+        )
+        named_any = "compact-" in said or "extended-" in said or "hidden-" in said
+        refused = gpu is None or not gpu.ok and (key in said or not named_any)
+        if not case.passed:
+            verdicts[case.name] = f"refused: {case.failure_class}"
+        elif refused:
+            verdicts[case.name] = f"refused: {gpu.failure_class if gpu else 'no verdict'}"
+        else:
+            verdicts[case.name] = "certified"
+    return verdicts
+
+
 def predict_only(args) -> int:
     prepare_jax_environment(True)
     import jax
@@ -1008,6 +1095,8 @@ def predict_only(args) -> int:
                 table[op][case.name] = {"race_predicted": None, "race_error": error_text(exc)}
                 continue
             table[op][case.name] = predict_race(jax, kernel, tuple(shapes))
+        for name, verdict in engine_verdicts(op, args.seed).items():
+            table[op].setdefault(name, {})["engine"] = verdict
         racy = [c for c, v in table[op].items() if v.get("race_predicted")]
         _progress(f"{op}: race predicted for {racy or 'no case'}")
     data = {"schema": SCHEMA, "jax": jax.__version__, "target": TPU_TARGET, "ops": table}

@@ -134,3 +134,33 @@ def test_variants_labelled_for_gpu_join_the_goldens(tmp_path, monkeypatch):
     assert gpu_check.discover(None, variants=False) == ["matmul", "softmax_rows"]
     assert gpu_check.discover(["matmul:k_race", "matmul"]) == ["matmul:k_race", "matmul"]
     assert gpu_check.unit_paths("matmul:k_race")[1] == tmp_path / "matmul/variants/k_race.py"
+
+
+def test_the_engines_cpu_verdict_is_held_against_what_the_device_did():
+    from infra import gpu_check
+
+    def row(kernel, case, verdict, status, passed=False):
+        return {
+            "kernel": kernel,
+            "case": case,
+            "engine_verdict": verdict,
+            "status": status,
+            "passed": passed,
+        }
+
+    rows = [
+        row("matmul", "base", "certified", gpu_check.OK, passed=True),  # agree
+        row("softmax_rows", "ragged", "refused: compile_error", gpu_check.NOT_LOWERED),  # agree
+        row("col_sum", "ragged", "certified", gpu_check.MISMATCH),  # the engine was wrong
+        row("silu_mul", "base", "refused: precision", gpu_check.OK, passed=True),  # too strict
+        row("leaky_relu", "base", "certified", gpu_check.SKIPPED_BUDGET),  # no device result
+        {"kernel": "gelu_tanh", "case": "base", "status": gpu_check.OK, "passed": True},
+    ]
+    found = gpu_check.agreement(rows)
+    assert (found["agree"], found["certified-but-wrong"], found["refused-but-right"]) == (2, 1, 1)
+    assert found["cases"] == {
+        "certified-but-wrong": ["col_sum/ragged"],
+        "refused-but-right": ["silu_mul/base"],
+    }
+    data = {"mode": "gpu", "rows": rows, "elapsed_s": 1}
+    assert "2 agree, 1 certified-but-wrong ['col_sum/ragged']" in gpu_check.render(data)
