@@ -42,8 +42,8 @@ if str(ROOT) not in sys.path:
 
 # Goldens first (which of them Triton lowers decides what can be certified), then two labelled
 # failures, one wrong values and one grid race on a GPU, then more goldens while the budget lasts.
-FIRST = ["matmul", "silu_mul", "softmax_rows"]
-FAILURES = [("col_sum", "index_map_drops_column.py"), ("conv2d_3x3", "gpu_channel_grid.py")]
+FIRST = ["matmul_k_loop", "matmul", "silu_mul", "softmax_rows"]
+FAILURES = [("col_sum", "index_map_drops_column.py"), ("matmul_k_loop", "k_across_grid.py")]
 MORE = ["layer_norm", "rms_norm", "gelu_tanh", "col_sum", "matvec", "leaky_relu", "softplus"]
 
 # Prepended to a golden: at import, in the sandbox, it tries to write outside it. Run with the

@@ -57,6 +57,8 @@ BUG_FAMILIES = {
     "(packed bfloat16 rows)",
     "parallel_reduction": "a reduction split across grid steps that may run in parallel: an "
     "axis declared 'parallel' on TPU, any grid axis on GPU",
+    "dot_precision": "a float32 dot at DEFAULT precision, right only where float32 is exact: "
+    "one bfloat16 pass on a TPU's MXU, TF32 on a GPU",
 }
 FAILS_ON = ("compact", "extended")
 DEFAULT_TARGET = "interpret"
