@@ -576,6 +576,19 @@ DISPATCHED_CARRY = matmul(
 # every other line of the module must come through untouched.
 APPLIES = [
     (
+        "block_power_of_two",  # 24 rows: the largest power of two dividing it keeps it dividing
+        rows("    o_ref[...] = x_ref[...] * 2.0\n").replace(
+            "BR, BC, BM, BN, BK = 8, 128", "BR, BC, BM, BN, BK = 24, 128"
+        ),
+        evidence(
+            "compile_error",
+            diagnosis="gpu refuses the kernel (compact-base): Pallas' Triton lowering: block "
+            "(24, 256): Triton needs power-of-two block shapes; round the block up ...",
+        ),
+        ["BR, BC, BM, BN, BK = 24, 128, 64, 64, 128"],
+        ["BR, BC, BM, BN, BK = 8, 128, 64, 64, 128"],
+    ),
+    (
         "dot_precision_highest",  # the dot the target names asks for float32 on the chip
         MATMUL_OK,
         evidence("precision", diagnosis=precision_error(MATMUL_OK)),
@@ -1182,6 +1195,15 @@ APPLIES = [
 # (recipe, source, evidence): the pattern is absent (or the code is already right) → None.
 ABSENT = [
     (
+        "block_power_of_two",  # the refused block's dims are the array's: no constant holds them
+        rows("    o_ref[...] = x_ref[...] * 2.0\n"),
+        evidence(
+            "compile_error",
+            diagnosis="gpu refuses the kernel (compact-base): Pallas' Triton lowering: block "
+            "(8, 300): Triton needs power-of-two block shapes; ...",
+        ),
+    ),
+    (
         "dot_precision_highest",  # the line the target names holds no dot
         MATMUL_OK,
         evidence("precision", diagnosis=precision_error(MATMUL_OK, "def _init")),
@@ -1655,6 +1677,36 @@ EXPECTED_REPAIRS = {
     "sum_squares/unmasked_tail",
     "take_along_rows/no_out_init",
 }
+
+
+async def test_a_block_triton_refuses_is_rounded_for_gpu_at_zero_tokens(tmp_path: Path):
+    # The TPU-and-GPU matmul with 96-row blocks: right on a CPU (its last block ragged) and a
+    # fine TPU block, but not a power of two, which Pallas' Triton lowering refuses. The gpu
+    # target names the block; the playbook rounds it to the largest power of two dividing it.
+    ops = next(op for op in operators() if op.name == "matmul_k_loop")
+    candidate = tmp_path / "matmul_rows_96.py"
+    candidate.write_text(
+        ops.golden.read_text().replace("BM, BN, BK = 128, 128, 128", "BM, BN, BK = 96, 128, 128")
+    )
+    report = check(ops.spec, candidate, "all", 0, targets=("gpu",))
+    assert right_in_interpret(report) and report.failure_class == "compile_error"
+    assert "block (96, 128): Triton needs power-of-two block shapes" in report.diagnosis
+    result = await PlaybookFixer().propose(
+        FixRequest(
+            spec_path=str(ops.spec),
+            spec_source=ops.spec.read_text(),
+            source=candidate.read_text(),
+            candidate_name=candidate.name,
+            evidence=evidence_from_report(report, "sha256:x", ""),
+            round=1,
+            tried=[],
+        )
+    )
+    assert result.summary == "block_power_of_two" and result.tokens.total == 0
+    assert result.source is not None and "BM, BN, BK = 32, 128, 128" in result.source
+    candidate.write_text(result.source)
+    fixed = check(ops.spec, candidate, "all", 0, targets=("gpu",))
+    assert fixed.certified, fixed.diagnosis
 
 
 def variant_id(op, variant) -> str:

@@ -411,3 +411,47 @@ def dot_precision_highest(mod: _Module, evidence: Evidence) -> list[_Edit]:
         position = (last.end_lineno or node.lineno, last.end_col_offset or 0)
         edits.append(_Edit(position, position, f", precision=({value})"))
     return edits
+
+
+# The gpu target's Triton refusal (``targets.triton``): "block (96, 256): Triton needs
+# power-of-two block shapes; ...".
+_TRITON_BLOCK = re.compile(r"block \(([\d, ]+)\): Triton needs power-of-two block shapes")
+
+
+def _largest_power_of_two_dividing(value: int) -> int:
+    return value & -value
+
+
+@_recipe(
+    "block_power_of_two",
+    ("compile_error",),
+    "a block size Triton refuses (not a power of two) → the largest power of two dividing it",
+)
+def block_power_of_two(mod: _Module, evidence: Evidence) -> list[_Edit]:
+    """Pattern: the gpu target refused a block whose size is not a power of two, and a constant
+    of the module (``BM = 96``, or one of ``BM, BN = 96, 128``) holds that block dimension.
+    Fix: the constant becomes the largest power of two that divides it (96 → 32): it still
+    divides every array the old one divided, so no block turns ragged, and a multiple of 8 or
+    128 (a TPU's tiling) stays one. A dimension the kernel takes from its array's shape has no
+    such constant: nothing to round."""
+    wanted = {
+        int(d)
+        for match in _TRITON_BLOCK.findall(evidence.diagnosis)
+        for d in re.findall(r"\d+", match)
+        if int(d) & (int(d) - 1)
+    }
+    if not wanted:
+        return []
+    edits = []
+    for node in mod.tree.body:  # module-level constants only: what a block size is named by
+        if not isinstance(node, ast.Assign):
+            continue
+        values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+        for value in values:
+            if (
+                isinstance(value, ast.Constant)
+                and type(value.value) is int
+                and value.value in wanted
+            ):
+                edits.append(_replace(value, str(_largest_power_of_two_dividing(value.value))))
+    return edits

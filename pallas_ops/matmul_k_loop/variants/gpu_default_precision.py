@@ -33,7 +33,7 @@ def kernel(a, b):
     n = b.shape[1]
     return pl.pallas_call(
         _matmul_body,
-        grid=(m // BM, n // BN),
+        grid=(pl.cdiv(m, BM), pl.cdiv(n, BN)),
         in_specs=[
             pl.BlockSpec((BM, k), lambda i, j: (i, 0)),
             pl.BlockSpec((k, BN), lambda i, j: (0, j)),

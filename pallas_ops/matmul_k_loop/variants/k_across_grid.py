@@ -31,7 +31,7 @@ def kernel(a, b):
     n = b.shape[1]
     return pl.pallas_call(
         _matmul_body,
-        grid=(m // BM, n // BN, k // BK),
+        grid=(pl.cdiv(m, BM), pl.cdiv(n, BN), pl.cdiv(k, BK)),
         in_specs=[
             pl.BlockSpec((BM, BK), lambda i, j, kk: (i, kk)),
             pl.BlockSpec((BK, BN), lambda i, j, kk: (kk, j)),
