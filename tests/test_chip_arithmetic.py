@@ -116,3 +116,41 @@ def test_the_fill_points_are_put_back_after_the_run():
         utils.pad_to_block_dimension,
         calls._get_with_padding,
     ) == before
+
+
+def tf32(x):
+    """``x`` as a GPU's tensor cores read a float32 operand in TF32: its top 19 bits."""
+    bits = np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    return bits.view(np.float32).astype(np.float64)
+
+
+def test_on_a_gpu_a_default_or_high_precision_dot_reads_tf32_operands(operands):
+    a, b = operands
+    for precision in (None, lax.Precision.HIGH):
+        closed = jax.make_jaxpr(lambda x, y, p=precision: jnp.dot(x, y, precision=p))(a, b)
+        rewritten, found = on_the_chip(closed, gpu=True)
+        out = np.asarray(jax.core.eval_jaxpr(rewritten.jaxpr, rewritten.consts, a, b)[0])
+        np.testing.assert_allclose(out, tf32(a) @ tf32(b), rtol=1e-5, atol=1e-4)
+        assert np.abs(out - a.astype(np.float64) @ b).max() > 1e-3  # not float32's answer
+        assert [entry["passes"] for entry in found.reduced] == ["tf32"]
+    closed = jax.make_jaxpr(lambda x, y: jnp.dot(x, y, precision=lax.Precision.HIGHEST))(a, b)
+    rewritten, found = on_the_chip(closed, gpu=True)
+    assert rewritten is closed and not found.reduced
+
+
+def test_an_emulation_the_engine_could_not_make_is_undetermined_not_the_kernels_fault():
+    from nearmiss.engine.targets.verdict import judge_target
+
+    run = {"passed": False, "error": "ValueError: the engine could not emulate the target: x"}
+    case = {
+        "key": "compact-base",
+        "exported": True,
+        "lowered": {"ok": True},
+        "grid": {"findings": []},
+        "semantics": dict(run, emulation_failed=True),
+    }
+    result = judge_target("tpu-v5e", "emulated", "tpu-v5e", False, [case])
+    assert not result.ok and result.failure_class is None and result.undetermined
+    case["semantics"] = run  # the same error from the kernel's own run: counted against it
+    result = judge_target("tpu-v5e", "emulated", "tpu-v5e", False, [case])
+    assert result.failure_class == "runtime_error"

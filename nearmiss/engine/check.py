@@ -520,7 +520,13 @@ def _semantics_run_verdict(raw: RawCase, run: dict, in_order: bool | None) -> di
     if "error" in run:
         error = run["error"]
         message = f"{error.get('type', 'Error')}: {error.get('message', '')}".strip()
-        return {"passed": False, "races": False, "error": message.splitlines()[0][:300]}
+        return {
+            "passed": False,
+            "races": False,
+            "error": message.splitlines()[0][:300],
+            # The engine's own emulation failed: undetermined, never the kernel's fault.
+            "emulation_failed": error.get("phase") == "emulation",
+        }
     outputs = run["outputs"]
     if not in_order:
         return {"passed": True, "races": run["races"], "error": "", "detail": ""}

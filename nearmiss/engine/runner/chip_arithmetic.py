@@ -32,6 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nearmiss.engine.jaxpr_walk import rewrite_eqns
+from nearmiss.engine.runner.traced_program import as_jit_equation
+
 # bfloat16 passes of a float32 matmul on a TPU's MXU, by precision. The same MXU (bfloat16
 # multipliers, float32 accumulation) in v4, v5e, v5p and v6e.
 DEFAULT_PASSES, HIGH_PASSES, EXACT = 1, 3, None
@@ -110,7 +113,8 @@ def on_the_chip(
     table = _GPU_CONFIG if gpu else _CONFIG_PASSES
     value = config.default_matmul_precision.value
     default = table.get(str(value or "default").lower(), table["default"])
-    jaxpr, _ = _rewrite(closed.jaxpr, found, _Rules(default, gpu, every_dot), in_kernel=False)
+    rewrite = _computed_on_the_chip(found, _Rules(default, gpu, every_dot))
+    jaxpr, _ = rewrite_eqns(closed.jaxpr, rewrite)
     return (closed if jaxpr is closed.jaxpr else closed.replace(jaxpr=jaxpr)), found
 
 
@@ -203,19 +207,7 @@ def _emulated_product(eqn: Any, passes: int | str) -> Any:
         return total
 
     product.__name__ = product.__qualname__ = f"{primitive.name}_as_on_the_chip"
-    return _as_call(eqn, product)
-
-
-def _as_call(eqn: Any, function: Callable[..., Any]) -> Any:
-    """``function`` of ``eqn``'s operands as one ``jit`` equation on ``eqn``'s variables, with
-    its source location (what ``traced_program.labelled_call`` does for a kernel)."""
-    import jax
-
-    traced = jax.make_jaxpr(jax.jit(function))(*(v.aval for v in eqn.invars))
-    (call,) = traced.jaxpr.eqns
-    return call.replace(
-        invars=list(eqn.invars), outvars=list(eqn.outvars), source_info=eqn.source_info
-    )
+    return as_jit_equation(eqn, product)
 
 
 def _undefined_when(eqn: Any) -> tuple[str, Callable[..., Any]] | None:
@@ -290,76 +282,35 @@ def _watched(eqn: Any, found: ChipArithmetic) -> Any:
         return primitive.bind(*operands, **params)
 
     checked.__name__ = checked.__qualname__ = f"{primitive.name}_watched"
-    return _as_call(eqn, checked)
+    return as_jit_equation(eqn, checked)
 
 
-def _rewrite(
-    jaxpr: Any,
-    found: ChipArithmetic,
-    rules: _Rules,
-    in_kernel: bool,
-) -> tuple[Any, set]:
-    """``jaxpr`` with its matmuls rounded and (inside kernels) its undefined integer operations
-    watched; itself where nothing changed. Returns it with the effects the rewrite added."""
-    eqns, added = [], set()
-    for eqn in jaxpr.eqns:
+def _computed_on_the_chip(found: ChipArithmetic, rules: _Rules) -> Callable[[Any, bool], Any]:
+    """The rewrite of one equation (``jaxpr_walk.rewrite_eqns``): a float32 matmul rounded as
+    the target rounds it (in kernels and, for dots and convolutions, outside), an integer
+    operation the chip leaves undefined watched (in kernel bodies); None for the others."""
+
+    def rewrite(eqn: Any, in_kernel: bool) -> Any:
         name = eqn.primitive.name
-        new = eqn
         if name == "dot_general" or (name == "conv_general_dilated" and not in_kernel):
             passes = _precision_passes(eqn.params.get("precision"), rules, in_kernel)
             float32 = any(str(getattr(v.aval, "dtype", "")) == "float32" for v in eqn.invars)
-            if passes is not EXACT and float32:
-                new = _emulated_product(eqn, passes)
-                found.reduced.append(
-                    {
-                        "line": _line(eqn),
-                        "precision": _precision_name(eqn.params.get("precision")),
-                        "passes": passes,
-                        "in_kernel": in_kernel,
-                    }
-                )
-        elif in_kernel and _undefined_when(eqn) is not None:
-            new = _watched(eqn, found)
-        else:
-            params, more = {}, set()
-            inside = in_kernel or name == "pallas_call"
-            for key, value in eqn.params.items():
-                params[key], extra = _rewrite_value(value, found, rules, inside)
-                more |= extra
-            if any(params[key] is not eqn.params[key] for key in params):
-                if name == "pallas_call":
-                    _, effects = eqn.primitive.abstract_eval(
-                        *(v.aval for v in eqn.invars), **params
-                    )
-                    more |= set(effects) - set(eqn.effects)
-                new = eqn.replace(params=params, effects=set(eqn.effects) | more)
-        if new is not eqn:
-            added |= set(new.effects) - set(eqn.effects)
-        eqns.append(new)
-    if all(a is b for a, b in zip(eqns, jaxpr.eqns, strict=True)):
-        return jaxpr, set()
-    return jaxpr.replace(eqns=eqns, effects=set(jaxpr.effects) | added), added
+            if passes is EXACT or not float32:
+                return eqn
+            found.reduced.append(
+                {
+                    "line": _line(eqn),
+                    "precision": _precision_name(eqn.params.get("precision")),
+                    "passes": passes,
+                    "in_kernel": in_kernel,
+                }
+            )
+            return _emulated_product(eqn, passes)
+        if in_kernel and _undefined_when(eqn) is not None:
+            return _watched(eqn, found)
+        return None
 
-
-def _rewrite_value(
-    value: Any,
-    found: ChipArithmetic,
-    rules: _Rules,
-    in_kernel: bool,
-) -> tuple[Any, set]:
-    from jax._src import core
-
-    if isinstance(value, tuple | list):
-        pairs = [_rewrite_value(item, found, rules, in_kernel) for item in value]
-        if all(new is old for (new, _), old in zip(pairs, value, strict=True)):
-            return value, set()
-        return type(value)(new for new, _ in pairs), set().union(*(a for _, a in pairs))
-    if isinstance(value, core.ClosedJaxpr):
-        inner, added = _rewrite(value.jaxpr, found, rules, in_kernel)
-        return (value if inner is value.jaxpr else value.replace(jaxpr=inner)), added
-    if isinstance(value, core.Jaxpr):
-        return _rewrite(value, found, rules, in_kernel)
-    return value, set()
+    return rewrite
 
 
 def _precision_name(precision: Any) -> str:

@@ -84,7 +84,13 @@ def run_under_tpu_semantics(programs, request: dict) -> dict:
         program = programs(shapes_of(inputs))
         chip = None
         if request.get("numerics", "chip") == "chip":
-            closed, chip = on_the_chip(program.retargeted(interpret), gpu=gpu)
+            try:
+                closed, chip = on_the_chip(program.retargeted(interpret), gpu=gpu)
+            except Exception as exc:  # the engine's rewrite failed: nothing the kernel did
+                error = describe_exception(exc, "emulation")
+                error["message"] = f"the engine could not emulate the target: {error['message']}"
+                result.update(ok=False, error=error)
+                return result
             function = program.evaluate(closed)
         else:
             function = program.function(interpret=interpret)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nearmiss.engine.integrity.audit import ALIAS_MARK, KERNEL_LABEL
-from nearmiss.engine.jaxpr_walk import iter_eqns
+from nearmiss.engine.jaxpr_walk import iter_eqns, rewrite_eqns
 
 PALLAS_CALL = "pallas_call"
 
@@ -125,65 +125,26 @@ def retargeted(closed: Any, interpret: Any, rewrite: Any = None, label: str | No
     its parameters passed through ``rewrite``, where given), checked: a pallas_call the
     rewrite did not reach is refused, never left as traced. With ``label`` each pallas_call
     also lowers into a function of that name, for the audit (``labelled_call``)."""
-    jaxpr, _ = _retarget(closed.jaxpr, interpret, rewrite, label)
+
+    def retarget(eqn: Any, in_kernel: bool) -> Any:
+        if eqn.primitive.name != PALLAS_CALL:
+            return None  # look inside: a pallas_call may be nested in a jit or a branch
+        params = {**eqn.params, "interpret": interpret}
+        if rewrite is not None:
+            params = rewrite(params)
+        # How a pallas_call runs decides its effects (the TPU interpreter calls back into the
+        # host in order); ``rewrite_eqns`` has every enclosing equation declare them.
+        _, effects = eqn.primitive.abstract_eval(*(v.aval for v in eqn.invars), **params)
+        eqn = eqn.replace(params=params, effects=set(eqn.effects) | set(effects))
+        return labelled_call(eqn, label) if label else eqn
+
+    jaxpr, _ = rewrite_eqns(closed.jaxpr, retarget)
     result = closed if jaxpr is closed.jaxpr else closed.replace(jaxpr=jaxpr)
     calls = [e for e in iter_eqns(result.jaxpr) if e.primitive.name == PALLAS_CALL]
     before = sum(e.primitive.name == PALLAS_CALL for e in iter_eqns(closed.jaxpr))
     if len(calls) != before or any(e.params.get("interpret") is not interpret for e in calls):
         raise RetargetError("a pallas_call is nested where the engine cannot set how it runs")
     return result
-
-
-# Each rewrite returns the new object and the effects it added. How a pallas_call runs decides
-# its effects (the TPU interpreter calls back into the host in order), and every enclosing
-# equation and jaxpr (a labelled jit, a cond branch) must declare them, as tracing would have.
-
-
-def _retarget(
-    jaxpr: Any, interpret: Any, rewrite: Any = None, label: str | None = None
-) -> tuple[Any, set]:
-    """``jaxpr`` itself where it holds no pallas_call (so untouched jaxprs keep their caches)."""
-    eqns, added = [], set()
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == PALLAS_CALL:
-            params = {**eqn.params, "interpret": interpret}
-            if rewrite is not None:
-                params = rewrite(params)
-            _, effects = eqn.primitive.abstract_eval(*(v.aval for v in eqn.invars), **params)
-            new = set(effects) - set(eqn.effects)
-            eqn = eqn.replace(params=params, effects=set(eqn.effects) | new)
-            if label:
-                eqn = labelled_call(eqn, label)
-        else:
-            params, new = {}, set()
-            for name, value in eqn.params.items():
-                params[name], more = _retarget_value(value, interpret, rewrite, label)
-                new |= more
-            if any(params[name] is not eqn.params[name] for name in params):
-                eqn = eqn.replace(params=params, effects=set(eqn.effects) | new)
-        added |= new
-        eqns.append(eqn)
-    if all(new is old for new, old in zip(eqns, jaxpr.eqns, strict=True)):
-        return jaxpr, set()
-    return jaxpr.replace(eqns=eqns, effects=set(jaxpr.effects) | added), added
-
-
-def _retarget_value(
-    value: Any, interpret: Any, rewrite: Any = None, label: str | None = None
-) -> tuple[Any, set]:
-    from jax._src import core
-
-    if isinstance(value, tuple | list):
-        pairs = [_retarget_value(item, interpret, rewrite, label) for item in value]
-        if all(new is old for (new, _), old in zip(pairs, value, strict=True)):
-            return value, set()
-        return type(value)(new for new, _ in pairs), set().union(*(a for _, a in pairs))
-    if isinstance(value, core.ClosedJaxpr):
-        inner, added = _retarget(value.jaxpr, interpret, rewrite, label)
-        return (value if inner is value.jaxpr else value.replace(jaxpr=inner)), added
-    if isinstance(value, core.Jaxpr):
-        return _retarget(value, interpret, rewrite, label)
-    return value, set()
 
 
 def kernel_label(params: dict[str, Any], label: str) -> str:
@@ -198,15 +159,23 @@ def labelled_call(eqn: Any, label: str) -> Any:
     """A pallas_call equation put inside a ``jit`` named ``kernel_label``: the equation JAX
     would have traced for ``jax.jit(f)`` where ``f`` binds this pallas_call, on the same
     variables and source location."""
-    import jax
-
     params = eqn.params
 
     def call(*operands: Any) -> Any:
         return eqn.primitive.bind(*operands, **params)
 
     call.__name__ = call.__qualname__ = kernel_label(params, label)
-    traced = jax.make_jaxpr(jax.jit(call))(*(v.aval for v in eqn.invars))
+    return as_jit_equation(eqn, call)
+
+
+def as_jit_equation(eqn: Any, function: Any) -> Any:
+    """``function`` of ``eqn``'s operands as one ``jit`` equation (named as ``function`` is) on
+    ``eqn``'s variables, with its source location: how the engine replaces an equation of a
+    traced program (a labelled kernel, a matmul computed as a chip computes it) without
+    tracing the candidate again."""
+    import jax
+
+    traced = jax.make_jaxpr(jax.jit(function))(*(v.aval for v in eqn.invars))
     (wrapper,) = traced.jaxpr.eqns
     return wrapper.replace(
         invars=list(eqn.invars), outvars=list(eqn.outvars), source_info=eqn.source_info

@@ -141,6 +141,9 @@ def _judge_semantics(
     for what the chip does differently."""
     if run is None:
         return
+    if run.get("emulation_failed"):
+        _unverified(result, f"{key}: {run.get('error')}")
+        return
     fill = run.get("fill") or {}
     fill_error = str(fill.get("error") or "")
     if fill_error.startswith("NotImplementedError"):
