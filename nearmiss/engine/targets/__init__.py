@@ -1,5 +1,5 @@
 """Targets: where a kernel is certified to be right (``interpret``, ``tpu-v4``, ``tpu-v5e``,
-``tpu-v5p``, ``tpu-v6e``, ``gpu``), and the TPU compile-only toolchain.
+``tpu-v5p``, ``tpu-v6e``, ``gpu``), the TPU compile-only toolchain and the GPU's Triton lowering.
 
 - ``registry``: the target names, ``parse_targets`` and ``available_targets`` (nothing heavy is
   imported; libtpu is probed in a child).
@@ -8,6 +8,9 @@
 - ``tpu``: ``export_for_tpu`` (candidate child: the real Pallas TPU lowering for the target's
   chip, serialized) and ``compile_tpu_artifact`` (executor child: libtpu's compiler on a
   compile-only topology device, with the compiled program's memory).
+- ``triton``: the gpu target without a GPU: ``lower_for_triton`` (candidate child: Pallas'
+  Triton lowering per pallas_call, and ragged output blocks stored unmasked) and
+  ``read_triton_modules`` (executor child: the modules parsed, verified, read for TF32 dots).
 - ``vmem``: how much of the chip's scoped VMEM a kernel's blocks take (estimated from the
   artifact, held to the compiler by tests/test_vmem.py), and the warning when it is close.
 - ``errors``: ``trim_error``, one or two sentences and the candidate's line.
