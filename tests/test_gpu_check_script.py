@@ -164,3 +164,14 @@ def test_the_engines_cpu_verdict_is_held_against_what_the_device_did():
     }
     data = {"mode": "gpu", "rows": rows, "elapsed_s": 1}
     assert "2 agree, 1 certified-but-wrong ['col_sum/ragged']" in gpu_check.render(data)
+
+
+def test_predict_only_records_the_engines_own_gpu_verdict_per_case(tmp_path):
+    # The softmax golden: Triton refuses its ragged case's (8, 320) block on a GPU; its other
+    # cases' blocks divide their arrays. The verdict the device run is held against.
+    out = tmp_path / "predictions.json"
+    result = _run("--predict-only", str(out), "--ops", "softmax_rows", timeout=240)
+    assert result.returncode == 0, result.stderr
+    cases = json.loads(out.read_text())["ops"]["softmax_rows"]
+    assert cases["ragged"]["engine"] == "refused: compile_error"
+    assert cases["base"]["engine"] == "certified"
