@@ -31,7 +31,7 @@ import os
 import re
 from typing import Any
 
-from nearmiss.engine.targets.errors import trim_error, trim_exception
+from nearmiss.engine.targets.errors import candidate_locations, trim_error, trim_exception
 
 # The compute capability the lowering is asked for: Hopper, the oldest Triton's Pallas lowering
 # falls back to without a GPU (``pallas_call_registration``).
@@ -46,10 +46,9 @@ def _refusal_before_lowering(params: dict[str, Any]) -> str | None:
     from jax._src.pallas.triton import core as triton_core
 
     compiler_params = params.get("compiler_params")
+    if _asks_for_mosaic_gpu(params):
+        return None  # Mosaic GPU's: not Triton's to judge (``lower_for_triton``)
     if compiler_params is not None and not isinstance(compiler_params, triton_core.CompilerParams):
-        kind = f"{type(compiler_params).__module__}.{type(compiler_params).__name__}"
-        if ".mosaic_gpu." in kind:
-            return None  # Mosaic GPU's: not Triton's to judge (``lower_for_triton``)
         return (
             f"its compiler parameters ({type(compiler_params).__name__} of "
             f"{type(compiler_params).__module__.removeprefix('jax._src.pallas.')}) are not a "
@@ -59,6 +58,12 @@ def _refusal_before_lowering(params: dict[str, Any]) -> str | None:
     if params.get("mesh") is not None:
         return "a kernel with a mesh does not lower through Triton (mesh is not supported)"
     return None
+
+
+def _asks_for_mosaic_gpu(params: dict[str, Any]) -> bool:
+    """Whether a pallas_call's compiler parameters are Mosaic GPU's (not lowered here)."""
+    compiler_params = params.get("compiler_params")
+    return compiler_params is not None and ".mosaic_gpu." in f"{type(compiler_params).__module__}."
 
 
 def _module_context() -> Any:
@@ -96,10 +101,7 @@ def lower_for_triton(closed: Any, candidate: str | os.PathLike | None = None) ->
         where = _kernel_line(eqn, candidate)
         if refusal:
             return {"ok": False, "error": f"{refusal}{where}"}
-        if (
-            params.get("compiler_params") is not None
-            and ".mosaic_gpu." in type(params["compiler_params"]).__module__ + "."
-        ):
+        if _asks_for_mosaic_gpu(params):
             mosaic_gpu += 1
             continue
         try:
@@ -278,7 +280,6 @@ def read_triton_modules(text: str, candidate: str | None = None) -> dict[str, An
 
 
 _LOC_ALIAS = re.compile(r"^(#loc\d*) = loc\((.*)\)$", re.MULTILINE)
-_FILE_LINE = re.compile(r"\"(?P<file>[^\"]+\.py)\":(?P<line>\d+)")
 _ALIAS = re.compile(r"#loc\d*")
 
 
@@ -291,9 +292,7 @@ def _source_line(alias: str, aliases: dict[str, str], candidate: str | None) -> 
             continue
         seen.add(name)
         body = aliases[name]
-        for match in _FILE_LINE.finditer(body):
-            file = os.path.basename(match["file"])
-            if candidate is None or file == os.path.basename(candidate):
-                return f"{file}:{match['line']}"
+        for file, line in candidate_locations(body, candidate):
+            return f"{os.path.basename(file)}:{line}"
         pending.extend(_ALIAS.findall(body))
     return "?"
