@@ -37,6 +37,16 @@ def right_in_program_order(report) -> bool:
     return bool(report.cases) and all(c.passed for c in report.cases) and report.integrity.ok
 
 
+def refused_on_gpu(spec: Path, forgery: Path, suite: str, failure_class: str):
+    """The gpu target's verdict on a forgery that every case and the interpret target pass:
+    refused, with ``failure_class``."""
+    report = check(spec, forgery, suite, 1, targets=("interpret", "gpu"))
+    gpu = report.targets["gpu"]
+    assert all(c.passed for c in report.cases) and report.targets["interpret"].ok
+    assert not report.certified and not gpu.ok and gpu.failure_class == failure_class, gpu
+    return gpu
+
+
 def line_of(text: str, forgery: str) -> int:
     """The line of ``forgery`` where ``text`` first appears in its code (not its docstring)."""
     lines = (FORGERIES / forgery).read_text().splitlines()
@@ -355,10 +365,7 @@ def test_a_float32_dot_at_default_precision_is_refused_for_gpu_as_tf32_and_highe
     tmp_path: Path,
 ):
     forgery = FORGERIES / "gpu_default_precision_dot.py"
-    report = check(MATMUL_SPEC, forgery, "compact", 1, targets=("interpret", "gpu"))
-    gpu = report.targets["gpu"]
-    assert all(c.passed for c in report.cases) and report.targets["interpret"].ok
-    assert not report.certified and not gpu.ok and gpu.failure_class == "precision", gpu
+    gpu = refused_on_gpu(MATMUL_SPEC, forgery, "compact", "precision")
     assert "TF32" in gpu.error and "HIGHEST" in gpu.error
     assert f"gpu_default_precision_dot.py:{line_of('o_ref[...] = jnp.dot(', forgery.name)}" in (
         gpu.error
@@ -375,10 +382,7 @@ def test_a_float32_dot_at_default_precision_is_refused_for_gpu_as_tf32_and_highe
 
 def test_a_block_triton_cannot_hold_is_refused_for_gpu_with_its_shape_and_line():
     forgery = FORGERIES / "gpu_block_not_power_of_two.py"
-    report = check(MATMUL_SPEC, forgery, "compact", 1, targets=("interpret", "gpu"))
-    gpu = report.targets["gpu"]
-    assert all(c.passed for c in report.cases) and report.targets["interpret"].ok
-    assert not report.certified and gpu.failure_class == "compile_error", gpu
+    gpu = refused_on_gpu(MATMUL_SPEC, forgery, "compact", "compile_error")
     assert "block (96, 256): Triton needs power-of-two block shapes" in gpu.error
     assert f"gpu_block_not_power_of_two.py:{line_of('pl.pallas_call(', forgery.name)}" in (
         gpu.error
@@ -416,10 +420,7 @@ def test_the_softmax_golden_is_refused_for_gpu_on_its_ragged_block_through_trito
 
 def test_a_ragged_output_block_stored_whole_is_refused_for_gpu_and_a_masked_store_certifies():
     forgery = FORGERIES / "gpu_ragged_store.py"
-    report = check(COL_SUM_SPEC, forgery, "all", 1, targets=("interpret", "gpu"))
-    gpu = report.targets["gpu"]
-    assert all(c.passed for c in report.cases) and report.targets["interpret"].ok
-    assert not report.certified and gpu.failure_class == "compile_error", gpu
+    gpu = refused_on_gpu(COL_SUM_SPEC, forgery, "all", "compile_error")
     assert "writes past the array's end" in gpu.error
     stored = "o_ref[...] = jnp.sum(x, axis=0, keepdims=True).astype(o_ref.dtype)"
     assert f"gpu_ragged_store.py:{line_of(stored, forgery.name)}" in gpu.error
@@ -427,3 +428,17 @@ def test_a_ragged_output_block_stored_whole_is_refused_for_gpu_and_a_masked_stor
     masked = PLANTED / "gpu_col_sum.py"
     report = check(COL_SUM_SPEC, masked, "all", 1, targets=("interpret", "gpu"))
     assert report.certified, report.diagnosis
+
+
+def test_one_whole_array_block_is_judged_by_what_each_gpu_program_stores():
+    # Triton-style: no output BlockSpec (every program's block is the whole array), each program
+    # stores its own columns through a mask. BlockSpecs alone called it a race.
+    planted = PLANTED / "gpu_col_sum_whole_block.py"
+    report = check(COL_SUM_SPEC, planted, "all", 1, targets=("interpret", "gpu"))
+    assert report.certified, report.diagnosis
+    assert any("no element is stored by two programs" in n for n in report.targets["gpu"].notes)
+    # The same kernel clearing its neighbour's columns too: right in every ordered run, a race
+    # on a GPU, and the verdict names two programs and the element they both store.
+    forgery = FORGERIES / "gpu_clears_next_tile.py"
+    gpu = refused_on_gpu(COL_SUM_SPEC, forgery, "all", "grid_race")
+    assert "programs 0 and 1 (of the flattened grid) both store its element [0, 128]" in gpu.error

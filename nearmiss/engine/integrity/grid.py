@@ -10,7 +10,10 @@ refs) to block indices. This module decodes it, evaluates the outputs' index map
 with a small strict interpreter, and says where one output block is written by several grid points:
 
 - ``gpu``: grid programs run concurrently, so two grid points writing one block of an output are a
-  race (``grid_race``) — the classic accumulation over K across the grid.
+  race (``grid_race``) — the classic accumulation over K across the grid. Where the block is
+  shared but each program stores its own elements through a mask (a Triton-style kernel with
+  whole-array blocks), the executor withdraws the race on the case's footprint
+  (``runner.footprint``): this module reads blocks, not elements.
 - ``tpu``: the grid runs in order (last axis fastest), so revisiting a block is fine only along
   axes declared ``arbitrary`` (``parallel_revisit`` otherwise: a parallel axis may be split across
   cores or reordered) and only while the revisits are consecutive (``nonconsecutive_revisit``: the

@@ -247,7 +247,48 @@ def export_for_target(program: TracedProgram, request: dict, target: str) -> dic
         return {"ok": False, "error": found}
     (Path(request["dir"]) / target_artifact_file(target)).write_bytes(found)
     if target == GPU_GRID:
-        return {"ok": True, "triton": lowered_for_triton(program, request)}
+        return {
+            "ok": True,
+            "triton": lowered_for_triton(program, request),
+            "footprint": exported_footprint(program, request),
+        }
+    return {"ok": True}
+
+
+# Footprint programs by input shapes: the export, or why there is none.
+_FOOTPRINT: dict[str, bytes | str] = {}
+
+
+def exported_footprint(program: TracedProgram, request: dict) -> dict:
+    """The gpu target's footprint program (``runner.footprint``: which elements each grid
+    program stores), exported into ``footprint.bin`` for the executor to run on the case's
+    inputs; or why there is none (then every block-level race stands)."""
+    import json
+
+    import jax
+
+    from nearmiss.engine.runner.artifact import export_traced
+    from nearmiss.engine.runner.footprint import (
+        FOOTPRINT_FILE,
+        NoFootprint,
+        footprint_program,
+        zero_filled,
+    )
+
+    key = json.dumps(request["avals"])
+    if key not in _FOOTPRINT:
+        try:
+            function = footprint_program(program.retargeted(True, label=""))
+            with zero_filled():
+                _FOOTPRINT[key] = export_traced(jax.jit(function), avals_of(request))
+        except NoFootprint as why:
+            _FOOTPRINT[key] = str(why)
+        except (Exception, SystemExit) as exc:  # the engine's own step: no footprint, no verdict
+            _FOOTPRINT[key] = f"{type(exc).__name__}: {exc}"[:300]
+    found = _FOOTPRINT[key]
+    if isinstance(found, str):
+        return {"ok": False, "why": found}
+    (Path(request["dir"]) / FOOTPRINT_FILE).write_bytes(found)
     return {"ok": True}
 
 

@@ -212,7 +212,7 @@ def judge_target(request: dict) -> dict:
         compiled, grid = _JUDGED[key]
         if compiled is not None:
             compiled = {**compiled, "compile_s": 0.0}
-        return {**result, "compiled": compiled, "grid": grid}
+        return {**result, "compiled": compiled, "grid": _stored(request, grid)}
     compiled = None
     if request.get("compile"):
         compiled = compile_tpu_artifact(data, target, request.get("candidate"))
@@ -224,7 +224,17 @@ def judge_target(request: dict) -> dict:
     except Exception as exc:  # unreadable: the target's grid semantics stay unverified
         grid = {"findings": [], "undetermined": [{"reason": f"{type(exc).__name__}: {exc}"[:200]}]}
     _JUDGED[key] = compiled, grid
-    return {**result, "compiled": compiled, "grid": grid}
+    return {**result, "compiled": compiled, "grid": _stored(request, grid)}
+
+
+def _stored(request: dict, grid: dict) -> dict:
+    """For a GPU, the grid's races judged by what each program stores on this case's inputs
+    (``runner.footprint``); the block-level report as it is otherwise."""
+    if request["semantics"] != "gpu":
+        return grid
+    from nearmiss.engine.runner.footprint import withdrawn_races
+
+    return withdrawn_races(Path(request["dir"]), grid)
 
 
 def _read_triton(case_dir: Path, candidate: str | None) -> dict | None:

@@ -32,6 +32,7 @@ from nearmiss.engine.runner import spares, truth_cache
 from nearmiss.engine.runner.arrays import load_arrays
 from nearmiss.engine.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES, target_artifact_file
 from nearmiss.engine.runner.candidate_child import CANDIDATE_ENV
+from nearmiss.engine.runner.footprint import FOOTPRINT_FILE
 from nearmiss.engine.runner.home_files import make_folder, put, read, take
 from nearmiss.engine.runner.protocol import OUTPUT_FILE
 from nearmiss.engine.runner.sandbox import (
@@ -536,9 +537,12 @@ class _Executor(_Child):
         except (ChildFailure, ValueError, OSError, KeyError):
             self.stop()
 
-    def judge(self, raw: RawCase, plan: TargetPlan, artifact: Path, candidate: str) -> None:
+    def judge(
+        self, raw: RawCase, plan: TargetPlan, artifact: Path, candidate: str, inputs: Path
+    ) -> None:
         """A case's lowering for ``plan.structure``: compiled for the target where it has a
-        compiler here, and its grid read for the target's semantics."""
+        compiler here, and its grid read for the target's semantics (for a GPU, with what each
+        program stores on the case's ``inputs``, where the candidate child took it)."""
         verdict = raw.targets[plan.target]
         if self._started():
             verdict["error"] = "the executor did not start"
@@ -549,6 +553,9 @@ class _Executor(_Child):
         modules = triton_modules_file(artifact)
         if plan.semantics == GPU and modules.is_file():
             self.put(modules, raw, TRITON_FILE)
+        if plan.semantics == GPU and footprint_file(artifact).is_file():
+            self.put(footprint_file(artifact), raw, FOOTPRINT_FILE)
+            self.put(inputs, raw, "inputs.npz")
         try:
             self.child.send(
                 cmd="target",
@@ -769,6 +776,14 @@ class _CandidateRunner(_Child):
                 }
                 if said_ok is True:
                     self.take(raw, TRITON_FILE, triton_modules_file(moved[chip]))
+            footprint = answer.get("footprint")
+            if isinstance(footprint, dict):  # the gpu target's: what each program stores
+                raw.lowered[chip]["footprint"] = {
+                    "ok": footprint.get("ok") is True,
+                    "why": str(footprint.get("why") or "")[:300] or None,
+                }
+                if footprint.get("ok") is True:
+                    self.take(raw, FOOTPRINT_FILE, footprint_file(moved[chip]))
         return moved
 
     def run(self, raw: RawCase, inputs: Path, probe_dirs: dict[int, Path]) -> None:
@@ -851,6 +866,11 @@ class _CandidateRunner(_Child):
 def triton_modules_file(artifact: Path) -> Path:
     """Where the engine keeps the Triton modules lowered beside a case's gpu-grid artifact."""
     return artifact.with_suffix(".triton.mlir")
+
+
+def footprint_file(artifact: Path) -> Path:
+    """Where the engine keeps the footprint program exported beside a case's gpu-grid artifact."""
+    return artifact.with_suffix(".footprint.bin")
 
 
 def _count(value: Any) -> int:
@@ -1121,7 +1141,7 @@ def run_sandboxed(
                         raw.targets[plan.target] = {}
                         if plan.structure in lowered:
                             found = lowered[plan.structure]
-                            judge.submit(partial(judge.judge, raw, plan, found, shown.name))
+                            judge.submit(partial(judge.judge, raw, plan, found, shown.name, inputs))
             artifacts.append(artifact)
         for raw, artifact in zip(cases, artifacts, strict=True):
             ready = feed.next("case_ready")

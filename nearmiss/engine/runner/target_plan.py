@@ -11,7 +11,8 @@
   executor (``targets.triton``: a refusal is the target's), each case run as a GPU computes
   (TF32 dots, values nobody wrote where a block runs past its array), and its grid judged: the
   kernel's BlockSpecs are read from a TPU lowering, and two grid programs writing one output
-  block are a race, because GPU grid programs run concurrently. That lowering is its own
+  block are a race, because GPU grid programs run concurrently — unless what each program
+  stores, run on the case's inputs (``runner.footprint``), shows no element stored twice. That lowering is its own
   (``GPU_GRID``):
   every pallas_call with its grid, BlockSpecs, scratch and aliases but an empty body and no GPU
   compiler parameters (``TracedProgram.function(grid_only=True)``), so a Triton-style kernel

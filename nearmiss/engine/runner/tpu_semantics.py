@@ -34,7 +34,7 @@ hold whatever memory follows it on a GPU.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,24 +135,34 @@ def arbitrary_values(rng: Any, shape: tuple[int, ...], dtype: Any) -> Any:
 @contextlib.contextmanager
 def fill_arbitrary_plain(seed: int) -> Iterator[None]:
     """JAX's plain interpreter (``interpret=True``), for the block, filling fresh outputs and
-    block padding with ``arbitrary_values`` drawn from ``seed`` instead of NaN: its one fill
-    point, ``pallas.primitives.uninitialized_value``, is swapped for one that draws (a padding
-    takes one value throughout). ``NotImplementedError`` where this JAX has no such point."""
-    import jax.numpy as jnp
+    block padding with ``arbitrary_values`` drawn from ``seed`` instead of NaN (a padding takes
+    one value throughout). ``NotImplementedError`` where this JAX has no such point."""
     import numpy as np
+
+    rng = np.random.default_rng([seed, 0xF112])
+    with plain_fill(lambda shape, dtype: arbitrary_values(rng, tuple(shape), dtype)):
+        yield
+
+
+@contextlib.contextmanager
+def plain_fill(values: Callable[[tuple, Any], Any]) -> Iterator[None]:
+    """JAX's plain interpreter, for the block, filling fresh float and integer outputs and
+    block padding with ``values(shape, dtype)``: its one fill point,
+    ``pallas.primitives.uninitialized_value``, is swapped. ``NotImplementedError`` where this
+    JAX has no such point."""
+    import jax.numpy as jnp
     from jax._src.pallas import primitives
 
     if not hasattr(primitives, "uninitialized_value"):
         raise NotImplementedError("this JAX's interpreter fills memory where the engine cannot")
-    rng = np.random.default_rng([seed, 0xF112])
     original = primitives.uninitialized_value
 
-    def drawn(shape, dtype):
+    def filled(shape, dtype):
         if not jnp.issubdtype(dtype, jnp.floating) and not jnp.issubdtype(dtype, jnp.integer):
             return original(shape, dtype)  # semaphores, booleans: the interpreter's own
-        return jnp.asarray(arbitrary_values(rng, tuple(shape), dtype))
+        return jnp.asarray(values(tuple(shape), dtype))
 
-    primitives.uninitialized_value = drawn
+    primitives.uninitialized_value = filled
     try:
         yield
     finally:

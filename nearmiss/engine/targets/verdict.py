@@ -85,6 +85,11 @@ def judge_target(
             result.ok = False
             result.failure_class = result.failure_class or "grid_race"
             result.error = result.error or f"{target}: {finding.get('detail', '')}"
+        footprint = lowered.get("footprint") or {}
+        races = any(f.get("kind") == "grid_race" for f in grid.get("findings", []))
+        if races and footprint.get("why") and len(result.notes) < MAX_FINDINGS:
+            # why the race stands at block level: what each program stores was not taken
+            result.notes.append(f"{key}: no footprint of the stores: {footprint['why']}"[:300])
         for item in grid.get("undetermined", []):
             _unverified(result, f"{key}: {item.get('reason') or 'undetermined'}")
         for note in grid.get("notes", []):

@@ -1,0 +1,406 @@
+"""Which elements each grid program of a kernel stores: what the ``gpu`` grid check needs where
+BlockSpecs alone say two programs write one block.
+
+The grid check (``integrity.grid``) reads each output's BlockSpec: two grid points whose index
+maps name one block are a race on a GPU, whose programs run concurrently. A Triton-style kernel
+often gives every program the whole array as its block and stores its own tile through a mask
+(``pltriton.store(o_ref.at[rows, cols], value, mask=...)``): one block, disjoint elements, no
+race. Telling the two apart needs what each program actually stores.
+
+The candidate child builds, from the same traced program as every other artifact
+(``traced_program``), the *footprint program*: each pallas_call runs twice more under JAX's plain
+interpreter with its outputs starting at zero and every store into an output replaced by
+``max(old, mark)`` over the same elements, under the same mask — the mark being ``p + 1`` in the
+first run and ``G - p`` in the second (``p`` the program's linear index, ``G`` the grid's size).
+An element then ends as ``(highest writer + 1, G - lowest writer)``, so it was written by one
+program exactly when the two add up to ``G + 1`` (or both are zero: never written). The executor
+runs that program on the case's own inputs (``single_writer``); only then is a block-level race
+on that output let through, as a note. Anything the footprint cannot stand behind keeps the
+finding: a kernel that reads an output back (what it loads could decide what it stores, and
+reads of another program's elements race too), a grid too large for the output's dtype to hold
+the marks exactly, a kernel nested in a loop or a conditional, a dynamic grid.
+
+Like the GPU_GRID lowering whose BlockSpecs made the finding, this program comes from the
+candidate child, derived from the same single trace (``traced_program``); the executor runs it,
+refusing what it runs for no artifact (host callbacks, unknown custom calls), checks that its
+kernels have the report's grids, and never takes a number from it into a verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import numpy as np
+
+FOOTPRINT_FILE = "footprint.bin"
+MAX_PROGRAMS = 4096  # grid programs a footprint is taken over (two interpreted runs of each)
+_CALLS = ("pjit", "jit", "closed_call", "core_call")  # calls the footprint evaluates through
+_STORES = ("swap", "masked_swap", "addupdate")
+_LOADS = ("get", "masked_load")
+
+
+class NoFootprint(Exception):
+    """Why a kernel's footprint cannot be taken (the finding stays)."""
+
+
+def footprint_program(closed: Any) -> Any:
+    """A function of the program's inputs returning, for each pallas_call in the order
+    ``integrity.grid`` numbers kernels, its grid, each output's first marked run, then each
+    output's second. ``closed``: the traced program with every pallas_call interpreted (the marked runs
+    need their inputs as the program computes them). NoFootprint where one kernel has none."""
+    from nearmiss.engine.jaxpr_walk import iter_eqns, sub_jaxprs
+
+    runs: list[tuple[Any, Any]] = []
+    for eqn in iter_eqns(closed.jaxpr):
+        if eqn.primitive.name == "pallas_call":
+            runs.append(_marked_calls(eqn))
+        elif eqn.primitive.name not in _CALLS and any(
+            e.primitive.name == "pallas_call"
+            for sub in sub_jaxprs(eqn.params)
+            for e in iter_eqns(sub)
+        ):
+            raise NoFootprint(f"a kernel runs inside {eqn.primitive.name}")
+    if not runs:
+        raise NoFootprint("the program has no kernel")
+
+    def program(*args: Any) -> list[Any]:
+        found: list[Any] = []
+        _evaluate(closed.jaxpr, closed.consts, list(args), iter(runs), found)
+        return found
+
+    return program
+
+
+def _evaluate(jaxpr: Any, consts: Any, args: list[Any], runs: Any, found: list[Any]) -> list[Any]:
+    """``jaxpr`` evaluated as ``core.eval_jaxpr`` would, but through calls, with each kernel's
+    marked runs appended to ``found`` (in ``iter_eqns`` order, as ``runs`` yields them)."""
+    from jax._src import core
+
+    env: dict[Any, Any] = {}
+
+    def read(v: Any) -> Any:
+        return v.val if isinstance(v, core.Literal) else env[v]
+
+    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        if eqn.primitive.name == "pallas_call":
+            import jax.numpy as jnp
+
+            found.append(jnp.asarray(eqn.params["grid_mapping"].grid, jnp.int32))
+            for primitive, params in next(runs):
+                found.extend(primitive.bind(*invals, **params))
+        if eqn.primitive.name in _CALLS and "jaxpr" in eqn.params:
+            inner = eqn.params["jaxpr"]
+            outs = _evaluate(inner.jaxpr, inner.consts, invals, runs, found)
+        else:
+            outs = _bind(eqn, invals)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _bind(eqn: Any, invals: list[Any]) -> Any:
+    """``eqn`` applied to ``invals``, as ``core.eval_jaxpr`` applies it (JAX 0.10 gives the bind
+    parameters alone, older ones with the sub-functions first)."""
+    from jax._src import source_info_util
+
+    bind = eqn.primitive.get_bind_params(eqn.params)
+    subfuns, params = bind if isinstance(bind, tuple) else ((), bind)
+    with source_info_util.user_context(eqn.source_info.traceback), eqn.ctx.manager:
+        return eqn.primitive.bind(*subfuns, *invals, **params)
+
+
+def _marked_calls(eqn: Any) -> tuple[Any, Any]:
+    """The pallas_call twice (primitive and parameters), under the plain interpreter, with the
+    stores into its outputs marked ``p + 1`` and ``G - p`` (see the module doc)."""
+    mapping, body = eqn.params["grid_mapping"], eqn.params["jaxpr"]
+    grid = mapping.grid
+    if not all(isinstance(n, int) for n in grid):
+        raise NoFootprint("its grid is dynamic")
+    size = math.prod(grid)
+    if size > MAX_PROGRAMS:
+        raise NoFootprint(f"its grid has {size} programs (footprints go to {MAX_PROGRAMS})")
+    for var in eqn.outvars:
+        if not _holds_marks(var.aval.dtype, size):
+            raise NoFootprint(f"{var.aval.dtype} cannot hold {size} program marks exactly")
+    refs = body.invars[mapping.slice_block_ops][mapping.num_inputs :]
+    outputs = _refs_reaching(body, set(refs))
+    if _reads(body, outputs):
+        raise NoFootprint("the kernel reads an output back")
+
+    def mark_run(first: bool) -> tuple[Any, dict[str, Any]]:
+        def mark(linear: Any, dtype: Any) -> Any:
+            return (linear + 1 if first else size - linear).astype(dtype)
+
+        rewritten = _mark_stores(body, outputs, mapping, mark)
+        params = {**eqn.params, "jaxpr": rewritten, "interpret": True, "compiler_params": None}
+        return eqn.primitive, params
+
+    return mark_run(True), mark_run(False)
+
+
+def _holds_marks(dtype: Any, size: int) -> bool:
+    """Every mark 0..size is exact in ``dtype``."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        return size <= np.iinfo(dtype).max
+    if dtype.kind == "f" or "float" in dtype.name:
+        import ml_dtypes
+
+        return size <= 2 ** (ml_dtypes.finfo(dtype).nmant + 1)
+    return False
+
+
+def _refs_reaching(jaxpr: Any, refs: set) -> set:
+    """``refs`` and every variable of a nested jaxpr (loop, branch, scoped call) they are passed
+    on as, so a store deep in a loop body is found on its output."""
+    from jax._src import core
+
+    from nearmiss.engine.jaxpr_walk import sub_jaxprs
+
+    reached = set(refs)
+    for eqn in jaxpr.eqns:
+        passed = [i for i, v in enumerate(eqn.invars) if isinstance(v, core.Var) and v in refs]
+        if not passed:
+            continue
+        for sub in sub_jaxprs(eqn.params):
+            inner = getattr(sub, "jaxpr", sub)
+            offset = len(eqn.invars) - len(inner.invars)
+            if offset < 0:
+                raise NoFootprint("an output is passed where the footprint cannot follow it")
+            inner_refs = {inner.invars[i - offset] for i in passed if i >= offset}
+            reached |= _refs_reaching(inner, inner_refs)
+    return reached
+
+
+def _on(eqn: Any, refs: set) -> bool:
+    """Whether ``eqn`` works on one of ``refs`` (its first operand)."""
+    from jax._src import core
+
+    return bool(eqn.invars) and isinstance(eqn.invars[0], core.Var) and eqn.invars[0] in refs
+
+
+def _reads(jaxpr: Any, refs: set) -> bool:
+    """Whether the kernel reads one of ``refs``: a load, or a store whose old value it uses."""
+    from jax._src import core
+
+    from nearmiss.engine.jaxpr_walk import sub_jaxprs
+
+    used = {v for e in jaxpr.eqns for v in e.invars if isinstance(v, core.Var)}
+    used |= {v for v in jaxpr.outvars if isinstance(v, core.Var)}
+    for eqn in jaxpr.eqns:
+        on_ref = _on(eqn, refs)
+        if on_ref and eqn.primitive.name in _LOADS:
+            return True
+        if on_ref and eqn.primitive.name in _STORES and any(v in used for v in eqn.outvars):
+            return True
+        if any(_reads(getattr(sub, "jaxpr", sub), refs) for sub in sub_jaxprs(eqn.params)):
+            return True
+    return False
+
+
+def _mark_stores(body: Any, refs: set, mapping: Any, mark: Any) -> Any:
+    """``body`` with every store into ``refs`` replaced by ``max(old, mark(p))`` over the same
+    elements and mask."""
+    from nearmiss.engine.jaxpr_walk import rewrite_eqns
+
+    def rewrite(eqn: Any, in_kernel: bool) -> Any:
+        if eqn.primitive.name in _STORES and _on(eqn, refs):
+            return _marked_store(eqn, mapping, mark)
+        return None
+
+    rewritten, _ = rewrite_eqns(body, rewrite, in_kernel=True)
+    return rewritten
+
+
+def _marked_store(eqn: Any, mapping: Any, mark: Any) -> list[Any]:
+    """The equations of ``max(old, mark)`` stored where ``eqn`` stores, on its variables."""
+    import jax.numpy as jnp
+    from jax._src import api_util, core
+    from jax._src import linear_util as lu
+    from jax._src.interpreters import partial_eval as pe
+    from jax._src.pallas import core as pallas_core
+    from jax._src.pallas import primitives as pallas_primitives
+    from jax._src.state import primitives as state_primitives
+    from jax.experimental import pallas as pl
+
+    name = eqn.primitive.name
+
+    def linear_program() -> Any:
+        linear = jnp.int32(0)
+        for axis, size in enumerate(mapping.grid):
+            linear = linear * size + pl.program_id(axis)
+        return linear
+
+    def stored(*args: Any) -> Any:
+        if name == "masked_swap":
+            tree = eqn.params["args_tree"]
+            ref, transforms, val, mask = tree.unflatten(args)
+            load_args, load_tree = _flatten((ref, transforms, mask, None))
+            old = pallas_primitives.load_p.bind(
+                *load_args,
+                args_tree=load_tree,
+                cache_modifier=None,
+                eviction_policy=None,
+                is_volatile=False,
+            )
+            new = jnp.maximum(old, mark(linear_program(), old.dtype))
+            store_args, _ = _flatten((ref, transforms, new, mask))
+            return [pallas_primitives.swap_p.bind(*store_args, **eqn.params)]
+        ref, val, *indexers = args
+        old = state_primitives.get_p.bind(ref, *indexers, tree=eqn.params["tree"])
+        new = jnp.maximum(old, mark(linear_program(), old.dtype))
+        swapped = state_primitives.swap_p.bind(ref, new, *indexers, tree=eqn.params["tree"])
+        return [swapped] if name == "swap" else []
+
+    avals = [v.aval for v in eqn.invars]
+    debug = api_util.debug_info("footprint", stored, tuple(avals), {})
+    with pallas_core.tracing_grid_env(mapping.grid, mapping.vmapped_dims):
+        traced, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(stored, debug_info=debug), avals)
+    if consts:
+        raise NoFootprint("a marked store needs constants")
+    rename: dict[Any, Any] = dict(zip(traced.invars, eqn.invars, strict=True))
+    rename |= dict(zip(traced.outvars, eqn.outvars, strict=True))
+    effects = set(eqn.effects)
+    effects |= {_read_effect(e) for e in eqn.effects if _read_effect(e) is not None}
+
+    def renamed(v: Any) -> Any:
+        return rename.get(v, v) if isinstance(v, core.Var) else v
+
+    return [
+        e.replace(
+            invars=[renamed(v) for v in e.invars],
+            outvars=[renamed(v) for v in e.outvars],
+            effects=effects,
+            source_info=eqn.source_info,
+        )
+        for e in traced.eqns
+    ]
+
+
+def _flatten(tree: Any) -> tuple[list[Any], Any]:
+    import jax
+
+    return jax.tree_util.tree_flatten(tree)
+
+
+def _read_effect(effect: Any) -> Any:
+    from jax._src.state import types as state_types
+
+    if isinstance(effect, state_types.WriteEffect):
+        # the ref the effect is on: a variable in this JAX, an input's position in older ones
+        where = getattr(effect, "input", None)
+        return state_types.ReadEffect(
+            getattr(effect, "input_index", None) if where is None else where
+        )
+    return None
+
+
+@contextlib.contextmanager
+def zero_filled() -> Any:
+    """Fresh outputs of the plain interpreter start at zero (no mark) while the block runs."""
+    from nearmiss.engine.runner.tpu_semantics import plain_fill
+
+    with plain_fill(lambda shape, dtype: np.zeros(shape, dtype)):
+        yield
+
+
+# -- the executor's side ----------------------------------------------------------------------
+
+
+def shared_element(highest: np.ndarray, lowest: np.ndarray, programs: int) -> tuple | None:
+    """An element of one output stored by two programs, from its two marked runs (``highest`` =
+    top writer + 1, ``lowest`` = ``programs`` - bottom writer), as ``(index, bottom, top)``;
+    None where every element has at most one writer."""
+    highest = np.asarray(highest).astype(np.int64)
+    lowest = np.asarray(lowest).astype(np.int64)
+    untouched = (highest == 0) & (lowest == 0)
+    shared = np.argwhere(~untouched & (highest + lowest != programs + 1))
+    if not len(shared):
+        return None
+    index = tuple(int(i) for i in shared[0])
+    return index, programs - int(lowest[index]), int(highest[index]) - 1
+
+
+def withdrawn_races(case_dir: Any, grid: dict[str, Any]) -> dict[str, Any]:
+    """``grid`` (an ``integrity.grid`` report, as a dict) with each ``grid_race`` withdrawn, as
+    a note, where the case's footprint program shows every element of that output written by
+    at most one program. Runs in the executor, on the artifact the candidate child exported and
+    the case's inputs; anything amiss leaves the findings as they are."""
+    from pathlib import Path
+
+    races = [f for f in grid.get("findings", []) if f.get("kind") == "grid_race"]
+    path = Path(case_dir) / FOOTPRINT_FILE
+    if not races or not path.is_file():
+        return grid
+    try:
+        marks = _footprint_marks(path, Path(case_dir) / "inputs.npz")
+    except Exception as exc:  # not run: every race stands
+        return {**grid, "notes": [*grid.get("notes", []), f"no footprint: {exc}"[:300]]}
+    kernels = grid.get("kernels", [])
+    counts = [len(k.get("outputs", [])) for k in kernels]
+    starts, at = [], 0
+    for kernel, count in zip(kernels, counts, strict=True):
+        if at >= len(marks) or marks[at].tolist() != list(kernel.get("grid", [])):
+            return grid  # not this report's kernels: nothing withdrawn
+        starts.append(at + 1)
+        at += 1 + 2 * count
+    if at != len(marks):
+        return grid
+    kept, notes = [], list(grid.get("notes", []))
+    for finding in grid["findings"]:
+        k, o = finding.get("kernel"), finding.get("output")
+        if finding not in races or not isinstance(k, int) or not 0 <= k < len(kernels):
+            kept.append(finding)
+            continue
+        if not isinstance(o, int) or not 0 <= o < counts[k]:
+            kept.append(finding)
+            continue
+        first = starts[k]
+        programs = math.prod(kernels[k]["grid"])
+        shared = shared_element(marks[first + o], marks[first + counts[k] + o], programs)
+        name = kernels[k].get("name")
+        if shared is None:
+            notes.append(
+                f"output {o} of kernel {name!r}: grid points share a block, but no element is "
+                "stored by two programs (what each program stores, on this case's inputs): "
+                "no race"
+            )
+            continue
+        index, bottom, top = shared
+        kept.append(
+            finding
+            | {
+                "detail": (
+                    f"output {o} of kernel {name!r}: programs {bottom} and {top} (of the "
+                    f"flattened grid) both store its element {list(index)} (what each program "
+                    "stores, on this case's inputs); GPU grid programs run concurrently, so "
+                    "either store can land last: store each element from one program only"
+                )
+            }
+        )
+    return {**grid, "findings": kept, "notes": notes}
+
+
+def _footprint_marks(path: Any, inputs: Any) -> list[np.ndarray]:
+    import jax.numpy as jnp
+
+    from nearmiss.engine.integrity.audit import parse_module
+    from nearmiss.engine.runner.arrays import load_arrays
+    from nearmiss.engine.runner.artifact import (
+        check_signature,
+        load_artifact,
+        read_artifact,
+        refuse_unrunnable,
+    )
+
+    args = [jnp.asarray(a) for a in load_arrays(inputs)[0]]
+    exported = load_artifact(read_artifact(path))
+    check_signature(exported, args)
+    module, _context = parse_module(exported.mlir_module())
+    refuse_unrunnable(module)
+    return [np.asarray(a) for a in exported.call(*args)]

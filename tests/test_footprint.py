@@ -1,0 +1,80 @@
+"""The footprint program (``runner.footprint``): which elements each grid program stores, taken
+from the traced program and run the way the executor runs it (exported, on the inputs)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from nearmiss.engine.runner.footprint import (
+    NoFootprint,
+    footprint_program,
+    shared_element,
+    zero_filled,
+)
+from nearmiss.engine.runner.traced_program import TracedProgram
+
+ROWS, TILE = 24, 8
+
+
+def tiles(also: int | None = None, dtype=jnp.float32, grid: int = 3, read_back: bool = False):
+    """A kernel whose programs each store their own rows of one whole-array block through a
+    mask; with ``also``, each also stores row ``also``; with ``read_back``, it adds to it."""
+
+    def body(x_ref, o_ref):
+        i = pl.program_id(0)
+        rows = i * TILE + jnp.arange(TILE)[:, None]
+        value = pltriton.load(x_ref.at[pl.ds(i * TILE, TILE), :])
+        pltriton.store(o_ref.at[pl.ds(i * TILE, TILE), :], value * 2, mask=rows < 20)
+        if also is not None:
+            o_ref[also : also + 1, :] = value[:1]
+        if read_back:
+            o_ref[0:1, :] += value[:1]
+
+    def kernel(x):
+        call = pl.pallas_call(
+            body,
+            out_shape=jax.ShapeDtypeStruct((ROWS, 128), dtype),
+            grid=(grid,),
+            in_specs=[pl.BlockSpec((ROWS, 128), lambda i: (0, 0))],
+            out_specs=pl.BlockSpec((ROWS, 128), lambda i: (0, 0)),
+        )
+        return jax.jit(call)(x) + 1  # through a nested call, as wrappers do
+
+    return kernel
+
+
+def marks(kernel, dtype=jnp.float32) -> list[np.ndarray]:
+    aval = jax.ShapeDtypeStruct((ROWS, 128), dtype)
+    program = TracedProgram.trace(kernel, [aval])
+    function = footprint_program(program.retargeted(True, label=""))
+    with zero_filled():
+        exported = export.export(jax.jit(function), platforms=["cpu"])(aval)
+    return [np.asarray(a) for a in exported.call(jnp.ones((ROWS, 128), dtype))]
+
+
+def test_programs_storing_their_own_rows_share_no_element():
+    _, highest, lowest = marks(tiles())
+    assert shared_element(highest, lowest, 3) is None
+    # rows 0..7 by program 0, 8..15 by 1, 16..19 by 2 (its mask), 20.. by nobody
+    assert highest[:, 0].tolist() == [1] * 8 + [2] * 8 + [3] * 4 + [0] * 4
+    assert lowest[:, 0].tolist() == [3] * 8 + [2] * 8 + [1] * 4 + [0] * 4
+
+
+def test_a_row_every_program_stores_is_shared_and_named():
+    grid, highest, lowest = marks(tiles(also=9))
+    assert grid.tolist() == [3]
+    assert shared_element(highest, lowest, 3) == ((9, 0), 0, 2)
+
+
+def test_what_the_footprint_cannot_stand_behind_has_none():
+    with pytest.raises(NoFootprint, match="reads an output back"):
+        marks(tiles(read_back=True))
+    # 300 programs' marks are not exact in bfloat16 (8 bits of mantissa)
+    with pytest.raises(NoFootprint, match="cannot hold 300 program marks"):
+        marks(tiles(grid=300, dtype=jnp.bfloat16), jnp.bfloat16)
