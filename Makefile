@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup sandbox demo test test-fast lint clean
+.PHONY: setup sandbox demo test test-fast bench lint clean
 
 setup: $(STAMP) sandbox
 
@@ -43,6 +43,11 @@ FAST_TESTS := tests/test_integrity_static.py tests/test_integrity_dynamic.py tes
 test-fast: setup
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n 2 -m "not end_to_end" $(FAST_TESTS)
+
+# Capability counts the suite leaves out (it keeps one corpus variant per bug family and target):
+# the zero-token playbook over every corpus variant, repaired against expected.
+bench: setup
+	$(BIN)/python benchmarks/playbook_corpus.py
 
 lint: setup
 	$(BIN)/ruff check .

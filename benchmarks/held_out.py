@@ -68,6 +68,8 @@ def main() -> None:
     only = {n for n in args.only.split(",") if n}
     if only - {name for cases in planted_sets.values() for name in cases}:
         parser.error(f"--only names kernels none of {', '.join(names)} plants: {args.only}")
+    expected = {s: _expected_repairs(SETS[s][0]) for s in names}
+    surprises: list[str] = []
     for set_name, cases in planted_sets.items():
         for name, case in sorted(cases.items()):
             if only and name not in only:
@@ -81,6 +83,9 @@ def main() -> None:
                         repair_planted(spec, planted(case), Path(scratch) / "kernel.py", make())
                     )
                 certified[fixer_name] += report.certified
+                if fixer_name == "playbook" and report.certified != (name in expected[set_name]):
+                    said = "certified" if report.certified else "not certified"
+                    surprises.append(f"{set_name}/{name}: {said}")
                 verdict = "CERTIFIED" if report.certified else "not certified"
                 seconds = time.perf_counter() - started
                 print(f"{set_name}/{name} [{fixer_name}, {seconds:.0f} s] {verdict}: ", end="")
@@ -90,6 +95,14 @@ def main() -> None:
         print(f"{fixer_name:>8}: {count} of {total} certified, zero tokens")
     if certified["playbook"]:
         print(f"search / playbook: {certified['search'] / certified['playbook']:.2f}x")
+    print(f"playbook against the sets' expected repairs: {', '.join(surprises) or 'as expected'}")
+
+
+def _expected_repairs(module: str) -> set[str]:
+    """The cases a planted set's test file expects the playbook to certify."""
+    tests = importlib.import_module(module)
+    found = getattr(tests, "SET", None)
+    return set(found.expected_certified if found else getattr(tests, "EXPECTED_REPAIRS", ()))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from test_shipped_kernels import SHIPPED, SPECS, installed_source
 from activities.evidence import evidence_from_report, score
 from activities.fixers.playbook import RECIPES, PlaybookFixer
 from nearmiss.engine.check import check
+from nearmiss.engine.models import CheckReport
 from workflows.models import FixRequest
 
 OPS = "jax.experimental.pallas.ops"
@@ -69,9 +70,10 @@ class HeldOut:
 @dataclass(frozen=True)
 class PlantedSet:
     """A planted set as its test file pins it: the cases, the class each first diagnosis
-    gives, the cases the playbook certifies (zero tokens, within ROUNDS; every other must end
-    uncertified), and the words a first diagnosis must keep where it names the fault's place or
-    value. ``size`` and ``min_modules``: the set's own shape (test_planted_sets.py)."""
+    gives, the cases the playbook certifies (zero tokens, within ROUNDS; every other ends
+    uncertified in ``benchmarks/held_out.py``), and the words a first diagnosis must keep
+    where it names the fault's place or value. ``size`` and ``min_modules``: the set's own
+    shape (test_planted_sets.py)."""
 
     cases: dict[str, HeldOut]
     expected_class: dict[str, str]
@@ -210,15 +212,21 @@ def test_the_held_out_set_is_large_and_varied_enough():
     assert len(EXPECTED_REPAIRS) * 2 >= len(HELD_OUT)  # at least half certify, zero tokens
 
 
+def diagnose_planted(spec: Path, source: str, candidate: Path) -> CheckReport:
+    """The engine's check of a planted kernel: a bug, not certified, and no cheat."""
+    candidate.write_text(source)
+    report = check(spec, candidate, SUITE, SEED)
+    assert not report.certified and report.integrity.ok, report.diagnosis
+    return report
+
+
 async def repair_planted(spec: Path, source: str, candidate: Path, fixer=None):
     """Check the planted kernel, then let the playbook (or ``fixer``, another zero-token one)
     repair it for up to ROUNDS rounds from the engine's evidence, as the repair loop does (a
     regression is reverted, the next edit starts from the best candidate; a search that spent
     its round without an edit goes on in the next from where it stopped): (first report, last
     report, steps)."""
-    candidate.write_text(source)
-    report = check(spec, candidate, SUITE, SEED)
-    assert not report.certified and report.integrity.ok, report.diagnosis
+    report = diagnose_planted(spec, source, candidate)
     first, tried, steps = report, [], [f"diagnosed {report.failure_class}"]
     best = (score(report), source, report)
     searched: dict[str, int] = {}  # source -> edits of it screened in rounds that found none
@@ -265,31 +273,32 @@ async def assert_playbook_outcome(
     planted_set: PlantedSet, name: str, tmp_path: Path, record_property
 ) -> None:
     """The planted set tests' one assertion: the class the engine diagnoses first (and, where
-    the set pins one, the lead its diagnosis gives), then whether the playbook's rounds
-    certify (zero tokens), as the set pins them."""
+    the set pins one, the lead its diagnosis gives), then, for a case the set expects the
+    playbook to repair, that its rounds certify (zero tokens). How many of a set the fixers
+    repair is a capability count: ``benchmarks/held_out.py`` runs every case's rounds."""
     case = planted_set.cases[name]
     spec = SPECS / f"{case.spec}_spec.py"
-    first, report, steps = await repair_planted(spec, planted(case), tmp_path / "kernel.py")
-    record_property("playbook_steps", " | ".join(steps))
-    print(f"{name}: {' | '.join(steps)}")
+    if name in planted_set.expected_certified:
+        first, report, steps = await repair_planted(spec, planted(case), tmp_path / "kernel.py")
+        record_property("playbook_steps", " | ".join(steps))
+        print(f"{name}: {' | '.join(steps)}")
+        assert report.certified and report.integrity.ok, f"{name}: {steps}: {report.diagnosis}"
+    else:
+        first = diagnose_planted(spec, planted(case), tmp_path / "kernel.py")
     expected = planted_set.expected_class[name]
     assert first.failure_class == expected, f"{name}: {first.failure_class}"
     lead = planted_set.expected_lead.get(name)
     assert lead is None or lead in first.diagnosis, f"{name}: {first.diagnosis}"
-    if name in planted_set.expected_certified:
-        assert report.certified and report.integrity.ok, f"{name}: {steps}: {report.diagnosis}"
-    else:
-        assert not report.certified, f"{name} certified: add it to the expected set deliberately"
 
 
 @pytest.mark.parametrize("name", sorted(HELD_OUT))
 async def test_playbook_on_a_held_out_kernel(name, tmp_path: Path, record_property):
     case = HELD_OUT[name]
     spec = SPECS / f"{case.spec}_spec.py"
+    if name not in EXPECTED_REPAIRS:  # how far the playbook gets: benchmarks/held_out.py
+        diagnose_planted(spec, planted(case), tmp_path / "kernel.py")
+        return
     _, report, steps = await repair_planted(spec, planted(case), tmp_path / "kernel.py")
     record_property("playbook_steps", " | ".join(steps))
     print(f"{name}: {' | '.join(steps)}")
-    if name in EXPECTED_REPAIRS:
-        assert report.certified and report.integrity.ok, f"{name}: {steps}: {report.diagnosis}"
-    else:
-        assert not report.certified, f"{name} certified: add it to EXPECTED_REPAIRS"
+    assert report.certified and report.integrity.ok, f"{name}: {steps}: {report.diagnosis}"
