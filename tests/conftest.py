@@ -62,7 +62,8 @@ def softmax_spec() -> Path:
 
 SWEEP_KINDS = {
     "test_golden_certifies": "goldens certified",
-    "test_playbook_over_the_corpus": "variants failing with their labelled class (then repaired)",
+    "test_playbook_over_the_corpus": "variants failing with their labelled class, then repaired",
+    "test_corpus_variant_fails_with_its_label": "variants failing with their labelled class",
     "test_integrity_case": "integrity cases (cheats rejected with their rule, honest clean)",
 }
 
@@ -133,6 +134,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
     for outcome in ("passed", "failed"):
         for report in terminalreporter.stats.get(outcome, []):
             swept = ("test_corpus_sweep.py::", "test_playbook.py::test_playbook_over_the_corpus")
+            swept += ("test_playbook.py::test_corpus_variant_fails_with_its_label",)
             if report.when != "call" or not any(part in report.nodeid for part in swept):
                 continue
             name = report.nodeid.split("::", 1)[1].split("[", 1)[0]
