@@ -48,8 +48,9 @@ class NoFootprint(Exception):
 def footprint_program(closed: Any) -> Any:
     """A function of the program's inputs returning, for each pallas_call in the order
     ``integrity.grid`` numbers kernels, its grid, each output's first marked run, then each
-    output's second. ``closed``: the traced program with every pallas_call interpreted (the marked runs
-    need their inputs as the program computes them). NoFootprint where one kernel has none."""
+    output's second. ``closed``: the traced program with every pallas_call interpreted (the
+    marked runs need their inputs as the program computes them). NoFootprint where one kernel
+    has none."""
     from nearmiss.engine.jaxpr_walk import iter_eqns, sub_jaxprs
 
     runs: list[tuple[Any, Any]] = []

@@ -12,10 +12,10 @@
   (TF32 dots, values nobody wrote where a block runs past its array), and its grid judged: the
   kernel's BlockSpecs are read from a TPU lowering, and two grid programs writing one output
   block are a race, because GPU grid programs run concurrently — unless what each program
-  stores, run on the case's inputs (``runner.footprint``), shows no element stored twice. That lowering is its own
-  (``GPU_GRID``):
-  every pallas_call with its grid, BlockSpecs, scratch and aliases but an empty body and no GPU
-  compiler parameters (``TracedProgram.function(grid_only=True)``), so a Triton-style kernel
+  stores, run on the case's inputs (``runner.footprint``), shows no element stored twice. That
+  lowering is its own (``GPU_GRID``): every pallas_call with its grid, BlockSpecs, scratch and
+  aliases but an empty body and no GPU compiler parameters
+  (``TracedProgram.function(grid_only=True)``), so a Triton-style kernel
   (``plgpu.CompilerParams``, a body Mosaic cannot lower) still has its grid read.
 """
 
