@@ -182,8 +182,8 @@ def test_parsing_and_reading_arrays_from_many_threads_share_one_lock():
     bare = ast_threads("bare", 20)
     if sys.version_info < (3, 12):
         assert bare["errors"], bare
-    # The engine's parse_source and load_arrays, the same load for longer: no error.
-    engine = ast_threads("engine", 5)
+    # The engine's parse_source and load_arrays, three times as long as the control needs: no error.
+    engine = ast_threads("engine", 3)
     assert engine["errors"] == [] and engine["parses"] > 0 and engine["loads"] > 0, engine
 
 
