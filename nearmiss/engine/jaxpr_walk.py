@@ -31,23 +31,20 @@ def iter_eqns(jaxpr: Any, *, into_pallas: bool = False) -> Iterator[Any]:
 
 
 def rewrite_eqns(jaxpr: Any, rewrite: Any, in_kernel: bool = False) -> tuple[Any, set]:
-    """``jaxpr`` with each equation passed through ``rewrite(eqn, in_kernel)``: a new equation
-    (or a list of them, in its place), or None to keep it and look inside its nested jaxprs
-    (``in_kernel`` True inside a pallas_call's body). Returns ``jaxpr`` itself where nothing
-    changed (so untouched jaxprs keep their caches), and the effects the rewrite added: every
-    enclosing equation and jaxpr (a jit, a cond branch, a pallas_call) declares them, as
-    tracing would have."""
-    eqns, added, changed = [], set(), False
+    """``jaxpr`` with each equation passed through ``rewrite(eqn, in_kernel)``: a new equation,
+    or None to keep it and look inside its nested jaxprs (``in_kernel`` True inside a
+    pallas_call's body). Returns ``jaxpr`` itself where nothing changed (so untouched jaxprs
+    keep their caches), and the effects the rewrite added: every enclosing equation and jaxpr
+    (a jit, a cond branch, a pallas_call) declares them, as tracing would have."""
+    eqns, added = [], set()
     for eqn in jaxpr.eqns:
         new = rewrite(eqn, in_kernel)
         if new is None:
             new = _rewrite_inside(eqn, rewrite, in_kernel)
-        for one in new if isinstance(new, list) else [new]:
-            if one is not eqn:
-                changed = True
-                added |= set(one.effects) - set(eqn.effects)
-            eqns.append(one)
-    if not changed:
+        if new is not eqn:
+            added |= set(new.effects) - set(eqn.effects)
+        eqns.append(new)
+    if all(new is old for new, old in zip(eqns, jaxpr.eqns, strict=True)):
         return jaxpr, set()
     return jaxpr.replace(eqns=eqns, effects=set(jaxpr.effects) | added), added
 

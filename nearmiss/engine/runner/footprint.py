@@ -14,11 +14,14 @@ interpreter with its outputs starting at zero and every store into an output rep
 first run and ``G - p`` in the second (``p`` the program's linear index, ``G`` the grid's size).
 An element then ends as ``(highest writer + 1, G - lowest writer)``, so it was written by one
 program exactly when the two add up to ``G + 1`` (or both are zero: never written). The executor
-runs that program on the case's own inputs (``single_writer``); only then is a block-level race
+runs that program on the case's own inputs (``shared_element``); only then is a block-level race
 on that output let through, as a note. Anything the footprint cannot stand behind keeps the
-finding: a kernel that reads an output back (what it loads could decide what it stores, and
-reads of another program's elements race too), a grid too large for the output's dtype to hold
-the marks exactly, a kernel nested in a loop or a conditional, a dynamic grid.
+finding (``_only_plain_access``): a kernel that reads an output back (what it loads could decide
+what it stores, and reads of another program's elements race too), passes an output into a
+loop, a branch or a call, or does anything else with it (atomics add onto the marks), a kernel
+that stores into an input, a grid too large for the output's dtype to hold the marks exactly, a
+kernel nested in a loop or a conditional, a batched or dynamic grid. Marks no run can leave (a
+value that is not a mark, a shape apart) leave the finding too.
 
 Like the GPU_GRID lowering whose BlockSpecs made the finding, this program comes from the
 candidate child, derived from the same single trace (``traced_program``); the executor runs it,
@@ -47,17 +50,17 @@ class NoFootprint(Exception):
 
 def footprint_program(closed: Any) -> Any:
     """A function of the program's inputs returning, for each pallas_call in the order
-    ``integrity.grid`` numbers kernels, its grid, each output's first marked run, then each
-    output's second. ``closed``: the traced program with every pallas_call interpreted (the
-    marked runs need their inputs as the program computes them). NoFootprint where one kernel
-    has none."""
+    ``integrity.grid`` numbers kernels, a header ``[outputs, *grid]``, each output's first
+    marked run, then each output's second. ``closed``: the traced program with every
+    pallas_call interpreted (the marked runs need their inputs as the program computes them).
+    NoFootprint where one kernel has none."""
     from nearmiss.engine.jaxpr_walk import iter_eqns, sub_jaxprs
 
     runs: list[tuple[Any, Any]] = []
     for eqn in iter_eqns(closed.jaxpr):
         if eqn.primitive.name == "pallas_call":
             runs.append(_marked_calls(eqn))
-        elif eqn.primitive.name not in _CALLS and any(
+        elif _called(eqn) is None and any(
             e.primitive.name == "pallas_call"
             for sub in sub_jaxprs(eqn.params)
             for e in iter_eqns(sub)
@@ -68,7 +71,10 @@ def footprint_program(closed: Any) -> Any:
 
     def program(*args: Any) -> list[Any]:
         found: list[Any] = []
-        _evaluate(closed.jaxpr, closed.consts, list(args), iter(runs), found)
+        left = iter(runs)
+        _evaluate(closed.jaxpr, closed.consts, list(args), left, found)
+        if next(left, None) is not None:  # a kernel the evaluation did not reach
+            raise NoFootprint("the program's kernels and its evaluation do not line up")
         return found
 
     return program
@@ -91,17 +97,27 @@ def _evaluate(jaxpr: Any, consts: Any, args: list[Any], runs: Any, found: list[A
         if eqn.primitive.name == "pallas_call":
             import jax.numpy as jnp
 
-            found.append(jnp.asarray(eqn.params["grid_mapping"].grid, jnp.int32))
+            grid = eqn.params["grid_mapping"].grid
+            found.append(jnp.asarray([len(eqn.outvars), *grid], jnp.int32))  # the header
             for primitive, params in next(runs):
                 found.extend(primitive.bind(*invals, **params))
-        if eqn.primitive.name in _CALLS and "jaxpr" in eqn.params:
-            inner = eqn.params["jaxpr"]
-            outs = _evaluate(inner.jaxpr, inner.consts, invals, runs, found)
+        inner = _called(eqn)
+        if inner is not None:
+            body, known = getattr(inner, "jaxpr", inner), getattr(inner, "consts", ())
+            outs = _evaluate(body, known, invals, runs, found)
         else:
             outs = _bind(eqn, invals)
             outs = outs if eqn.primitive.multiple_results else [outs]
         env.update(zip(eqn.outvars, outs, strict=True))
     return [read(v) for v in jaxpr.outvars]
+
+
+def _called(eqn: Any) -> Any:
+    """The jaxpr a call equation evaluates (a jit's ``jaxpr``, a ``closed_call``'s
+    ``call_jaxpr``), None for any other equation."""
+    if eqn.primitive.name not in _CALLS:
+        return None
+    return eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
 
 
 def _bind(eqn: Any, invals: list[Any]) -> Any:
@@ -128,17 +144,25 @@ def _marked_calls(eqn: Any) -> tuple[Any, Any]:
     for var in eqn.outvars:
         if not _holds_marks(var.aval.dtype, size):
             raise NoFootprint(f"{var.aval.dtype} cannot hold {size} program marks exactly")
-    refs = body.invars[mapping.slice_block_ops][mapping.num_inputs :]
-    outputs = _refs_reaching(body, set(refs))
-    if _reads(body, outputs):
-        raise NoFootprint("the kernel reads an output back")
+    if mapping.vmapped_dims:
+        raise NoFootprint("the kernel is batched (vmap)")
+    blocks = body.invars[mapping.slice_block_ops]
+    inputs, outputs = set(blocks[: mapping.num_inputs]), set(blocks[mapping.num_inputs :])
+    _only_plain_access(body, outputs, inputs)
 
     def mark_run(first: bool) -> tuple[Any, dict[str, Any]]:
         def mark(linear: Any, dtype: Any) -> Any:
             return (linear + 1 if first else size - linear).astype(dtype)
 
         rewritten = _mark_stores(body, outputs, mapping, mark)
-        params = {**eqn.params, "jaxpr": rewritten, "interpret": True, "compiler_params": None}
+        # Outputs start at zero (no mark), aliased ones too: what the input held is no mark.
+        params = {
+            **eqn.params,
+            "jaxpr": rewritten,
+            "interpret": True,
+            "compiler_params": None,
+            "input_output_aliases": (),
+        }
         return eqn.primitive, params
 
     return mark_run(True), mark_run(False)
@@ -156,26 +180,30 @@ def _holds_marks(dtype: Any, size: int) -> bool:
     return False
 
 
-def _refs_reaching(jaxpr: Any, refs: set) -> set:
-    """``refs`` and every variable of a nested jaxpr (loop, branch, scoped call) they are passed
-    on as, so a store deep in a loop body is found on its output."""
+def _only_plain_access(body: Any, outputs: set, inputs: set) -> None:
+    """NoFootprint unless every use of an output is a plain store (or, kept as the block-level
+    verdict's, a read) at the top of the kernel body. What is refused and why: an output read
+    back (a load, or a store whose old value is used: what it reads could decide what it
+    stores, and reading another program's element races too); an output passed into a loop, a
+    branch or a call (a store there would need the program's index inside it, and the operands
+    of each such primitive map to its body differently); any other operation on it, atomics
+    included (they add onto the marks); and a store into an input (concurrent writes into the
+    caller's buffer, which the grid check does not see)."""
     from jax._src import core
 
-    from nearmiss.engine.jaxpr_walk import sub_jaxprs
-
-    reached = set(refs)
-    for eqn in jaxpr.eqns:
-        passed = [i for i, v in enumerate(eqn.invars) if isinstance(v, core.Var) and v in refs]
-        if not passed:
+    used = {v for e in body.eqns for v in e.invars if isinstance(v, core.Var)}
+    used |= {v for v in body.outvars if isinstance(v, core.Var)}
+    for eqn in body.eqns:
+        name = eqn.primitive.name
+        touched = {v for v in eqn.invars if isinstance(v, core.Var) and v in outputs}
+        if _on(eqn, inputs) and name in _STORES:
+            raise NoFootprint("the kernel stores into an input")
+        if not touched:
             continue
-        for sub in sub_jaxprs(eqn.params):
-            inner = getattr(sub, "jaxpr", sub)
-            offset = len(eqn.invars) - len(inner.invars)
-            if offset < 0:
-                raise NoFootprint("an output is passed where the footprint cannot follow it")
-            inner_refs = {inner.invars[i - offset] for i in passed if i >= offset}
-            reached |= _refs_reaching(inner, inner_refs)
-    return reached
+        if not _on(eqn, outputs) or len(touched) > 1 or name not in (*_STORES, *_LOADS):
+            raise NoFootprint(f"an output is passed to {name}, not only stored")
+        if name in _LOADS or any(v in used for v in eqn.outvars):
+            raise NoFootprint("the kernel reads an output back")
 
 
 def _on(eqn: Any, refs: set) -> bool:
@@ -185,37 +213,15 @@ def _on(eqn: Any, refs: set) -> bool:
     return bool(eqn.invars) and isinstance(eqn.invars[0], core.Var) and eqn.invars[0] in refs
 
 
-def _reads(jaxpr: Any, refs: set) -> bool:
-    """Whether the kernel reads one of ``refs``: a load, or a store whose old value it uses."""
-    from jax._src import core
-
-    from nearmiss.engine.jaxpr_walk import sub_jaxprs
-
-    used = {v for e in jaxpr.eqns for v in e.invars if isinstance(v, core.Var)}
-    used |= {v for v in jaxpr.outvars if isinstance(v, core.Var)}
-    for eqn in jaxpr.eqns:
-        on_ref = _on(eqn, refs)
-        if on_ref and eqn.primitive.name in _LOADS:
-            return True
-        if on_ref and eqn.primitive.name in _STORES and any(v in used for v in eqn.outvars):
-            return True
-        if any(_reads(getattr(sub, "jaxpr", sub), refs) for sub in sub_jaxprs(eqn.params)):
-            return True
-    return False
-
-
 def _mark_stores(body: Any, refs: set, mapping: Any, mark: Any) -> Any:
-    """``body`` with every store into ``refs`` replaced by ``max(old, mark(p))`` over the same
-    elements and mask."""
-    from nearmiss.engine.jaxpr_walk import rewrite_eqns
-
-    def rewrite(eqn: Any, in_kernel: bool) -> Any:
-        if eqn.primitive.name in _STORES and _on(eqn, refs):
-            return _marked_store(eqn, mapping, mark)
-        return None
-
-    rewritten, _ = rewrite_eqns(body, rewrite, in_kernel=True)
-    return rewritten
+    """``body`` with every store into ``refs`` (all at its top, ``_only_plain_access``)
+    replaced by ``max(old, mark(p))`` over the same elements and mask."""
+    eqns: list[Any] = []
+    for eqn in body.eqns:
+        marked = eqn.primitive.name in _STORES and _on(eqn, refs)
+        eqns.extend(_marked_store(eqn, mapping, mark) if marked else [eqn])
+    effects = set(body.effects).union(*(e.effects for e in eqns))
+    return body.replace(eqns=eqns, effects=effects)
 
 
 def _marked_store(eqn: Any, mapping: Any, mark: Any) -> list[Any]:
@@ -316,10 +322,22 @@ def zero_filled() -> Any:
 def shared_element(highest: np.ndarray, lowest: np.ndarray, programs: int) -> tuple | None:
     """An element of one output stored by two programs, from its two marked runs (``highest`` =
     top writer + 1, ``lowest`` = ``programs`` - bottom writer), as ``(index, bottom, top)``;
-    None where every element has at most one writer."""
-    highest = np.asarray(highest).astype(np.int64)
-    lowest = np.asarray(lowest).astype(np.int64)
-    untouched = (highest == 0) & (lowest == 0)
+    None where every element has at most one writer; ``()`` where the runs hold what no marked
+    run can leave (a shape apart, a value not a mark: the footprint is not believed)."""
+    # float64 holds every mark of every dtype a footprint is taken in (bfloat16 included)
+    highest = np.asarray(highest).astype(np.float64)
+    lowest = np.asarray(lowest).astype(np.float64)
+    if highest.shape != lowest.shape:
+        return ()
+    for run in (highest, lowest):
+        with np.errstate(invalid="ignore"):
+            if not np.all(np.isfinite(run) & (run == np.round(run)) & (run >= 0)):
+                return ()
+            if not np.all(run <= programs):
+                return ()
+    if np.any((highest == 0) != (lowest == 0)):
+        return ()
+    untouched = highest == 0
     shared = np.argwhere(~untouched & (highest + lowest != programs + 1))
     if not len(shared):
         return None
@@ -343,27 +361,21 @@ def withdrawn_races(case_dir: Any, grid: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # not run: every race stands
         return {**grid, "notes": [*grid.get("notes", []), f"no footprint: {exc}"[:300]]}
     kernels = grid.get("kernels", [])
-    counts = [len(k.get("outputs", [])) for k in kernels]
-    starts, at = [], 0
-    for kernel, count in zip(kernels, counts, strict=True):
-        if at >= len(marks) or marks[at].tolist() != list(kernel.get("grid", [])):
-            return grid  # not this report's kernels: nothing withdrawn
-        starts.append(at + 1)
-        at += 1 + 2 * count
-    if at != len(marks):
-        return grid
+    runs = _runs_by_kernel(marks, kernels)
+    if runs is None:
+        return grid  # not this report's kernels: nothing withdrawn
     kept, notes = [], list(grid.get("notes", []))
     for finding in grid["findings"]:
         k, o = finding.get("kernel"), finding.get("output")
-        if finding not in races or not isinstance(k, int) or not 0 <= k < len(kernels):
+        if finding not in races or not isinstance(k, int) or not 0 <= k < len(runs):
             kept.append(finding)
             continue
-        if not isinstance(o, int) or not 0 <= o < counts[k]:
+        highest, lowest = runs[k]
+        if not isinstance(o, int) or not 0 <= o < len(highest):
             kept.append(finding)
             continue
-        first = starts[k]
         programs = math.prod(kernels[k]["grid"])
-        shared = shared_element(marks[first + o], marks[first + counts[k] + o], programs)
+        shared = shared_element(highest[o], lowest[o], programs)
         name = kernels[k].get("name")
         if shared is None:
             notes.append(
@@ -371,6 +383,9 @@ def withdrawn_races(case_dir: Any, grid: dict[str, Any]) -> dict[str, Any]:
                 "stored by two programs (what each program stores, on this case's inputs): "
                 "no race"
             )
+            continue
+        if shared == ():  # marks no run can leave: the race stands as the blocks say
+            kept.append(finding)
             continue
         index, bottom, top = shared
         kept.append(
@@ -385,6 +400,22 @@ def withdrawn_races(case_dir: Any, grid: dict[str, Any]) -> dict[str, Any]:
             }
         )
     return {**grid, "findings": kept, "notes": notes}
+
+
+def _runs_by_kernel(marks: list[np.ndarray], kernels: list[dict]) -> list[tuple] | None:
+    """The footprint's marked runs per kernel of the grid report, ``(first run's outputs,
+    second run's outputs)``; None unless its headers name exactly the report's kernels, in
+    order, with their grids."""
+    runs, at = [], 0
+    for kernel in kernels:
+        if at >= len(marks) or marks[at].ndim != 1 or len(marks[at]) < 1:
+            return None
+        count, *grid = (int(n) for n in marks[at])
+        if grid != list(kernel.get("grid", [])) or at + 1 + 2 * count > len(marks):
+            return None
+        runs.append((marks[at + 1 : at + 1 + count], marks[at + 1 + count : at + 1 + 2 * count]))
+        at += 1 + 2 * count
+    return runs if at == len(marks) else None
 
 
 def _footprint_marks(path: Any, inputs: Any) -> list[np.ndarray]:
