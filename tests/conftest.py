@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nearmiss.engine.runner import cgroups, scratch
+from nearmiss.engine.runner import cgroups, scratch, spares
 from nearmiss.engine.runner.compile_cache import CACHE_ENV
 from nearmiss.engine.runner.process_table import start_time
 from nearmiss.engine.targets.libtpu_env import prepare_environment
@@ -98,10 +98,14 @@ LEAK_GRACE_S = 15.0
 
 def pytest_sessionstart(session) -> None:
     session.config.nearmiss_started = start_time(os.getpid()) or 0
+    # Checks run one after another in each test process, as in a worker: their executors are
+    # kept between checks (``runner.spares.give_back``), and every test runs that way.
+    spares.keep_executors()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session) -> None:
+    spares.close_all()
     if hasattr(session.config, "workerinput"):
         return  # the controller looks, once every worker has finished
     started = getattr(session.config, "nearmiss_started", 0)

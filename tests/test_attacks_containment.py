@@ -31,7 +31,7 @@ import pytest
 from conftest import ROOT, SOFTMAX_SPEC, processes_under, run_cli
 from nearmiss.engine.check import check
 from nearmiss.engine.models import CheckReport
-from nearmiss.engine.runner import cgroups, environment
+from nearmiss.engine.runner import cgroups, environment, spares
 from nearmiss.engine.runner.candidate_child import CANDIDATE_ENV
 from nearmiss.engine.runner.compile_cache import reference_cache_dir
 from nearmiss.engine.runner.sandbox import Limits, SandboxChild
@@ -272,7 +272,9 @@ def in_cgroups() -> None:
 
 
 def own_groups() -> list[Path]:
-    """The cgroups this test process's engine has made and not removed."""
+    """The cgroups this test process's engine has made and not removed, once the executors
+    kept for the next check (``spares.give_back``) are closed too."""
+    spares.close_all()
     layout = cgroups._layout()
     assert not isinstance(layout, str)
     mine = f"{cgroups.PREFIX}{cgroups._pid_namespace()}-{os.getpid()}-*"
@@ -433,5 +435,6 @@ def test_a_home_nested_deeper_than_python_recurses_is_cleaned_up(tmp_path, monke
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     report = run_attack(armed)
     assert report.passed, report.diagnosis  # nesting folders is no offence; leaving them is
+    spares.close_all()  # the executors kept for a next check have their homes here too
     assert processes_under(scratch) == []
     assert list(scratch.iterdir()) == []

@@ -114,6 +114,7 @@ def no_kept_answers(monkeypatch):
 @pytest.fixture
 def handed_out(monkeypatch):
     """Spares on for one test; the pid of every spare handed to a check."""
+    spares.close_all()  # none kept from an earlier test
     taken = record_handed_out(monkeypatch)
     spares.enable()
     try:
@@ -122,25 +123,38 @@ def handed_out(monkeypatch):
         spares.disable()
 
 
-def test_each_check_gets_executors_started_before_it_and_never_shared(handed_out, golden):
+def test_each_check_gets_children_started_before_it_and_only_executors_serve_two(
+    handed_out, golden
+):
     homes_before = my_spare_homes()
     first = check(MATMUL / "spec.py", golden, "compact", 1, targets=("tpu-v5e",))
     assert first.certified
     assert handed_out == []  # nothing was waiting for the first check
-    waiting = spares.waiting_pids()
-    assert len(waiting) == sum(spares.DEPTH.values()) and all(alive(pid) for pid in waiting)
-    processes = identify(waiting)
+    waiting = {module: spares.waiting_pids(module) for module in spares.DEPTH}
+    assert {module: len(pids) for module, pids in waiting.items()} == spares.DEPTH
+    assert all(alive(pid) for pids in waiting.values() for pid in pids)
+    processes = {module: identify(pids) for module, pids in waiting.items()}
+    executors = set(waiting[spares.EXECUTOR_MODULE])
 
     second = check(MATMUL / "spec.py", golden, "compact", 2, targets=("tpu-v5e",))
     assert second.certified and second.targets["tpu-v5e"].ok
-    # The second check ran on the spares started after the first (the spec's child, the
-    # candidate's child, the runs' and the target judge's executors)...
-    assert sorted(handed_out) == sorted(waiting)
-    # ...which ended with it, and new ones wait for the next check.
-    assert not any(alive(process) for process in processes)
-    again = spares.waiting_pids()
-    assert len(again) == len(waiting) and not set(again) & set(waiting)
-    processes = identify(again)
+    # The second check ran on the children waiting after the first: the spec's child and the
+    # candidate's child started for it, and the first check's own executors, kept...
+    assert sorted(handed_out) == sorted(pid for pids in waiting.values() for pid in pids)
+    # ...the candidate's and the spec's children ended with it; the executors (they never
+    # import a candidate) wait again, the same processes, their homes emptied.
+    for module in (spares.CANDIDATE_MODULE, spares.REFERENCE_MODULE):
+        assert not any(alive(process) for process in processes[module])
+        assert not set(spares.waiting_pids(module)) & set(waiting[module])
+    assert set(spares.waiting_pids(spares.EXECUTOR_MODULE)) == executors
+    assert all(alive(process) for process in processes[spares.EXECUTOR_MODULE])
+    assert all(
+        list(child.home.iterdir()) == []
+        for children in spares._spares.values()
+        for child in children
+        if child.module == spares.EXECUTOR_MODULE
+    )
+    processes = identify(spares.waiting_pids())
 
     spares.disable()
     assert not any(alive(process) for process in processes)
@@ -304,6 +318,16 @@ async def test_a_repair_commands_own_worker_keeps_spares_and_closes_them_when_do
         return child
 
     monkeypatch.setattr(spares, "_start", start)
+    original_give_back = spares.give_back
+
+    def give_back(child, limits, platform):
+        kept = original_give_back(child, limits, platform)
+        if kept:  # an executor its check started, kept for the next
+            started.append(child.process.pid)
+            processes.extend(identify([child.process.pid]))
+        return kept
+
+    monkeypatch.setattr(spares, "give_back", give_back)
     candidate = tmp_path / "floor_grid.py"
     candidate.write_text((OPS / "softmax_rows" / "variants" / "floor_grid.py").read_text())
     settings = Settings.from_env(
@@ -321,8 +345,25 @@ async def test_a_repair_commands_own_worker_keeps_spares_and_closes_them_when_do
         use_kb=False,
     )
     assert code == 0, capsys.readouterr()
-    assert taken and set(taken) <= set(started)  # a check after the first ran on spares
-    assert len(started) > len(taken)  # some were still waiting when the command ended...
+    # A check after the first ran on spares, or on executors an earlier check kept...
+    assert taken and set(taken) <= set(started)
+    assert len(set(started)) > len(set(taken))  # some were still waiting when it ended...
     assert spares.waiting_pids() == []  # ...and were closed with it
     assert not any(alive(process) for process in processes)
     assert my_spare_homes() == homes_before  # ...and every home removed
+
+
+def test_a_kept_executor_carries_nothing_of_one_check_into_the_next(monkeypatch, golden):
+    """The same executors run the golden's check and then a wrong kernel's, with the same spec
+    and seed (the same cases, the same case folders): the wrong kernel must be judged on its
+    own artifacts, never on the golden's left in the executor's home or memory."""
+    spares.close_all()
+    taken = record_handed_out(monkeypatch)
+    assert check(MATMUL / "spec.py", golden, "compact", 7).certified
+    kept = spares.waiting_pids(spares.EXECUTOR_MODULE)
+    assert kept  # the golden's executor, waiting for the next check
+    wrong = golden.parent / "missing_init.py"
+    wrong.write_text((MATMUL / "variants" / "missing_init.py").read_text())
+    report = check(MATMUL / "spec.py", wrong, "compact", 7)
+    assert set(kept) <= set(taken)  # the second check ran on it
+    assert not report.certified and report.failure_class is not None

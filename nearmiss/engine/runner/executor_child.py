@@ -5,6 +5,8 @@ exported), ``inputs.npz`` (from the spec's child) and, for the first audited cas
 directories with one input re-drawn. The child checks the artifact against the case, audits its
 module (``integrity.audit``), compiles it, runs it and writes ``output.npz``; the engine compares.
 Nothing the candidate's Python did can reach this process: only the bytes of its artifact.
+On a CPU a worker may keep it for the next check (``spares.give_back``): ``reset`` forgets
+every artifact and verdict of the last one and says ``ready`` again.
 """
 
 from __future__ import annotations
@@ -266,7 +268,10 @@ def main() -> None:
     channel = start_child()
     import jax
 
-    channel.send(event="ready", platform=jax.default_backend(), jax_version=jax.__version__)
+    def ready() -> None:
+        channel.send(event="ready", platform=jax.default_backend(), jax_version=jax.__version__)
+
+    ready()
     while True:
         request = channel.receive()
         if request.get("cmd") == "run":
@@ -275,6 +280,11 @@ def main() -> None:
             channel.send(**probe_artifact(request))
         elif request.get("cmd") == "target":
             channel.send(**judge_target(request))
+        elif request.get("cmd") == "reset":  # kept for the next check (``spares.give_back``)
+            _PREPARED.clear()
+            _JUDGED.clear()
+            jax.clear_caches()
+            ready()
         else:
             break
     sys.stdout.flush()

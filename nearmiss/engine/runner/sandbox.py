@@ -19,6 +19,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,6 +226,8 @@ class SandboxChild:
         self._reader = LineReader(self._from_child_r)
         self._closed = False
         self.process: subprocess.Popen | None = None
+        # bubblewrap's --die-with-parent kills the child when this thread ends, not the process.
+        self.started_by = threading.current_thread()
         self._start(read_only, writable)
 
     def _start(self, read_only: tuple[Path, ...], writable: tuple[Path, ...]) -> None:

@@ -430,6 +430,11 @@ class _Executor(_Child):
         self.error: BaseException | None = None
 
     def submit(self, job: Callable[[], None]) -> None:
+        if self.child is None:
+            # Started on the check's thread, never the stage's: bubblewrap's --die-with-parent
+            # kills a child when the *thread* that started it ends, and this one ends with the
+            # check, which would kill an executor kept for the next check (``release``).
+            self.start()
         if self.thread is None:
             self.thread = threading.Thread(target=self._serve, daemon=True)
             self.thread.start()
@@ -581,6 +586,17 @@ class _Executor(_Child):
     def stop(self) -> None:
         super().stop()
         self.ready = False
+
+    def release(self) -> None:
+        """The check is over: an executor that answered everything it was asked goes back to
+        ``spares`` for the next check where that is safe (``spares.give_back``), else it ends."""
+        finished = self.thread is None or not self.thread.is_alive()
+        child = self.child
+        healthy = self.ready and self.error is None and finished
+        if child is not None and healthy and spares.give_back(child, self.limits, self.platform):
+            self.child, self.ready = None, False
+            return
+        self.stop()
 
 
 def user_folder(shown: Path) -> Path | None:
@@ -1241,7 +1257,7 @@ def run_sandboxed(
             stage.work.put(None)  # an early exit: let the thread end before its child goes
             if stage.thread is not None:
                 stage.thread.join(timeout=60)
-            stage.stop()
+            stage.release()
         if feed is not None:
             # The reference child may still be working (an early return or a usage error). Kill
             # it and let the feed thread see the end of its pipe *before* the pipe is closed:

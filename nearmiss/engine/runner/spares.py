@@ -22,13 +22,26 @@ check). So a check that ends refills only when the checks still running in this 
 check's worth of cores free (``refill_after``): always on a worker with cores to spare, on two
 cores only when no other check runs (a single repair, whose fix step the imports overlap).
 
-Isolation is what it was: one child of each kind per check, the same sandbox, limits and
-namespaces, each closed (and its home removed) when its check ends; a spare is only started
-earlier.
+Isolation is what it was for the children that hold a candidate's or a spec's code: one of each
+per check, the same sandbox, limits and namespaces, each closed (and its home removed) when its
+check ends; a spare is only started earlier.
+
+Executors on a CPU are kept for the next check instead (``give_back``): an executor never imports
+a candidate; it runs only exported artifacts that passed the audit (no host callback, no custom
+call it does not run today), and on a CPU such an artifact is plain XLA — it reads and writes
+its own buffers and nothing else of the process. So an executor that ended a check cleanly (it
+answered every request; none timed out, died or answered nonsense) holds nothing a later check
+could be told by: its home is emptied and ``reset`` makes it forget every artifact, verdict
+and compiled program before it says ``ready`` again. On an accelerator a kernel is the
+candidate's own machine code (Triton, Mosaic), which can write anywhere in the device's memory,
+so there every executor still serves one check. This saves each check the executors' JAX
+start-ups, the largest part of an executor's CPU.
 
 Off unless ``enable()`` is called or ``kept()`` entered (workers: ``nearmiss worker`` and the
 worker a ``repair``/``fleet``/``demo`` command runs for itself; the benchmark): a one-shot
-``nearmiss check`` would only start children nobody uses.
+``nearmiss check`` would only start children nobody uses. ``keep_executors()`` keeps the
+executors between checks without starting spares (a process that runs many checks in a row and
+leaves the cores to them, as a test session does).
 """
 
 from __future__ import annotations
@@ -41,7 +54,8 @@ from pathlib import Path
 
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.runner.compile_cache import reference_cache_dir
-from nearmiss.engine.runner.sandbox import Limits, SandboxChild
+from nearmiss.engine.runner.environment import child_environment
+from nearmiss.engine.runner.sandbox import ChildFailure, Limits, SandboxChild
 from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 from nearmiss.engine.runner.spec_sandbox import REFERENCE_MODULE, REFERENCE_PREFIX, start_spec_child
 
@@ -58,8 +72,9 @@ PREFIX = {EXECUTOR_MODULE: EXECUTOR_PREFIX, CANDIDATE_MODULE: CANDIDATE_PREFIX}
 CORES_PER_CHECK = 2
 
 _lock = threading.Lock()
-_spares: dict[tuple[str, int, int, str, str], list[SandboxChild]] = {}
+_spares: dict[tuple, list[SandboxChild]] = {}
 _enabled = False
+_keep_executors = False  # executors given back after a check even with spares off
 _running = 0  # checks in flight in this process (between check_began and refill_after)
 
 
@@ -70,6 +85,15 @@ def enable() -> None:
         if not _enabled:
             _enabled = True
             atexit.register(close_all)
+
+
+def keep_executors() -> None:
+    """Keep healthy CPU executors between checks in this process (closed at exit)."""
+    global _keep_executors
+    with _lock:
+        if not _keep_executors and not _enabled:
+            atexit.register(close_all)
+        _keep_executors = True
 
 
 def disable() -> None:
@@ -93,12 +117,14 @@ def kept():
             disable()
 
 
-def _key(module: str, limits: Limits, platform: str) -> tuple[str, int, int, str, str]:
+def _key(module: str, limits: Limits, platform: str) -> tuple:
     # What a child is started with (sandbox.SandboxChild): its module, memory and process
-    # limits, platform and (the spec's child) the compile cache bound in; the time limits are
-    # the engine's side and apply to whoever takes it.
+    # limits, platform, the variables it inherits (JAX_ENABLE_X64, XLA_FLAGS: set between two
+    # checks, they must reach the second) and (the spec's child) the compile cache bound in;
+    # the time limits are the engine's side and apply to whoever takes it.
     cache = str(reference_cache_dir() or "")
-    return (module, limits.memory_mb, limits.max_tasks, platform, cache)
+    inherited = tuple(sorted(child_environment(Path("/")).items()))
+    return (module, limits.memory_mb, limits.max_tasks, platform, cache, inherited)
 
 
 def _start(module: str, limits: Limits, platform: str) -> SandboxChild:
@@ -133,6 +159,33 @@ def take(module: str, limits: Limits, platform: str) -> SandboxChild | None:
     for child in dead:  # died while waiting: never handed to a check
         _discard(child)
     return found
+
+
+def give_back(child: SandboxChild, limits: Limits, platform: str) -> bool:
+    """Keep an executor that ended its check cleanly for the next check (see the module's
+    docstring for why that is safe on a CPU): its home emptied, asked to ``reset``. False where
+    it is not kept (the caller closes it): spares off, not a CPU, dead, or enough waiting."""
+    if not (_enabled or _keep_executors) or child.module != EXECUTOR_MODULE or platform != "cpu":
+        return False
+    if child.process is None or child.process.poll() is not None:
+        return False
+    if not child.started_by.is_alive():  # --die-with-parent: it dies with that thread
+        return False
+    with _lock:
+        waiting = _spares.setdefault(_key(EXECUTOR_MODULE, limits, platform), [])
+        if len(waiting) >= DEPTH[EXECUTOR_MODULE]:
+            return False
+    try:
+        for entry in list(child.home.iterdir()):
+            remove_tree(entry)
+        if any(child.home.iterdir()):
+            return False
+        child.send(cmd="reset")  # its "ready" is the first thing the next check reads
+    except (OSError, ChildFailure):
+        return False
+    with _lock:
+        waiting.append(child)
+    return True
 
 
 def refill(limits: Limits, platform: str) -> None:
