@@ -18,7 +18,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from nearmiss.engine.models import Evidence
     from nearmiss.events import KernelGenerated, RegenerateFinished, RegenerateStarted
-    from workflows.loop import WORKER_WAIT_S, PlannedEvent, evidence_collected
+    from workflows.guards import WORKER_WAIT_S
+    from workflows.loop import PlannedEvent, evidence_collected
     from workflows.models import CheckInput, TokenUsage, is_kind
     from workflows.patches import decide_at_start
     from workflows.recording import record

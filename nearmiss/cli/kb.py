@@ -10,12 +10,15 @@ import argparse
 import contextlib
 import json
 import sys
+from typing import TYPE_CHECKING
 
-from infra.devstack import PostgresService
-from kb.events import EventStore
-from kb.knowledge import KnowledgeProjection, load_seed, search, stats
-from nearmiss.client.settings import Settings
 from nearmiss.reports.text import table
+
+if TYPE_CHECKING:
+    from nearmiss.client.settings import Settings
+
+# The event log's client, the embedded PostgreSQL and the knowledge base are imported when a
+# kb command runs: every command builds this parser, and `nearmiss check` needs none of them.
 
 
 def add_parser(commands) -> None:
@@ -43,6 +46,9 @@ async def open_event_store(settings: Settings):
     The configured database, else the embedded PostgreSQL, started for the command when it is
     not running and stopped again after. Connecting migrates the schema, so reading needs no more.
     """
+    from infra.devstack import PostgresService
+    from kb.events import EventStore
+
     postgres = PostgresService(settings.stack) if settings.embedded_database else None
     started = postgres.start() if postgres else False
     store = await EventStore.connect(settings.database_url)
@@ -58,6 +64,8 @@ async def open_event_store(settings: Settings):
 @contextlib.asynccontextmanager
 async def open_store(settings: Settings):
     """``open_event_store`` with the seed knowledge loaded and the projection caught up."""
+    from kb.knowledge import KnowledgeProjection, load_seed
+
     async with open_event_store(settings) as store:
         await load_seed(store)
         await KnowledgeProjection(store).catch_up()
@@ -83,6 +91,9 @@ HEADERS = ["id", "status", "class", "category", "platform", "ok/uses", "title"]
 
 
 async def run(args: argparse.Namespace) -> int:
+    from kb.knowledge import KnowledgeProjection, search, stats
+    from nearmiss.client.settings import Settings
+
     settings = Settings.from_env()
     async with open_store(settings) as store:
         projection = KnowledgeProjection(store)

@@ -7,7 +7,7 @@ import argparse
 import os
 
 from nearmiss.engine.runner.environment import UNSAFE_ENV, UNSAFE_FLAG
-from workflows.loop import Guards
+from workflows.guards import Guards
 
 
 def positive(kind):

@@ -10,21 +10,18 @@ import argparse
 import secrets
 import sys
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-from nearmiss.engine.authoring import calibration
-from nearmiss.engine.authoring.calibration import NOISE_MARGIN, CaseNoise, SpecNoise
-from nearmiss.engine.authoring.spec_new import (
-    NewSpec,
-    parse_dims,
-    parse_input,
-    render,
-    with_tolerance,
-)
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.hidden import NO_SIZE_TO_DRAW
 from nearmiss.engine.spec import CATEGORIES, DTYPES
 from nearmiss.reports.text import table
+
+if TYPE_CHECKING:
+    from nearmiss.engine.authoring.calibration import CaseNoise, SpecNoise
+
+# The calibration and the spec writer are imported when a spec command runs: every command
+# builds this parser, and `nearmiss check` needs neither.
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 _SUITES = ("compact", "extended", "all")
@@ -81,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from nearmiss.engine.authoring import calibration
+
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     result = calibration.measure(args.spec, args.suite, seed)
     print(result.model_dump_json(indent=2) if args.json else render_noise(result))
@@ -88,6 +87,16 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _new(args: argparse.Namespace) -> int:
+    from nearmiss.engine.authoring import calibration
+    from nearmiss.engine.authoring.calibration import NOISE_MARGIN
+    from nearmiss.engine.authoring.spec_new import (
+        NewSpec,
+        parse_dims,
+        parse_input,
+        render,
+        with_tolerance,
+    )
+
     file, sep, function = args.reference.rpartition(":")
     if not sep or not file or not function:
         raise UsageError(f"--reference {args.reference!r}: expected FILE:FUNCTION")

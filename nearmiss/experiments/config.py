@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from nearmiss.engine.errors import UsageError
 from pallas_ops.catalog import operators
-from workflows.loop import Guards
+from workflows.guards import Guards
 from workflows.models import is_kind, unknown_model
 
 
