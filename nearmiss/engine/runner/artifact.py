@@ -26,6 +26,7 @@ from nearmiss.engine.integrity.audit import (
     PLATFORM_BRANCH_REFUSAL,
     RUNNABLE_TARGET_PREFIXES,
     custom_call_targets,
+    parse_module,
     platform_branches,
 )
 
@@ -108,3 +109,15 @@ def refuse_unrunnable(module: Any) -> None:
             raise ArtifactRejected(f"the artifact calls back into the host (`{target}`)")
         if not target.startswith(RUNNABLE_TARGET_PREFIXES):
             raise ArtifactRejected(f"the artifact calls an unknown custom call `{target}`")
+
+
+def vetted(data: bytes, args: list[Any]) -> tuple[Any, Any, Any]:
+    """An artifact made ready to run on ``args`` in an executor: deserialized, its signature
+    theirs, and nothing in its module the executor cannot vouch for (``refuse_unrunnable``).
+    Returns the ``Exported``, its parsed module and the MLIR context that keeps the module alive;
+    ArtifactRejected otherwise."""
+    exported = load_artifact(data)
+    check_signature(exported, args)
+    module, context = parse_module(exported.mlir_module())
+    refuse_unrunnable(module)
+    return exported, module, context

@@ -21,8 +21,8 @@ from nearmiss.engine.runner.artifact import (
     ARTIFACT_FILE,
     ArtifactRejected,
     check_signature,
-    load_artifact,
     read_artifact,
+    vetted,
 )
 from nearmiss.engine.runner.child import describe_exception, start_child
 from nearmiss.engine.runner.protocol import OUTPUT_FILE
@@ -87,14 +87,8 @@ class _Prepared:
     def __init__(self, data: bytes, args: list, label: str) -> None:
         import jax
 
-        from nearmiss.engine.integrity.audit import parse_module
-        from nearmiss.engine.runner.artifact import refuse_unrunnable
-
-        self.exported = load_artifact(data)
-        check_signature(self.exported, args)
-        module, _context = parse_module(self.exported.mlir_module())
+        self.exported, module, _context = vetted(data, args)
         self.audit, self.audit_error = _audit(module, self.exported, label)
-        refuse_unrunnable(module)
         started = time.perf_counter()
         self.compiled = jax.jit(self.exported.call).lower(*args).compile()
         self.compile_s = time.perf_counter() - started

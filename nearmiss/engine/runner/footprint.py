@@ -226,6 +226,7 @@ def _mark_stores(body: Any, refs: set, mapping: Any, mark: Any) -> Any:
 
 def _marked_store(eqn: Any, mapping: Any, mark: Any) -> list[Any]:
     """The equations of ``max(old, mark)`` stored where ``eqn`` stores, on its variables."""
+    import jax
     import jax.numpy as jnp
     from jax._src import api_util, core
     from jax._src import linear_util as lu
@@ -247,7 +248,7 @@ def _marked_store(eqn: Any, mapping: Any, mark: Any) -> list[Any]:
         if name == "masked_swap":
             tree = eqn.params["args_tree"]
             ref, transforms, val, mask = tree.unflatten(args)
-            load_args, load_tree = _flatten((ref, transforms, mask, None))
+            load_args, load_tree = jax.tree_util.tree_flatten((ref, transforms, mask, None))
             old = pallas_primitives.load_p.bind(
                 *load_args,
                 args_tree=load_tree,
@@ -256,7 +257,7 @@ def _marked_store(eqn: Any, mapping: Any, mark: Any) -> list[Any]:
                 is_volatile=False,
             )
             new = jnp.maximum(old, mark(linear_program(), old.dtype))
-            store_args, _ = _flatten((ref, transforms, new, mask))
+            store_args, _ = jax.tree_util.tree_flatten((ref, transforms, new, mask))
             return [pallas_primitives.swap_p.bind(*store_args, **eqn.params)]
         ref, val, *indexers = args
         old = state_primitives.get_p.bind(ref, *indexers, tree=eqn.params["tree"])
@@ -287,12 +288,6 @@ def _marked_store(eqn: Any, mapping: Any, mark: Any) -> list[Any]:
         )
         for e in traced.eqns
     ]
-
-
-def _flatten(tree: Any) -> tuple[list[Any], Any]:
-    import jax
-
-    return jax.tree_util.tree_flatten(tree)
 
 
 def _read_effect(effect: Any) -> Any:
@@ -421,18 +416,9 @@ def _runs_by_kernel(marks: list[np.ndarray], kernels: list[dict]) -> list[tuple]
 def _footprint_marks(path: Any, inputs: Any) -> list[np.ndarray]:
     import jax.numpy as jnp
 
-    from nearmiss.engine.integrity.audit import parse_module
     from nearmiss.engine.runner.arrays import load_arrays
-    from nearmiss.engine.runner.artifact import (
-        check_signature,
-        load_artifact,
-        read_artifact,
-        refuse_unrunnable,
-    )
+    from nearmiss.engine.runner.artifact import read_artifact, vetted
 
     args = [jnp.asarray(a) for a in load_arrays(inputs)[0]]
-    exported = load_artifact(read_artifact(path))
-    check_signature(exported, args)
-    module, _context = parse_module(exported.mlir_module())
-    refuse_unrunnable(module)
+    exported, _module, _context = vetted(read_artifact(path), args)
     return [np.asarray(a) for a in exported.call(*args)]
