@@ -20,6 +20,34 @@ def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
                 yield item.jaxpr
 
 
+def operands_inside(eqn: Any) -> Iterator[tuple[Any, dict[int, Any] | None]]:
+    """Each jaxpr nested in ``eqn`` with where ``eqn``'s operands arrive in it: {operand's
+    position: the nested jaxpr's variable}; None for a form this does not know (the caller says
+    what that means for it). Operands are not a suffix of the nested inputs in general: a
+    ``while``'s condition and body each get their own constants and the carry, a
+    ``run_scoped`` body gets its operands as constants (its inputs are the scoped
+    allocations), a conditional's branches get all but the index."""
+    name, params, count = eqn.primitive.name, eqn.params, len(eqn.invars)
+    if name == "while":
+        cond_n, body_n = params["cond_nconsts"], params["body_nconsts"]
+        carry = range(cond_n + body_n, count)
+        for sub, consts in (
+            (params["cond_jaxpr"].jaxpr, range(cond_n)),
+            (params["body_jaxpr"].jaxpr, range(cond_n, cond_n + body_n)),
+        ):
+            yield sub, dict(zip([*consts, *carry], sub.invars, strict=True))
+        return
+    for sub in sub_jaxprs(params):
+        if name == "run_scoped" and len(sub.constvars) == count:
+            yield sub, dict(enumerate(sub.constvars))
+        elif name == "cond" and len(sub.invars) == count - 1:
+            yield sub, dict(zip(range(1, count), sub.invars, strict=True))
+        elif name not in ("run_scoped", "cond") and len(sub.invars) == count:
+            yield sub, dict(enumerate(sub.invars))  # calls, scans: operand for input
+        else:
+            yield sub, None
+
+
 def iter_eqns(jaxpr: Any, *, into_pallas: bool = False) -> Iterator[Any]:
     """Every equation of a jaxpr, recursing into nested jaxprs (not kernel bodies by default)."""
     for eqn in jaxpr.eqns:

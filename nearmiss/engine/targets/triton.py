@@ -161,7 +161,7 @@ def _unmasked_store_line(jaxpr: Any, refs: set) -> str | None:
     looking into nested jaxprs (loops, conditionals, scoped calls) where the ref is passed on."""
     from jax._src import core, source_info_util
 
-    from nearmiss.engine.jaxpr_walk import sub_jaxprs
+    from nearmiss.engine.jaxpr_walk import operands_inside
 
     def held(v: Any) -> bool:
         return isinstance(v, core.Var) and v in refs
@@ -182,16 +182,12 @@ def _unmasked_store_line(jaxpr: Any, refs: set) -> str | None:
         passed = [i for i, v in enumerate(eqn.invars) if held(v)]
         if not passed:
             continue
-        for sub in sub_jaxprs(eqn.params):
-            inner = getattr(sub, "jaxpr", sub)
-            # Operands line up with the nested jaxpr's inputs from the end (a conditional's
-            # index, a loop's constants of the other jaxpr come first); failing that, every
-            # input of the nested jaxpr that is a ref is taken as the ref passed on.
-            offset = len(eqn.invars) - len(inner.invars)
-            if offset >= 0:
-                inner_refs = {inner.invars[i - offset] for i in passed if i >= offset}
-            else:
-                inner_refs = {v for v in inner.invars if "Ref" in type(v.aval).__name__}
+        for inner, arriving in operands_inside(eqn):
+            if arriving is not None:
+                inner_refs = {arriving[i] for i in passed if i in arriving}
+            else:  # a form not known: every ref the nested jaxpr gets is taken as the one
+                known = (*inner.constvars, *inner.invars)
+                inner_refs = {v for v in known if "Ref" in type(v.aval).__name__}
             found = _unmasked_store_line(inner, inner_refs) if inner_refs else None
             if found:
                 return found
