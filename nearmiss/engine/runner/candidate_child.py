@@ -16,6 +16,7 @@ import importlib.util
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -225,24 +226,22 @@ def export_for_target(program: TracedProgram, request: dict, target: str) -> dic
     from nearmiss.engine.targets import export_for_tpu, trim_exception
     from nearmiss.engine.targets.tpu import without_tiling_rules
 
-    key = json.dumps([request["avals"], target, requested_label(request.get("label"))])
-    if key not in _EXPORTED_FOR:
-        try:
-            # the chip's compiler, not interpret; for the gpu target's grid, grids only
-            grid_only = target == GPU_GRID
-            function = program.function(
-                interpret=False, grid_only=grid_only, label=requested_label(request.get("label"))
+    def lowered() -> bytes:
+        # the chip's compiler, not interpret; for the gpu target's grid, grids only
+        grid_only = target == GPU_GRID
+        function = program.function(
+            interpret=False, grid_only=grid_only, label=requested_label(request.get("label"))
+        )
+        with without_tiling_rules() if grid_only else contextlib.nullcontext():
+            return export_for_tpu(
+                function,
+                avals_of(request),
+                STRUCTURE_CHIP if grid_only else target,
+                jaxpr=program.jaxpr,
             )
-            with without_tiling_rules() if grid_only else contextlib.nullcontext():
-                _EXPORTED_FOR[key] = export_for_tpu(
-                    function,
-                    avals_of(request),
-                    STRUCTURE_CHIP if grid_only else target,
-                    jaxpr=program.jaxpr,
-                )
-        except (Exception, SystemExit) as exc:
-            _EXPORTED_FOR[key] = trim_exception(exc, _candidate_path)
-    found = _EXPORTED_FOR[key]
+
+    key = json.dumps([request["avals"], target, requested_label(request.get("label"))])
+    found = _kept(_EXPORTED_FOR, key, lowered, lambda exc: trim_exception(exc, _candidate_path))
     if isinstance(found, str):
         return {"ok": False, "error": found}
     (Path(request["dir"]) / target_artifact_file(target)).write_bytes(found)
@@ -253,6 +252,17 @@ def export_for_target(program: TracedProgram, request: dict, target: str) -> dic
             "footprint": exported_footprint(program, request),
         }
     return {"ok": True}
+
+
+def _kept(cache: dict, key: str, make: Callable[[], Any], failed: Callable[[Any], Any]) -> Any:
+    """``cache[key]``, made on first asking (cases of one shape share it): what ``make`` gives,
+    or ``failed(exc)`` where it raises — the candidate's code runs in it, SystemExit too."""
+    if key not in cache:
+        try:
+            cache[key] = make()
+        except (Exception, SystemExit) as exc:
+            cache[key] = failed(exc)
+    return cache[key]
 
 
 # Footprint programs by input shapes: the export, or why there is none.
@@ -275,17 +285,15 @@ def exported_footprint(program: TracedProgram, request: dict) -> dict:
         zero_filled,
     )
 
-    key = json.dumps(request["avals"])
-    if key not in _FOOTPRINT:
-        try:
-            function = footprint_program(program.retargeted(True, label=""))
-            with zero_filled():
-                _FOOTPRINT[key] = export_traced(jax.jit(function), avals_of(request))
-        except NoFootprint as why:
-            _FOOTPRINT[key] = str(why)
-        except (Exception, SystemExit) as exc:  # the engine's own step: no footprint, no verdict
-            _FOOTPRINT[key] = f"{type(exc).__name__}: {exc}"[:300]
-    found = _FOOTPRINT[key]
+    def exported() -> bytes:
+        function = footprint_program(program.retargeted(True, label=""))
+        with zero_filled():
+            return export_traced(jax.jit(function), avals_of(request))
+
+    def why_not(exc: BaseException) -> str:  # the engine's own step: no footprint, no verdict
+        return str(exc) if isinstance(exc, NoFootprint) else f"{type(exc).__name__}: {exc}"[:300]
+
+    found = _kept(_FOOTPRINT, json.dumps(request["avals"]), exported, why_not)
     if isinstance(found, str):
         return {"ok": False, "why": found}
     (Path(request["dir"]) / FOOTPRINT_FILE).write_bytes(found)
@@ -303,13 +311,13 @@ def lowered_for_triton(program: TracedProgram, request: dict) -> dict:
 
     from nearmiss.engine.targets.triton import MODULE_SEPARATOR, TRITON_FILE, lower_for_triton
 
-    key = json.dumps(request["avals"])
-    if key not in _TRITON:
-        try:
-            _TRITON[key] = lower_for_triton(program.jaxpr, _candidate_path)
-        except (Exception, SystemExit) as exc:  # the engine's own step failed: not a verdict
-            _TRITON[key] = {"ok": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
-    found = _TRITON[key]
+    found = _kept(
+        _TRITON,
+        json.dumps(request["avals"]),
+        lambda: lower_for_triton(program.jaxpr, _candidate_path),
+        # the engine's own step failed: not a verdict
+        lambda exc: {"ok": None, "error": f"{type(exc).__name__}: {exc}"[:300]},
+    )
     if not found.get("ok"):
         return {"ok": found.get("ok"), "error": found.get("error")}
     text = MODULE_SEPARATOR.join(found["modules"])
