@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
 
 from nearmiss.engine.jaxpr_walk import iter_eqns
 from nearmiss.engine.targets.triton import unmasked_store_past_the_end
