@@ -19,6 +19,7 @@ import pytest
 from conftest import OPS
 from nearmiss.engine.check import check
 from nearmiss.engine.runner import spares
+from nearmiss.engine.runner.environment import UNSAFE_ENV
 from nearmiss.engine.runner.sandbox import Limits, _process_tree
 from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 
@@ -139,20 +140,21 @@ def test_each_check_gets_children_started_before_it_and_only_executors_serve_two
     second = check(MATMUL / "spec.py", golden, "compact", 2, targets=("tpu-v5e",))
     assert second.certified and second.targets["tpu-v5e"].ok
     # The second check ran on the children waiting after the first: the spec's child and the
-    # candidate's child started for it, and the first check's own executors, kept...
+    # candidate's child started for it, the first check's runs' executor, kept, and a spare...
     assert sorted(handed_out) == sorted(pid for pids in waiting.values() for pid in pids)
-    # ...the candidate's and the spec's children ended with it; the executors (they never
-    # import a candidate) wait again, the same processes, their homes emptied.
+    # ...the candidate's and the spec's children and the target judge ended with it; the runs'
+    # executor (it never imports a candidate, runs only vetted XLA) waits again, its home
+    # emptied, beside a new spare.
     for module in (spares.CANDIDATE_MODULE, spares.REFERENCE_MODULE):
         assert not any(alive(process) for process in processes[module])
         assert not set(spares.waiting_pids(module)) & set(waiting[module])
-    assert set(spares.waiting_pids(spares.EXECUTOR_MODULE)) == executors
-    assert all(alive(process) for process in processes[spares.EXECUTOR_MODULE])
+    assert len(set(spares.waiting_pids(spares.EXECUTOR_MODULE)) & executors) == 1
+    assert sum(alive(process) for process in processes[spares.EXECUTOR_MODULE]) == 1
     assert all(
         list(child.home.iterdir()) == []
         for children in spares._spares.values()
         for child in children
-        if child.module == spares.EXECUTOR_MODULE
+        if child.process.pid in executors
     )
     processes = identify(spares.waiting_pids())
 
@@ -192,13 +194,16 @@ def test_a_check_whose_spec_answer_is_kept_leaves_the_spec_spare_waiting(
     assert all(alive(pid) for pid in waiting[spares.REFERENCE_MODULE])
 
 
-@pytest.mark.parametrize("module", [spares.CANDIDATE_MODULE, spares.REFERENCE_MODULE])
+@pytest.mark.parametrize(
+    "module", [spares.CANDIDATE_MODULE, spares.REFERENCE_MODULE, spares.EXECUTOR_MODULE]
+)
 def test_a_spare_that_dies_once_handed_out_costs_a_restart_not_a_finding(
     monkeypatch, module, golden
 ):
     """Killed between being handed out and its first answer (the candidate's import, the
-    spec's description): the check starts a child for it and certifies, as it would have
-    without spares — neither the candidate nor the spec is blamed for the worker's loss."""
+    spec's description, an executor's ready — a kept one's too): the check starts a child for
+    it and certifies, as it would have without spares — neither the candidate nor the spec is
+    blamed for the worker's loss."""
     original = spares.take
     killed = []
 
@@ -320,8 +325,8 @@ async def test_a_repair_commands_own_worker_keeps_spares_and_closes_them_when_do
     monkeypatch.setattr(spares, "_start", start)
     original_give_back = spares.give_back
 
-    def give_back(child, limits, platform):
-        kept = original_give_back(child, limits, platform)
+    def give_back(child, started_under, platform):
+        kept = original_give_back(child, started_under, platform)
         if kept:  # an executor its check started, kept for the next
             started.append(child.process.pid)
             processes.extend(identify([child.process.pid]))
@@ -367,3 +372,18 @@ def test_a_kept_executor_carries_nothing_of_one_check_into_the_next(monkeypatch,
     report = check(MATMUL / "spec.py", wrong, "compact", 7)
     assert set(kept) <= set(taken)  # the second check ran on it
     assert not report.certified and report.failure_class is not None
+
+
+def test_an_executor_started_unsandboxed_never_serves_a_sandboxed_check(monkeypatch, golden):
+    """`--unsafe-no-sandbox` starts children without bubblewrap; an executor kept from such a
+    check must never run the artifacts of a check that asked for the sandbox."""
+    spares.close_all()
+    monkeypatch.setenv(UNSAFE_ENV, "1")
+    assert check(MATMUL / "spec.py", golden, "compact", 1).certified
+    unsandboxed = spares.waiting_pids(spares.EXECUTOR_MODULE)
+    assert unsandboxed  # kept, for the next unsandboxed check
+    monkeypatch.delenv(UNSAFE_ENV)
+    taken = record_handed_out(monkeypatch)
+    report = check(MATMUL / "spec.py", golden, "compact", 2)
+    assert report.certified and "bubblewrap" in report.isolation
+    assert not set(taken) & set(unsandboxed)

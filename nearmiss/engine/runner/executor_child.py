@@ -5,8 +5,8 @@ exported), ``inputs.npz`` (from the spec's child) and, for the first audited cas
 directories with one input re-drawn. The child checks the artifact against the case, audits its
 module (``integrity.audit``), compiles it, runs it and writes ``output.npz``; the engine compares.
 Nothing the candidate's Python did can reach this process: only the bytes of its artifact.
-On a CPU a worker may keep it for the next check (``spares.give_back``): ``reset`` forgets
-every artifact and verdict of the last one and says ``ready`` again.
+On a CPU a worker may keep the runs' executor for the next check (``spares.give_back``):
+``reset`` forgets every artifact and verdict of the last one and says ``ready`` again.
 """
 
 from __future__ import annotations
@@ -255,6 +255,23 @@ def _read_triton(case_dir: Path, candidate: str | None) -> dict | None:
 _JUDGED: dict[tuple, tuple[dict | None, dict]] = {}
 
 
+def _forget() -> None:
+    """Everything of the last check gone: artifacts, verdicts, compiled programs, and the memory
+    they held handed back to the system (the next check's memory limit is the same)."""
+    import contextlib
+    import ctypes
+    import gc
+
+    import jax
+
+    _PREPARED.clear()
+    _JUDGED.clear()
+    jax.clear_caches()
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: it keeps what it keeps
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def main() -> None:
     from nearmiss.engine.targets import prepare_environment
 
@@ -275,9 +292,7 @@ def main() -> None:
         elif request.get("cmd") == "target":
             channel.send(**judge_target(request))
         elif request.get("cmd") == "reset":  # kept for the next check (``spares.give_back``)
-            _PREPARED.clear()
-            _JUDGED.clear()
-            jax.clear_caches()
+            _forget()
             ready()
         else:
             break

@@ -220,6 +220,7 @@ class SandboxChild:
         # a directory the child can write, and a link put there would have the engine read any
         # host file (its own /proc/self/environ) into the diagnosis.
         self._log_fd: int | None = None
+        self._log_from = 0  # where this child's current work starts in its log (``forget_log``)
         to_child_r, self._to_child_w = os.pipe()
         self._from_child_r, from_child_w = os.pipe()
         self._child_ends = [to_child_r, from_child_w]  # closed here once the child has them
@@ -371,12 +372,23 @@ class SandboxChild:
                 return
             time.sleep(POLL_S)
 
+    def log_size(self) -> int:
+        try:
+            return os.fstat(self._log_fd).st_size if self._log_fd is not None else 0
+        except OSError:
+            return 0
+
+    def forget_log(self) -> None:
+        """From now on, log tails start here: a child kept for another check
+        (``spares.give_back``) must not show the last check's lines in the next one's report."""
+        self._log_from = self.log_size()
+
     def log_tail(self, lines: int = 60) -> str:
         if self._log_fd is None:
             return ""
         try:
             size = os.fstat(self._log_fd).st_size
-            start = max(0, size - LOG_TAIL_BYTES)
+            start = max(self._log_from, size - LOG_TAIL_BYTES)
             text = os.pread(self._log_fd, size - start, start).decode(errors="replace")
         except OSError:
             return ""

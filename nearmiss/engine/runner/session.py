@@ -421,9 +421,16 @@ class _Executor(_Child):
     references; the input-independence probes follow once their references are drawn.
     """
 
-    def __init__(self, limits: Limits, platform: str, label: str = KERNEL_LABEL) -> None:
+    def __init__(
+        self, limits: Limits, platform: str, label: str = KERNEL_LABEL, keeps: bool = True
+    ) -> None:
         super().__init__(EXECUTOR_MODULE, EXECUTOR_PREFIX, limits, platform)
         self.label = label  # the check's kernel label (``audit.check_label``)
+        # Whether it may be kept for the next check (``release``): the runs' executor, never
+        # the target judge, which gives candidates' chip artifacts to native compilers.
+        self.keeps = keeps
+        self.started_under: tuple = ()  # ``spares.key`` when it was started or taken
+        self.from_spares = False
         self.ready = False
         self.work: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.thread: threading.Thread | None = None
@@ -451,7 +458,9 @@ class _Executor(_Child):
 
     def start(self) -> None:
         """A spare executor where the worker keeps them (``runner.spares``), else a new one."""
+        self.started_under = spares.key(EXECUTOR_MODULE, self.limits, self.platform)
         self.child = spares.take(EXECUTOR_MODULE, self.limits, self.platform)
+        self.from_spares = self.child is not None
         if self.child is None:
             super().start()
 
@@ -469,12 +478,27 @@ class _Executor(_Child):
             self.start()
         if self.ready:
             return ""
+        problem = self._await_ready()
+        if problem and self.from_spares:  # lost while it waited: the worker's loss, no finding
+            self.from_spares = False
+            super().start()
+            problem = self._await_ready()
+        return problem
+
+    def _await_ready(self) -> str:
         assert self.child is not None
         try:
-            self.child.receive(self.limits.import_timeout_s)  # "ready": engine code, no finding
+            message = self.child.receive(self.limits.import_timeout_s)  # engine code only
         except ChildFailure as exc:
             self.stop()
             return f"the executor did not start: {exc}"
+        if message["event"] != "ready":
+            self.stop()
+            return f"the executor did not start: it said {message['event']!r}"
+        assert self.child.process is not None
+        if self.child.process.poll() is not None:  # a spare's "ready", said before it died
+            self.stop()
+            return "the executor did not start: it died while it waited"
         self.ready = True
         return ""
 
@@ -592,8 +616,12 @@ class _Executor(_Child):
         ``spares`` for the next check where that is safe (``spares.give_back``), else it ends."""
         finished = self.thread is None or not self.thread.is_alive()
         child = self.child
-        healthy = self.ready and self.error is None and finished
-        if child is not None and healthy and spares.give_back(child, self.limits, self.platform):
+        healthy = self.keeps and self.ready and self.error is None and finished
+        if (
+            child is not None
+            and healthy
+            and spares.give_back(child, self.started_under, self.platform)
+        ):
             self.child, self.ready = None, False
             return
         self.stop()
@@ -1099,7 +1127,7 @@ def run_sandboxed(
     label = check_label()  # drawn now: nothing of the candidate's has run yet
     executor = _Executor(limits, platform, label)
     # Target compiles take seconds; they get their own executor, to overlap with the runs.
-    judge = _Executor(limits, platform, label)
+    judge = _Executor(limits, platform, label, keeps=False)
     runner = _CandidateRunner(candidate, limits, platform, entry, shown, label)
     if show_at is not None:  # the user's folder, where a checkout's candidate really lives
         runner.shows_code_at = show_at

@@ -26,16 +26,21 @@ Isolation is what it was for the children that hold a candidate's or a spec's co
 per check, the same sandbox, limits and namespaces, each closed (and its home removed) when its
 check ends; a spare is only started earlier.
 
-Executors on a CPU are kept for the next check instead (``give_back``): an executor never imports
-a candidate; it runs only exported artifacts that passed the audit (no host callback, no custom
-call it does not run today), and on a CPU such an artifact is plain XLA — it reads and writes
-its own buffers and nothing else of the process. So an executor that ended a check cleanly (it
-answered every request; none timed out, died or answered nonsense) holds nothing a later check
-could be told by: its home is emptied and ``reset`` makes it forget every artifact, verdict
-and compiled program before it says ``ready`` again. On an accelerator a kernel is the
-candidate's own machine code (Triton, Mosaic), which can write anywhere in the device's memory,
-so there every executor still serves one check. This saves each check the executors' JAX
-start-ups, the largest part of an executor's CPU.
+The executor that runs a check's artifacts is kept for the next check on a CPU instead
+(``give_back``): it never imports a candidate; it runs only exported artifacts that passed the
+audit and ``artifact.vetted`` (no host callback, no custom call it does not vouch for), and on a
+CPU such an artifact is plain XLA — it reads and writes its own buffers and nothing else of the
+process. So an executor that ended a check cleanly (it answered every request; none timed out,
+died, answered nonsense or breached a limit) holds nothing a later check could be told by: its
+home is emptied, its log read from that point on, and ``reset`` makes it forget every artifact,
+verdict and compiled program (and hand freed memory back) before it says ``ready`` again. Only
+where nothing else ran in it: the target judge, which gives the candidate's chip artifacts to
+libtpu's compiler and reads its Triton modules (native parsers no audit vets first), serves one
+check, as does every executor on an accelerator, where a kernel is the candidate's own machine
+code (Triton, Mosaic) that can write anywhere in the device's memory. A kept executor is
+retired once its log passes ``MAX_KEPT_LOG_BYTES``. One that is lost while it waits costs the
+next check a fresh start, never a finding (``session._Executor``). This saves a check the
+runs' executor's JAX start-up.
 
 Off unless ``enable()`` is called or ``kept()`` entered (workers: ``nearmiss worker`` and the
 worker a ``repair``/``fleet``/``demo`` command runs for itself; the benchmark): a one-shot
@@ -54,7 +59,7 @@ from pathlib import Path
 
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.runner.compile_cache import reference_cache_dir
-from nearmiss.engine.runner.environment import child_environment
+from nearmiss.engine.runner.environment import UNSAFE_ENV, child_environment
 from nearmiss.engine.runner.sandbox import ChildFailure, Limits, SandboxChild
 from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 from nearmiss.engine.runner.spec_sandbox import REFERENCE_MODULE, REFERENCE_PREFIX, start_spec_child
@@ -67,6 +72,10 @@ CANDIDATE_PREFIX = "nearmiss-candidate-"
 # one spec's child.
 DEPTH = {EXECUTOR_MODULE: 2, CANDIDATE_MODULE: 1, REFERENCE_MODULE: 1}
 PREFIX = {EXECUTOR_MODULE: EXECUTOR_PREFIX, CANDIDATE_MODULE: CANDIDATE_PREFIX}
+
+# A kept executor's log (its stderr, the engine reads the tail) grows with every check it serves:
+# past this it is retired rather than kept.
+MAX_KEPT_LOG_BYTES = 16 * 1024**2
 
 # About how many cores one check keeps busy: the spec's child and the candidate's side by side.
 CORES_PER_CHECK = 2
@@ -117,14 +126,16 @@ def kept():
             disable()
 
 
-def _key(module: str, limits: Limits, platform: str) -> tuple:
-    # What a child is started with (sandbox.SandboxChild): its module, memory and process
-    # limits, platform, the variables it inherits (JAX_ENABLE_X64, XLA_FLAGS: set between two
-    # checks, they must reach the second) and (the spec's child) the compile cache bound in;
-    # the time limits are the engine's side and apply to whoever takes it.
+def key(module: str, limits: Limits, platform: str) -> tuple:
+    """What a child started now is started with (sandbox.SandboxChild): its module, memory and
+    process limits, platform, whether it is sandboxed at all (``--unsafe-no-sandbox``), the
+    variables it inherits (JAX_ENABLE_X64, XLA_FLAGS: set between two checks, they must reach
+    the second) and (the spec's child) the compile cache bound in. The time limits are the
+    engine's side and apply to whoever takes it."""
     cache = str(reference_cache_dir() or "")
     inherited = tuple(sorted(child_environment(Path("/")).items()))
-    return (module, limits.memory_mb, limits.max_tasks, platform, cache, inherited)
+    unsafe = os.environ.get(UNSAFE_ENV, "")
+    return (module, limits.memory_mb, limits.max_tasks, platform, cache, unsafe, inherited)
 
 
 def _start(module: str, limits: Limits, platform: str) -> SandboxChild:
@@ -148,7 +159,7 @@ def take(module: str, limits: Limits, platform: str) -> SandboxChild | None:
     none."""
     found, dead = None, []
     with _lock:
-        waiting = _spares.get(_key(module, limits, platform), [])
+        waiting = _spares.get(key(module, limits, platform), [])
         while waiting and found is None:
             child = waiting.pop(0)
             alive = child.process is not None and child.process.poll() is None
@@ -161,29 +172,35 @@ def take(module: str, limits: Limits, platform: str) -> SandboxChild | None:
     return found
 
 
-def give_back(child: SandboxChild, limits: Limits, platform: str) -> bool:
-    """Keep an executor that ended its check cleanly for the next check (see the module's
-    docstring for why that is safe on a CPU): its home emptied, asked to ``reset``. False where
-    it is not kept (the caller closes it): spares off, not a CPU, dead, or enough waiting."""
-    if not (_enabled or _keep_executors) or child.module != EXECUTOR_MODULE or platform != "cpu":
+def give_back(child: SandboxChild, started_under: tuple, platform: str) -> bool:
+    """Keep the runs' executor of a check that ended cleanly for the next check (see the
+    module's docstring for why that is safe on a CPU), under the ``key`` it was started with:
+    its home emptied, its log read from here on, asked to ``reset``. False where it is not kept
+    (the caller closes it): not kept in this process, not a CPU, dead, its starting thread gone,
+    a limit breached, its log grown past ``MAX_KEPT_LOG_BYTES``, or enough waiting."""
+    if child.module != EXECUTOR_MODULE or platform != "cpu" or not (_enabled or _keep_executors):
         return False
     if child.process is None or child.process.poll() is not None:
         return False
     if not child.started_by.is_alive():  # --die-with-parent: it dies with that thread
         return False
-    with _lock:
-        waiting = _spares.setdefault(_key(EXECUTOR_MODULE, limits, platform), [])
-        if len(waiting) >= DEPTH[EXECUTOR_MODULE]:
-            return False
+    if child.group is not None and child.group.breaches():  # its counts only ever rise
+        return False
+    if child.log_size() > MAX_KEPT_LOG_BYTES:
+        return False
     try:
         for entry in list(child.home.iterdir()):
             remove_tree(entry)
         if any(child.home.iterdir()):
             return False
+        child.forget_log()
         child.send(cmd="reset")  # its "ready" is the first thing the next check reads
     except (OSError, ChildFailure):
         return False
     with _lock:
+        waiting = _spares.setdefault(started_under, [])
+        if not (_enabled or _keep_executors) or len(waiting) >= DEPTH[EXECUTOR_MODULE]:
+            return False
         waiting.append(child)
     return True
 
@@ -196,7 +213,7 @@ def refill(limits: Limits, platform: str) -> None:
         return
     with _lock:
         for module, depth in DEPTH.items():
-            waiting = _spares.setdefault(_key(module, limits, platform), [])
+            waiting = _spares.setdefault(key(module, limits, platform), [])
             while len(waiting) < depth:
                 try:
                     waiting.append(_start(module, limits, platform))
