@@ -387,3 +387,20 @@ def test_an_executor_started_unsandboxed_never_serves_a_sandboxed_check(monkeypa
     report = check(MATMUL / "spec.py", golden, "compact", 2)
     assert report.certified and "bubblewrap" in report.isolation
     assert not set(taken) & set(unsandboxed)
+
+
+def test_an_executor_that_ran_native_code_is_not_kept(golden):
+    """An artifact that calls native code (here XLA's LAPACK, which the executor runs) is not
+    plain XLA: the executor that ran it ends with its check."""
+    spares.close_all()
+    candidate = golden.parent / "with_lapack.py"
+    wrapper = (
+        "\n_pallas_kernel = kernel\n\n\ndef kernel(x, y):\n"
+        "    q, _ = jnp.linalg.qr(jnp.eye(2, dtype=jnp.float32))\n"
+        "    return _pallas_kernel(x, y) * jnp.abs(q[0, 0])\n"
+    )
+    candidate.write_text(golden.read_text() + wrapper)
+    check(MATMUL / "spec.py", candidate, "compact", 1, integrity="off")
+    assert spares.waiting_pids(spares.EXECUTOR_MODULE) == []
+    assert check(MATMUL / "spec.py", golden, "compact", 1).certified
+    assert spares.waiting_pids(spares.EXECUTOR_MODULE)  # a plain artifact's executor is kept

@@ -87,8 +87,13 @@ class _Prepared:
     def __init__(self, data: bytes, args: list, label: str) -> None:
         import jax
 
+        from nearmiss.engine.integrity.audit import GLUE_TARGETS, custom_call_targets
+
         self.exported, module, _context = vetted(data, args)
         self.audit, self.audit_error = _audit(module, self.exported, label)
+        # Native code it calls (a kernel on a device, XLA's LAPACK or FFT): vouched for to run,
+        # but not plain XLA, so this executor is not kept for another check after it.
+        self.native = any(t not in GLUE_TARGETS for t in custom_call_targets(module))
         started = time.perf_counter()
         self.compiled = jax.jit(self.exported.call).lower(*args).compile()
         self.compile_s = time.perf_counter() - started
@@ -130,6 +135,7 @@ def run_artifact(request: dict) -> dict:
             _PREPARED[digest] = _Prepared(data, args, requested_label(request.get("label")))
             result["compile_s"] = _PREPARED[digest].compile_s
         prepared = _PREPARED[digest]
+        result["native"] = prepared.native
         check_signature(prepared.exported, args)
         if request.get("audit"):
             result["audit"], result["audit_error"] = prepared.audit, prepared.audit_error

@@ -527,6 +527,8 @@ class _Executor(_Child):
         )
         if message is None:
             return
+        if message.get("native") is not False:  # native code ran here: not kept (``release``)
+            self.keeps = False
         try:
             compile_s = _seconds(message.get("compile_s"))
             if compile_s is not None:
