@@ -35,10 +35,11 @@ died, answered nonsense or breached a limit) holds nothing a later check could b
 home is emptied, its log read from that point on, and ``reset`` makes it forget every artifact,
 verdict and compiled program (and hand freed memory back) before it says ``ready`` again. Only
 where nothing else ran in it: not after an artifact that calls native code (XLA's LAPACK or
-FFT: vouched for to run, not plain XLA); and the target judge, which gives the candidate's chip artifacts to
-libtpu's compiler and reads its Triton modules (native parsers no audit vets first), serves one
-check, as does every executor on an accelerator, where a kernel is the candidate's own machine
-code (Triton, Mosaic) that can write anywhere in the device's memory. A kept executor is
+FFT: vouched for to run, not plain XLA). The target judge, which gives the candidate's chip
+artifacts to libtpu's compiler and reads its Triton modules (native parsers no audit vets
+first), serves one check, as does every executor on an accelerator, where a kernel is the
+candidate's own machine code (Triton, Mosaic) that can write anywhere in the device's memory.
+A kept executor is
 retired once its log passes ``MAX_KEPT_LOG_BYTES``. One that is lost while it waits costs the
 next check a fresh start, never a finding (``session._Executor``). This saves a check the
 runs' executor's JAX start-up.
