@@ -204,6 +204,7 @@ def test_a_spare_that_dies_once_handed_out_costs_a_restart_not_a_finding(
     spec's description, an executor's ready — a kept one's too): the check starts a child for
     it and certifies, as it would have without spares — neither the candidate nor the spec is
     blamed for the worker's loss."""
+    spares.close_all()  # none kept from an earlier test: only this test's spares are killed
     original = spares.take
     killed = []
 
