@@ -437,12 +437,14 @@ class _Executor(_Child):
         self.error: BaseException | None = None
 
     def submit(self, job: Callable[[], None]) -> None:
-        if self.child is None:
-            # Started on the check's thread, never the stage's: bubblewrap's --die-with-parent
-            # kills a child when the *thread* that started it ends, and this one ends with the
-            # check, which would kill an executor kept for the next check (``release``).
-            self.start()
         if self.thread is None:
+            if self.child is None:
+                # Started on the check's thread, not the stage's: bubblewrap's
+                # --die-with-parent kills a child when the *thread* that started it ends, and
+                # the stage's ends with the check, which would kill an executor kept for the
+                # next check (``release``). Only while no stage thread runs: once one does, a
+                # child it stopped is restarted there (``_started``), by one thread only.
+                self.start()
             self.thread = threading.Thread(target=self._serve, daemon=True)
             self.thread.start()
         self.work.put(job)
