@@ -32,13 +32,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from throwaway import CLI, ROOT, baseline_worktree
+
 KERNELS = [
     ("softmax_rows", "golden.py"),
     ("softmax_rows", "variants/floor_grid.py"),
 ]
 UNIT = "import jax; jax.block_until_ready(jax.jit(lambda x: x + 1)(1.0))"
-ONE_SHOT = "import sys; from nearmiss.cli.main import main; sys.argv[0] = 'nearmiss'; main()"
 # Checks one after another in one process, executors kept where this tree keeps them.
 WORKER = """
 import sys
@@ -108,13 +108,10 @@ def main() -> None:
         group = CpuGroup(f"nearmiss-bench-{os.getpid()}")
     except OSError as exc:
         raise SystemExit(f"check_cpu: cannot make a cgroup ({exc.strerror}): run as root") from exc
-    with tempfile.TemporaryDirectory(prefix="nearmiss-bench-") as scratch:
-        baseline = Path(scratch) / "baseline"
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", "-q", str(baseline), args.baseline],
-            cwd=ROOT,
-            check=True,
-        )
+    with (
+        tempfile.TemporaryDirectory(prefix="nearmiss-bench-") as scratch,
+        baseline_worktree(args.baseline, Path(scratch) / "baseline") as baseline,
+    ):
         trees = {"this tree": ROOT, args.baseline: baseline}
         try:
             unit = statistics.median(
@@ -132,7 +129,7 @@ def main() -> None:
                         tree_env = {**env, "PYTHONPATH": str(tree)}
                         # A cache of its own per run: every check draws and computes afresh.
                         tree_env["NEARMISS_CACHE_DIR"] = str(Path(scratch) / f"c{attempt}{name}")
-                        check = [ONE_SHOT, "check", str(spec), str(candidate), "--seed", "1"]
+                        check = [CLI, "check", str(spec), str(candidate), "--seed", "1"]
                         one_shot[name].append(
                             group.cpu_s([sys.executable, "-c", *check], tree, tree_env)
                         )
@@ -174,9 +171,6 @@ def main() -> None:
                     f"in a worker {mine[3] / old[3]:.2f}x"
                 )
         finally:
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", str(baseline)], cwd=ROOT, check=False
-            )
             group.remove()
 
 

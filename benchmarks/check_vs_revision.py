@@ -23,14 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from throwaway import CLI, ROOT, baseline_worktree
+
 KERNELS = [
     ("softmax_rows", "golden.py"),
     ("softmax_rows", "variants/floor_grid.py"),
     ("matmul", "golden.py"),
     ("matmul", "variants/missing_init.py"),
 ]
-CHECK = "import sys; from nearmiss.cli.main import main; sys.argv[0] = 'nearmiss'; main()"
 
 
 def timed_check(
@@ -40,7 +40,7 @@ def timed_check(
     spec, candidate = ROOT / "pallas_ops" / op / "spec.py", ROOT / "pallas_ops" / op / kernel
     started = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-c", CHECK, "check", str(spec), str(candidate), *extra],
+        [sys.executable, "-c", CLI, "check", str(spec), str(candidate), *extra],
         cwd=tree,
         env={**env, "PYTHONPATH": str(tree)},
         stdout=subprocess.DEVNULL,
@@ -58,49 +58,39 @@ def main() -> None:
     extra = ("--target", args.target) if args.target else ()
     # Only the CPU backend for both trees: an older tree does not ask for it itself.
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    with tempfile.TemporaryDirectory(prefix="nearmiss-bench-") as scratch:
-        baseline = Path(scratch) / "baseline"
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", "-q", str(baseline), args.baseline],
-            cwd=ROOT,
-            check=True,
-        )
-        try:
-            warm_cache = Path(scratch) / "warm-cache"
-            rows = []
-            for op, kernel in KERNELS:
-                timed_check(ROOT, op, kernel, {**env, "NEARMISS_CACHE_DIR": str(warm_cache)}, extra)
-                old, cold, warm = [], [], []
-                for attempt in range(args.repeat):
-                    fresh = Path(scratch) / f"cold-{op}-{attempt}"
-                    old.append(timed_check(baseline, op, kernel, env, extra))
-                    cold.append(
-                        timed_check(
-                            ROOT, op, kernel, {**env, "NEARMISS_CACHE_DIR": str(fresh)}, extra
-                        )
-                    )
-                    warm.append(
-                        timed_check(
-                            ROOT, op, kernel, {**env, "NEARMISS_CACHE_DIR": str(warm_cache)}, extra
-                        )
-                    )
-                o, c, w = (statistics.median(x) for x in (old, cold, warm))
-                rows.append((f"{op}/{kernel}", o, c, w))
-                print(
-                    f"{op}/{kernel}: baseline {o:.2f} s, cold {c:.2f} s ({c / o:.2f}x), "
-                    f"warm {w:.2f} s ({w / o:.2f}x)",
-                    flush=True,
+    with (
+        tempfile.TemporaryDirectory(prefix="nearmiss-bench-") as scratch,
+        baseline_worktree(args.baseline, Path(scratch) / "baseline") as baseline,
+    ):
+        warm_cache = Path(scratch) / "warm-cache"
+        rows = []
+        for op, kernel in KERNELS:
+            timed_check(ROOT, op, kernel, {**env, "NEARMISS_CACHE_DIR": str(warm_cache)}, extra)
+            old, cold, warm = [], [], []
+            for attempt in range(args.repeat):
+                fresh = Path(scratch) / f"cold-{op}-{attempt}"
+                old.append(timed_check(baseline, op, kernel, env, extra))
+                cold.append(
+                    timed_check(ROOT, op, kernel, {**env, "NEARMISS_CACHE_DIR": str(fresh)}, extra)
                 )
-            cold_ratio = statistics.median(c / o for _, o, c, _ in rows)
-            warm_ratio = statistics.median(w / o for _, o, _, w in rows)
+                warm.append(
+                    timed_check(
+                        ROOT, op, kernel, {**env, "NEARMISS_CACHE_DIR": str(warm_cache)}, extra
+                    )
+                )
+            o, c, w = (statistics.median(x) for x in (old, cold, warm))
+            rows.append((f"{op}/{kernel}", o, c, w))
             print(
-                f"\nmedian ratio to {args.baseline}: cold cache {cold_ratio:.2f}x, "
-                f"warm cache {warm_ratio:.2f}x (median of {args.repeat}, alternated)"
+                f"{op}/{kernel}: baseline {o:.2f} s, cold {c:.2f} s ({c / o:.2f}x), "
+                f"warm {w:.2f} s ({w / o:.2f}x)",
+                flush=True,
             )
-        finally:
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", str(baseline)], cwd=ROOT, check=False
-            )
+        cold_ratio = statistics.median(c / o for _, o, c, _ in rows)
+        warm_ratio = statistics.median(w / o for _, o, _, w in rows)
+        print(
+            f"\nmedian ratio to {args.baseline}: cold cache {cold_ratio:.2f}x, "
+            f"warm cache {warm_ratio:.2f}x (median of {args.repeat}, alternated)"
+        )
 
 
 if __name__ == "__main__":
