@@ -18,7 +18,7 @@ is measured on the artifact itself.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from nearmiss.engine.integrity.audit import (
     CALLBACK_TARGETS,
@@ -98,26 +98,34 @@ def check_signature(exported: Any, inputs: list[Any]) -> None:
         raise ArtifactRejected(f"the artifact takes {actual}, the case gives {expected}")
 
 
-def refuse_unrunnable(module: Any) -> None:
+def refuse_unrunnable(module: Any) -> set[str]:
     """Refuse custom calls the executor cannot vouch for (host callbacks, unknown targets) and
-    code chosen by platform at lowering (run here, but not what a chip is given)."""
+    code chosen by platform at lowering (run here, but not what a chip is given). Returns the
+    custom calls it lets through."""
     branches = platform_branches(module)
     if branches:
         raise ArtifactRejected(PLATFORM_BRANCH_REFUSAL.format(count=branches))
-    for target in sorted(custom_call_targets(module)):
+    targets = custom_call_targets(module)
+    for target in sorted(targets):
         if target in CALLBACK_TARGETS:
             raise ArtifactRejected(f"the artifact calls back into the host (`{target}`)")
         if not target.startswith(RUNNABLE_TARGET_PREFIXES):
             raise ArtifactRejected(f"the artifact calls an unknown custom call `{target}`")
+    return targets
 
 
-def vetted(data: bytes, args: list[Any]) -> tuple[Any, Any, Any]:
+class Vetted(NamedTuple):
+    exported: Any  # the deserialized ``Exported``
+    module: Any  # its parsed module...
+    context: Any  # ...and the MLIR context that keeps it alive
+    custom_calls: set[str]  # the custom calls it makes, every one vouched for
+
+
+def vetted(data: bytes, args: list[Any]) -> Vetted:
     """An artifact made ready to run on ``args`` in an executor: deserialized, its signature
-    theirs, and nothing in its module the executor cannot vouch for (``refuse_unrunnable``).
-    Returns the ``Exported``, its parsed module and the MLIR context that keeps the module alive;
+    theirs, and nothing in its module the executor cannot vouch for (``refuse_unrunnable``);
     ArtifactRejected otherwise."""
     exported = load_artifact(data)
     check_signature(exported, args)
     module, context = parse_module(exported.mlir_module())
-    refuse_unrunnable(module)
-    return exported, module, context
+    return Vetted(exported, module, context, refuse_unrunnable(module))

@@ -87,13 +87,14 @@ class _Prepared:
     def __init__(self, data: bytes, args: list, label: str) -> None:
         import jax
 
-        from nearmiss.engine.integrity.audit import GLUE_TARGETS, custom_call_targets
+        from nearmiss.engine.integrity.audit import GLUE_TARGETS
 
-        self.exported, module, _context = vetted(data, args)
-        self.audit, self.audit_error = _audit(module, self.exported, label)
+        artifact = vetted(data, args)
+        self.exported = artifact.exported
+        self.audit, self.audit_error = _audit(artifact.module, self.exported, label)
         # Native code it calls (a kernel on a device, XLA's LAPACK or FFT): vouched for to run,
         # but not plain XLA, so this executor is not kept for another check after it.
-        self.native = any(t not in GLUE_TARGETS for t in custom_call_targets(module))
+        self.native = any(t not in GLUE_TARGETS for t in artifact.custom_calls)
         started = time.perf_counter()
         self.compiled = jax.jit(self.exported.call).lower(*args).compile()
         self.compile_s = time.perf_counter() - started

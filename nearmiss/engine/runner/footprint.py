@@ -420,5 +420,5 @@ def _footprint_marks(path: Any, inputs: Any) -> list[np.ndarray]:
     from nearmiss.engine.runner.artifact import read_artifact, vetted
 
     args = [jnp.asarray(a) for a in load_arrays(inputs)[0]]
-    exported, _module, _context = vetted(read_artifact(path), args)
+    exported = vetted(read_artifact(path), args).exported
     return [np.asarray(a) for a in exported.call(*args)]
