@@ -40,6 +40,9 @@ from nearmiss.events import (
     RepairFinished,
     parse,
 )
+
+# Re-exported: their home is workflows.guards (a light module the command line imports).
+from workflows.guards import WORKER_WAIT_S as WORKER_WAIT_S
 from workflows.guards import Guards
 from workflows.models import FixOutcome, RepairResult, RetrieveResult, TokenUsage
 

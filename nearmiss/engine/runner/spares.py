@@ -39,10 +39,9 @@ FFT: vouched for to run, not plain XLA). The target judge, which gives the candi
 artifacts to libtpu's compiler and reads its Triton modules (native parsers no audit vets
 first), serves one check, as does every executor on an accelerator, where a kernel is the
 candidate's own machine code (Triton, Mosaic) that can write anywhere in the device's memory.
-A kept executor is
-retired once its log passes ``MAX_KEPT_LOG_BYTES``. One that is lost while it waits costs the
-next check a fresh start, never a finding (``session._Executor``). This saves a check the
-runs' executor's JAX start-up.
+A kept executor is retired once its log passes ``MAX_KEPT_LOG_BYTES``. One that is lost while
+it waits costs the next check a fresh start, never a finding (``session._Executor``). This
+saves a check the runs' executor's JAX start-up.
 
 Off unless ``enable()`` is called or ``kept()`` entered (workers: ``nearmiss worker`` and the
 worker a ``repair``/``fleet``/``demo`` command runs for itself; the benchmark): a one-shot
