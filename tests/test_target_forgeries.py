@@ -26,6 +26,7 @@ DOUBLE_SPEC = PLANTED / "tpu_spec" / "spec.py"
 CUMSUM_SPEC = OPS / "cumsum_rows" / "spec.py"
 COL_SUM_SPEC = OPS / "col_sum" / "spec.py"
 SHIFT_SPEC = FORGERIES / "target_shift_spec.py"
+LEAKY_RELU_SPEC = OPS / "leaky_relu" / "spec.py"
 
 
 @pytest.fixture
@@ -387,6 +388,19 @@ def test_a_block_triton_cannot_hold_is_refused_for_gpu_with_its_shape_and_line()
     assert f"gpu_block_not_power_of_two.py:{line_of('pl.pallas_call(', forgery.name)}" in (
         gpu.error
     )
+
+
+def test_a_mosaic_gpu_kernel_is_lowered_by_mosaic_gpu_and_its_refusal_has_the_line(tmp_path):
+    # Left unverified for gpu ("not lowered without a GPU") before the check ran that lowering.
+    forgery = FORGERIES / "gpu_mosaic_narrow_block.py"
+    gpu = refused_on_gpu(LEAKY_RELU_SPEC, forgery, "compact", "compile_error")
+    assert "Mosaic GPU's lowering: Async copies require" in gpu.error, gpu.error
+    assert f"gpu_mosaic_narrow_block.py:{line_of('pl.pallas_call(', forgery.name)}" in gpu.error
+    # The same kernel with 128 columns a block: lowered, read back by the executor, certified.
+    wide = tmp_path / "gpu_mosaic_wide_block.py"
+    wide.write_text(forgery.read_text().replace("BLOCK_C = 32, 2", "BLOCK_C = 32, 128"))
+    report = check(LEAKY_RELU_SPEC, wide, "all", 1, targets=("interpret", "gpu"))
+    assert report.certified, report.diagnosis
 
 
 def test_a_kernel_that_tells_a_ragged_blocks_tail_by_nan_is_refused_for_gpu():

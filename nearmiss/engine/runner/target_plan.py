@@ -7,9 +7,10 @@
 - ``gpu`` alone on a machine whose GPU answers (``targets.run_platform``): the check runs there,
   every pallas_call compiled by the GPU's compiler (Triton, else Mosaic GPU), so the cases' own
   numbers are the target's verdict; nothing more is lowered.
-- ``gpu`` elsewhere: lowered by Pallas' Triton lowering in the candidate child and read by the
-  executor (``targets.triton``: a refusal is the target's), each case run as a GPU computes
-  (TF32 dots, values nobody wrote where a block runs past its array), and its grid judged: the
+- ``gpu`` elsewhere: lowered by Pallas' Triton lowering (Mosaic GPU's, for a kernel that asks
+  for it) in the candidate child and read by the executor (``targets.triton``: a refusal is
+  the target's), each case run as a GPU computes (TF32 dots, values nobody wrote where a block
+  runs past its array), and its grid judged: the
   kernel's BlockSpecs are read from a TPU lowering, and two grid programs writing one output
   block are a race, because GPU grid programs run concurrently — unless what each program
   stores, run on the case's inputs (``runner.footprint``), shows no element stored twice. That
@@ -53,8 +54,9 @@ class TargetPlan:
             )
         if self.semantics == GPU:
             return (
-                "lowered by Pallas' Triton lowering (no GPU compile), grid checked, numbers "
-                "emulated as a GPU computes (TF32 dots) and fills memory (no GPU run)"
+                "lowered by Pallas' Triton or Mosaic GPU lowering (no GPU compile), grid "
+                "checked, numbers emulated as a GPU computes (TF32 dots) and fills memory (no "
+                "GPU run)"
             )
         return "numbers checked in CPU interpret mode"
 

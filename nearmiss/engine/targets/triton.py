@@ -7,7 +7,10 @@ what Triton cannot do: block shapes whose size is not a power of two, scratch me
 prefetch, TPU compiler parameters (a ``pltpu.CompilerParams`` kernel is lowered for TPU only),
 operations without a Triton rule. Pallas only reaches that step through its GPU registration,
 which imports the CUDA plugin, so the engine calls it itself, per pallas_call, with the checks
-that registration makes first.
+that registration makes first. A kernel that asks for Mosaic GPU (``plgpu.CompilerParams`` of
+``pallas.mosaic_gpu``) goes through Mosaic GPU's lowering instead, which is Python over jaxlib's
+Mosaic GPU dialect too (``lower_pipelined_jaxpr_to_module``) and refuses what its TMA copies,
+layouts and warpgroup rules cannot do.
 
 Two halves, for the two sides of the sandbox, as for TPU targets (``targets.tpu``):
 
@@ -15,10 +18,11 @@ Two halves, for the two sides of the sandbox, as for TPU targets (``targets.tpu`
   writes each Triton module as text, with its source locations; a refusal, trimmed to the
   candidate's line, counts against the candidate;
 - the executor child (``read_triton_modules``), engine code that never imports the candidate,
-  parses those modules with the Triton dialect, has MLIR verify them, and holds every tensor to
-  Triton's power-of-two rule itself; it lists the dots that run in TF32 (``inputPrecision =
-  tf32``: Pallas' Triton lowering gives a float32 dot at DEFAULT or HIGH precision TF32
-  operands). A module the executor cannot read leaves the target undetermined.
+  parses those modules with the Triton dialect (a Mosaic GPU module, marked by its
+  ``mosaic_gpu.arch_major`` attribute, with Mosaic GPU's), has MLIR verify them, and holds every
+  Triton tensor to Triton's power-of-two rule itself; it lists the dots that run in TF32
+  (``inputPrecision = tf32``: Pallas' Triton lowering gives a float32 dot at DEFAULT or HIGH
+  precision TF32 operands). A module the executor cannot read leaves the target undetermined.
 
 Read from Pallas' Triton lowering: a BlockSpec block is loaded and stored whole, unmasked, so a
 block that runs past its array's end (a ragged last block) reads and writes memory past it on
@@ -37,6 +41,9 @@ from nearmiss.engine.targets.errors import candidate_locations, trim_error, trim
 # falls back to without a GPU (``pallas_call_registration``).
 COMPUTE_CAPABILITY = 90
 TRITON_FILE = "triton.mlir"
+# How a refusal names the lowering that made it.
+TRITON = "Pallas' Triton lowering"
+MOSAIC_GPU = "Mosaic GPU's lowering"
 # Between modules in ``TRITON_FILE``: a line no MLIR printer writes.
 MODULE_SEPARATOR = "\n// ---- nearmiss: next kernel ----\n"
 
@@ -47,7 +54,7 @@ def _refusal_before_lowering(params: dict[str, Any]) -> str | None:
 
     compiler_params = params.get("compiler_params")
     if _asks_for_mosaic_gpu(params):
-        return None  # Mosaic GPU's: not Triton's to judge (``lower_for_triton``)
+        return None  # Mosaic GPU's lowering judges it (``_lower_for_mosaic_gpu``)
     if compiler_params is not None and not isinstance(compiler_params, triton_core.CompilerParams):
         return (
             f"its compiler parameters ({type(compiler_params).__name__} of "
@@ -61,9 +68,54 @@ def _refusal_before_lowering(params: dict[str, Any]) -> str | None:
 
 
 def _asks_for_mosaic_gpu(params: dict[str, Any]) -> bool:
-    """Whether a pallas_call's compiler parameters are Mosaic GPU's (not lowered here)."""
-    compiler_params = params.get("compiler_params")
-    return compiler_params is not None and ".mosaic_gpu." in f"{type(compiler_params).__module__}."
+    """Whether a pallas_call asks for Mosaic GPU: its compiler parameters or its mesh are
+    ``pallas.mosaic_gpu``'s (``plgpu.CompilerParams``, ``plgpu.Mesh``)."""
+    return any(
+        value is not None and ".mosaic_gpu." in f"{type(value).__module__}."
+        for value in (params.get("compiler_params"), params.get("mesh"))
+    )
+
+
+# What Mosaic GPU's lowering is given, by name: the grid, the kernel's mesh, the JAX mesh it
+# runs under (none: one device), the body, the compiler parameters, no cost estimate.
+_MOSAIC_GPU_ARGUMENTS = ("grid_mapping", "gpu_mesh", "jax_mesh", "jaxpr", "params", "cost_estimate")
+
+
+def _mosaic_gpu_lowering() -> Any:
+    """Mosaic GPU's lowering function, once this JAX is known to take what the engine gives it;
+    raises (the engine's own step failed, not the candidate) where it does not."""
+    import inspect
+
+    from jax._src.pallas.mosaic_gpu import lowering
+
+    takes = inspect.signature(lowering.lower_pipelined_jaxpr_to_module).parameters
+    missing = [name for name in _MOSAIC_GPU_ARGUMENTS if name not in takes]
+    if missing:
+        raise RuntimeError(f"Mosaic GPU's lowering takes no {', '.join(missing)} in this JAX")
+    return lowering.lower_pipelined_jaxpr_to_module
+
+
+def _lower_for_mosaic_gpu(lower: Any, params: dict[str, Any]) -> str:
+    """One pallas_call through Mosaic GPU's lowering (``lower``), as its GPU registration calls
+    it (``pallas_call_registration``), in an MLIR context of its own: the module's text."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.pallas.mosaic_gpu import core as gpu_core
+    from jax.experimental.mosaic import gpu as mosaic_gpu
+
+    with mlir.make_ir_context() as context, ir.Location.unknown():
+        mosaic_gpu.dialect.register_dialect(context)
+        result = lower(
+            grid_mapping=params["grid_mapping"],
+            gpu_mesh=params.get("mesh"),
+            jax_mesh=None,
+            jaxpr=params["jaxpr"],
+            params=params.get("compiler_params") or gpu_core.CompilerParams(),
+            cost_estimate=None,
+        )
+        return str(
+            result.module.operation.get_asm(enable_debug_info=True, print_generic_op_form=True)
+        )
 
 
 def _module_context() -> Any:
@@ -85,14 +137,16 @@ def _module_context() -> Any:
 
 
 def lower_for_triton(closed: Any, candidate: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Every pallas_call of ``closed`` (a ClosedJaxpr) through Pallas' Triton lowering:
-    ``{"ok": True, "modules": [text, ...], "mosaic_gpu": n}`` (``mosaic_gpu``: kernels that
-    ask for Mosaic GPU, not lowered here), or ``{"ok": False, "error": one line}``."""
+    """Every pallas_call of ``closed`` (a ClosedJaxpr) through Pallas' Triton lowering, or
+    Mosaic GPU's where the kernel asks for it: ``{"ok": True, "modules": [text, ...],
+    "mosaic_gpu": n}`` (``mosaic_gpu``: how many of the modules are Mosaic GPU's), or
+    ``{"ok": False, "error": one line}``. Raises where the engine's own step fails."""
     from jax._src.pallas.triton import lowering
 
     from nearmiss.engine.jaxpr_walk import iter_eqns
 
-    modules, mosaic_gpu = [], 0
+    modules: list[str] = []
+    mosaic_gpu, lower_mosaic_gpu = 0, None
     for eqn in iter_eqns(closed.jaxpr):
         if eqn.primitive.name != "pallas_call":
             continue
@@ -100,8 +154,13 @@ def lower_for_triton(closed: Any, candidate: str | os.PathLike | None = None) ->
         refusal = _refusal_before_lowering(params)
         where = _kernel_line(eqn, candidate)
         if refusal:
-            return {"ok": False, "error": f"{refusal}{where}"}
+            return {"ok": False, "error": f"{TRITON}: {refusal}{where}"}
         if _asks_for_mosaic_gpu(params):
+            lower_mosaic_gpu = lower_mosaic_gpu or _mosaic_gpu_lowering()
+            try:
+                modules.append(_lower_for_mosaic_gpu(lower_mosaic_gpu, params))
+            except Exception as exc:  # Mosaic GPU's refusal, whatever it raises
+                return {"ok": False, "error": _refusal_words(MOSAIC_GPU, exc, candidate, where)}
             mosaic_gpu += 1
             continue
         try:
@@ -113,17 +172,29 @@ def lower_for_triton(closed: Any, candidate: str | os.PathLike | None = None) ->
                 _module_context(),
             )
             modules.append(
-                result.module.operation.get_asm(enable_debug_info=True, print_generic_op_form=True)
+                str(
+                    result.module.operation.get_asm(
+                        enable_debug_info=True, print_generic_op_form=True
+                    )
+                )
             )
             store = unmasked_store_past_the_end(params)
             if store:
-                return {"ok": False, "error": f"{store}{where}"}
+                return {"ok": False, "error": f"{TRITON}: {store}{where}"}
         except Exception as exc:  # the lowering's refusal, whatever it raises
-            text = _power_of_two_words(str(exc)) or trim_exception(exc, candidate)
-            if candidate is not None and os.path.basename(str(candidate)) not in text:
-                text += where
-            return {"ok": False, "error": text}
+            return {"ok": False, "error": _refusal_words(TRITON, exc, candidate, where)}
     return {"ok": True, "modules": modules, "mosaic_gpu": mosaic_gpu}
+
+
+def _refusal_words(
+    lowering: str, exc: Exception, candidate: str | os.PathLike | None, where: str
+) -> str:
+    """A lowering's refusal in one line, named by its lowering, with the candidate's line
+    where it has none."""
+    text = _power_of_two_words(str(exc)) or trim_exception(exc, candidate)
+    if candidate is not None and os.path.basename(str(candidate)) not in text:
+        text += where
+    return f"{lowering}: {text}"
 
 
 def unmasked_store_past_the_end(params: dict[str, Any]) -> str | None:
@@ -232,28 +303,23 @@ _TF32_DOT = re.compile(r"\"tt\.dot\"\(.*inputPrecision = 0 : i32.* loc\((?P<loc>
 
 
 def read_triton_modules(text: str, candidate: str | None = None) -> dict[str, Any]:
-    """The candidate child's Triton modules, read by the engine: ``{"ok", "error", "tf32"}``.
-    ``ok`` False with an ``error`` where a module does not parse or verify with the Triton
-    dialect, or holds a tensor whose size is not a power of two (Triton's rule: its lowering
-    refuses such blocks); ``tf32``: the source lines of the dots that run in TF32."""
-    from jax._src.interpreters import mlir
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.triton import dialect as tt_dialect
-
+    """The candidate child's GPU modules, read by the engine: ``{"ok", "error", "tf32",
+    "kernels", "mosaic_gpu"}``. ``ok`` False with an ``error`` where a module does not parse or
+    verify with its dialect, or a Triton module holds a tensor whose size is not a power of two
+    (Triton's rule: its lowering refuses such blocks); ``tf32``: the source lines of the dots
+    that run in TF32; ``mosaic_gpu``: how many modules are Mosaic GPU's."""
     modules = [m for m in text.split(MODULE_SEPARATOR) if m.strip()]
     tf32: list[str] = []
+    mosaic_gpu = 0
     for module_text in modules:
-        context = mlir.JaxIrContext()
-        context.append_dialect_registry(mlir.upstream_dialects)
-        tt_dialect.register_dialect(context)
-        context.load_all_available_dialects()
-        with context:
-            module = ir.Module.parse(module_text)
-            if not module.operation.verify():
-                return {"ok": False, "error": "a Triton module does not verify"}
-            generic = str(
-                module.operation.get_asm(enable_debug_info=True, print_generic_op_form=True)
-            )
+        is_mosaic_gpu = _MOSAIC_GPU_MODULE in module_text
+        generic = _parsed_and_verified(module_text, is_mosaic_gpu)
+        if generic is None:
+            kind = "Mosaic GPU" if is_mosaic_gpu else "Triton"
+            return {"ok": False, "error": f"a {kind} module does not verify"}
+        if is_mosaic_gpu:
+            mosaic_gpu += 1
+            continue
         for match in _TENSOR.finditer(generic):
             dims = [int(d) for d in match.group(1).rstrip("x").split("x")]
             size = 1
@@ -272,7 +338,41 @@ def read_triton_modules(text: str, candidate: str | None = None) -> dict[str, An
         aliases = dict(_LOC_ALIAS.findall(generic))
         for match in _TF32_DOT.finditer(generic):
             tf32.append(_source_line(match["loc"], aliases, candidate))
-    return {"ok": True, "error": None, "tf32": tf32[:8], "kernels": len(modules)}
+    return {
+        "ok": True,
+        "error": None,
+        "tf32": tf32[:8],
+        "kernels": len(modules),
+        "mosaic_gpu": mosaic_gpu,
+    }
+
+
+# The attribute Mosaic GPU's lowering puts on every module it makes (the GPU it is made for).
+_MOSAIC_GPU_MODULE = "mosaic_gpu.arch_major"
+
+
+def _parsed_and_verified(module_text: str, mosaic_gpu: bool) -> str | None:
+    """The module parsed in a context with its dialect (Triton's, or Mosaic GPU's) and
+    verified by MLIR: its generic form with locations, or None where it does not verify."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+
+    context = mlir.JaxIrContext()
+    context.append_dialect_registry(mlir.upstream_dialects)
+    if mosaic_gpu:
+        from jax.experimental.mosaic import gpu as mosaic_gpu_dialects
+
+        mosaic_gpu_dialects.dialect.register_dialect(context)
+    else:
+        from jax._src.lib.triton import dialect as tt_dialect
+
+        tt_dialect.register_dialect(context)
+    context.load_all_available_dialects()
+    with context:
+        module = ir.Module.parse(module_text)
+        if not module.operation.verify():
+            return None
+        return str(module.operation.get_asm(enable_debug_info=True, print_generic_op_form=True))
 
 
 _LOC_ALIAS = re.compile(r"^(#loc\d*) = loc\((.*)\)$", re.MULTILINE)

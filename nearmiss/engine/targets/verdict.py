@@ -104,25 +104,24 @@ def judge_target(
 
 
 def _judge_triton(result: TargetResult, target: str, key: str, lowering: Any, read: Any) -> None:
-    """The kernel through Pallas' Triton lowering (``targets.triton``): its refusal, in the
-    candidate child, counts against the candidate; its modules count only once the executor
-    has read and verified them. A grid race found first stays the verdict's class."""
+    """The kernel through Pallas' Triton lowering, or Mosaic GPU's where it asks for it
+    (``targets.triton``): a refusal, in the candidate child, counts against the candidate (its
+    text names the lowering); its modules count only once the executor has read and verified
+    them. A grid race found first stays the verdict's class."""
     lowering = lowering if isinstance(lowering, dict) else {}
     if lowering.get("ok") is False:
         _refused_too(
             result,
-            f"{target} refuses the kernel ({key}): Pallas' Triton lowering: "
-            f"{lowering.get('error') or 'refused without saying why'}",
+            f"{target} refuses the kernel ({key}): "
+            f"{lowering.get('error') or 'a GPU lowering refused it without saying why'}",
         )
         return
     if lowering.get("ok") is None:
-        _unverified(result, f"{key}: the Triton lowering did not run: {lowering.get('error')}")
+        _unverified(result, f"{key}: the GPU lowering did not run: {lowering.get('error')}")
         return
-    if lowering.get("mosaic_gpu"):
-        _unverified(result, f"{key}: a Mosaic GPU kernel is not lowered without a GPU")
     if not isinstance(read, dict) or read.get("ok") is None:
-        why = read.get("error") if isinstance(read, dict) else "no Triton module reached it"
-        _unverified(result, f"{key}: the engine could not read the Triton lowering: {why}")
+        why = read.get("error") if isinstance(read, dict) else "no GPU module reached it"
+        _unverified(result, f"{key}: the engine could not read the GPU lowering: {why}")
     elif not read.get("ok"):
         _refused_too(result, f"{target} refuses the kernel ({key}): {read.get('error')}")
 
