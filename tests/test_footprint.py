@@ -100,13 +100,19 @@ def read_in_a_while_condition(o_ref, value):
     [
         (read_back, "reads an output back"),
         (atomic_add, "an output is passed to atomic_rmw"),
-        (store_in_a_loop, "an output is passed to"),
-        (read_in_a_while_condition, "an output is passed to while"),
+        (read_in_a_while_condition, "reads an output back"),
     ],
 )
 def test_what_the_footprint_cannot_stand_behind_has_none(then, why):
     with pytest.raises(NoFootprint, match=why):
         marks(tiles(then=then))
+
+
+def test_a_row_every_program_stores_from_a_loop_is_shared_and_named():
+    # followed into the loop: each program's own rows stay its own, row 0 is everyone's
+    _, highest, lowest = marks(tiles(then=store_in_a_loop))
+    assert shared_element(highest, lowest, 3) == ((0, 0), 0, 2)
+    assert highest[8:16, 0].tolist() == [2] * 8 and lowest[8:16, 0].tolist() == [2] * 8
 
 
 def test_marks_no_run_can_hold_are_not_believed():

@@ -456,3 +456,17 @@ def test_one_whole_array_block_is_judged_by_what_each_gpu_program_stores():
     forgery = FORGERIES / "gpu_clears_next_tile.py"
     gpu = refused_on_gpu(COL_SUM_SPEC, forgery, "all", "grid_race")
     assert "programs 0 and 1 (of the flattened grid) both store its element [0, 128]" in gpu.error
+
+
+def test_stores_from_a_branch_and_a_loop_are_judged_by_what_each_gpu_program_stores(tmp_path):
+    # The same whole-array block, stored in halves from a fori_loop under pl.when: the
+    # footprint followed only stores at the body's top and left this a block-level race.
+    planted = PLANTED / "gpu_col_sum_store_in_loop.py"
+    report = check(COL_SUM_SPEC, planted, "all", 1, targets=("interpret", "gpu"))
+    assert report.certified, report.diagnosis
+    # One more pass of the loop stores into the neighbour's first columns: right in every
+    # ordered run, a race on a GPU, named by the two programs and the element.
+    forgery = tmp_path / "gpu_col_sum_loop_into_next_tile.py"
+    forgery.write_text(planted.read_text().replace("HALVES = 2 ", "HALVES = 3 "))
+    gpu = refused_on_gpu(COL_SUM_SPEC, forgery, "all", "grid_race")
+    assert "programs 0 and 1 (of the flattened grid) both store its element [0, 128]" in gpu.error

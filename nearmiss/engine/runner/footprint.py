@@ -13,15 +13,17 @@ interpreter with its outputs starting at zero and every store into an output rep
 ``max(old, mark)`` over the same elements, under the same mask — the mark being ``p + 1`` in the
 first run and ``G - p`` in the second (``p`` the program's linear index, ``G`` the grid's size).
 An element then ends as ``(highest writer + 1, G - lowest writer)``, so it was written by one
-program exactly when the two add up to ``G + 1`` (or both are zero: never written). The executor
+program exactly when the two add up to ``G + 1`` (or both are zero: never written). Stores in a
+branch, a loop or a call (``pl.when``, ``fori_loop``) are followed there: they flag what they
+store, and the body's top marks the flagged elements right after (``_mark_stores``). The executor
 runs that program on the case's own inputs (``shared_element``); only then is a block-level race
 on that output let through, as a note. Anything the footprint cannot stand behind keeps the
 finding (``_only_plain_access``): a kernel that reads an output back (what it loads could decide
-what it stores, and reads of another program's elements race too), passes an output into a
-loop, a branch or a call, or does anything else with it (atomics add onto the marks), a kernel
-that stores into an input, a grid too large for the output's dtype to hold the marks exactly, a
-kernel nested in a loop or a conditional, a batched or dynamic grid. Marks no run can leave (a
-value that is not a mark, a shape apart) leave the finding too.
+what it stores, and reads of another program's elements race too), or does anything with it
+but store (atomics add onto the marks), a kernel that stores into an input, a grid too large
+for the output's dtype to hold the marks exactly, a kernel nested in a loop or a conditional,
+a batched or dynamic grid. Marks no run can leave (a value that is not a mark, a shape apart)
+leave the finding too.
 
 Like the GPU_GRID lowering whose BlockSpecs made the finding, this program comes from the
 candidate child, derived from the same single trace (``traced_program``); the executor runs it,
@@ -141,20 +143,21 @@ def _marked_calls(eqn: Any) -> tuple[Any, Any]:
     size = math.prod(grid)
     if size > MAX_PROGRAMS:
         raise NoFootprint(f"its grid has {size} programs (footprints go to {MAX_PROGRAMS})")
-    for var in eqn.outvars:
-        if not _holds_marks(var.aval.dtype, size):
-            raise NoFootprint(f"{var.aval.dtype} cannot hold {size} program marks exactly")
     if mapping.vmapped_dims:
         raise NoFootprint("the kernel is batched (vmap)")
     blocks = body.invars[mapping.slice_block_ops]
     inputs, outputs = set(blocks[: mapping.num_inputs]), set(blocks[mapping.num_inputs :])
-    _only_plain_access(body, outputs, inputs)
+    nested = _only_plain_access(body, outputs, inputs)
+    largest = 2 * size + 1 if nested else size  # a flagged mark (``_mark_stores``), or a mark
+    for var in eqn.outvars:
+        if not _holds_marks(var.aval.dtype, largest):
+            raise NoFootprint(f"{var.aval.dtype} cannot hold {size} program marks exactly")
 
     def mark_run(first: bool) -> tuple[Any, dict[str, Any]]:
         def mark(linear: Any, dtype: Any) -> Any:
             return (linear + 1 if first else size - linear).astype(dtype)
 
-        rewritten = _mark_stores(body, outputs, mapping, mark)
+        rewritten = _mark_stores(body, outputs, mapping, mark, size)
         # Outputs start at zero (no mark), aliased ones too: what the input held is no mark.
         params = {
             **eqn.params,
@@ -180,17 +183,19 @@ def _holds_marks(dtype: Any, size: int) -> bool:
     return False
 
 
-def _only_plain_access(body: Any, outputs: set, inputs: set) -> None:
+def _only_plain_access(body: Any, outputs: set, inputs: set) -> bool:
     """NoFootprint unless every use of an output is a plain store (or, kept as the block-level
-    verdict's, a read) at the top of the kernel body. What is refused and why: an output read
-    back (a load, or a store whose old value is used: what it reads could decide what it
-    stores, and reading another program's element races too); an output passed into a loop, a
-    branch or a call (a store there would need the program's index inside it, and the operands
-    of each such primitive map to its body differently); any other operation on it, atomics
-    included (they add onto the marks); and a store into an input (concurrent writes into the
-    caller's buffer, which the grid check does not see)."""
+    verdict's, a read), at the top of the kernel body or inside a branch, a loop or a call it
+    is passed into (``pl.when``, ``fori_loop``, ``jit``: there the store is marked as at the
+    top, with the same program index). What is refused and why: an output read back (a load,
+    or a store whose old value is used: what it reads could decide what it stores, and reading
+    another program's element races too); an output passed to a nested form this reading does
+    not know; any other operation on it, atomics included (they add onto the marks); and a
+    store into an input (concurrent writes into the caller's buffer, which the grid check does
+    not see). Returns whether an output is passed into a nested form."""
     from jax._src import core
 
+    passed_in = False
     used = {v for e in body.eqns for v in e.invars if isinstance(v, core.Var)}
     used |= {v for v in body.outvars if isinstance(v, core.Var)}
     for eqn in body.eqns:
@@ -198,12 +203,58 @@ def _only_plain_access(body: Any, outputs: set, inputs: set) -> None:
         touched = {v for v in eqn.invars if isinstance(v, core.Var) and v in outputs}
         if _on(eqn, inputs) and name in _STORES:
             raise NoFootprint("the kernel stores into an input")
+        nested = _refs_inside(eqn, outputs | inputs)
+        if nested is not None:
+            for inner, arriving in nested:
+                _only_plain_access(inner, arriving & outputs, arriving & inputs)
+            passed_in = passed_in or bool(touched)
+            continue
         if not touched:
             continue
         if not _on(eqn, outputs) or len(touched) > 1 or name not in (*_STORES, *_LOADS):
             raise NoFootprint(f"an output is passed to {name}, not only stored")
         if name in _LOADS or any(v in used for v in eqn.outvars):
             raise NoFootprint("the kernel reads an output back")
+    return passed_in
+
+
+# Nested forms a marked store is followed into: branches (pl.when), loops, calls.
+_NESTED = ("cond", "while", "scan", *_CALLS)
+
+
+def _refs_inside(eqn: Any, refs: set) -> list[tuple[Any, _Arrivals]] | None:
+    """Where ``eqn`` passes any of ``refs`` into a nested jaxpr of a form in ``_NESTED``: each
+    nested jaxpr with the variables ``refs`` arrive as there (arrivals of an output stay
+    outputs: ``_only_plain_access`` splits them by which set they came from); None where it
+    passes none. NoFootprint for a nested form whose operands this does not map."""
+    from jax._src import core
+
+    from nearmiss.engine.jaxpr_walk import operands_inside
+
+    passed = {i: v for i, v in enumerate(eqn.invars) if isinstance(v, core.Var) and v in refs}
+    if not passed or eqn.primitive.name in ("pallas_call", *_STORES, *_LOADS):
+        return None
+    if eqn.primitive.name not in _NESTED:
+        return None  # not nested: the caller's plain-access rules judge it
+    found = []
+    for inner, arriving in operands_inside(eqn):
+        if arriving is None:
+            raise NoFootprint(f"an output is passed into {eqn.primitive.name} in a form not read")
+        found.append(
+            (
+                getattr(inner, "jaxpr", inner),
+                _Arrivals({arriving[i]: v for i, v in passed.items() if i in arriving}),
+            )
+        )
+    return found
+
+
+class _Arrivals(dict):
+    """A nested jaxpr's variables that are outer refs, each to the outer ref it stands for;
+    ``arrivals & refs`` are the nested variables of those ``refs``."""
+
+    def __and__(self, refs: set) -> set:
+        return {inner for inner, outer in self.items() if outer in refs}
 
 
 def _on(eqn: Any, refs: set) -> bool:
@@ -213,36 +264,119 @@ def _on(eqn: Any, refs: set) -> bool:
     return bool(eqn.invars) and isinstance(eqn.invars[0], core.Var) and eqn.invars[0] in refs
 
 
-def _mark_stores(body: Any, refs: set, mapping: Any, mark: Any) -> Any:
-    """``body`` with every store into ``refs`` (all at its top, ``_only_plain_access``)
-    replaced by ``max(old, mark(p))`` over the same elements and mask."""
+def _mark_stores(body: Any, refs: set, mapping: Any, mark: Any, size: int) -> Any:
+    """``body`` with every store into ``refs`` replaced by ``max(old, mark(p))`` over the same
+    elements and mask. A store in a branch, loop or call the refs are passed into
+    (``_only_plain_access``) cannot ask for its program's index there (the plain interpreter
+    resolves ``program_id`` at the kernel's top only), so it flags what it stores instead (adds
+    ``size + 1`` once), and right after that equation the top of the body turns each flagged
+    element into ``max(old, mark(p))`` (``_settled``)."""
+    from jax._src import core
+
     eqns: list[Any] = []
     for eqn in body.eqns:
-        marked = eqn.primitive.name in _STORES and _on(eqn, refs)
-        eqns.extend(_marked_store(eqn, mapping, mark) if marked else [eqn])
+        if eqn.primitive.name in _STORES and _on(eqn, refs):
+            eqns.extend(_marked_store(eqn, mapping, _maximum_with(mark, mapping)))
+            continue
+        nested = _refs_inside(eqn, refs)
+        if nested is None:
+            eqns.append(eqn)
+            continue
+        eqns.append(_flagged_inside(eqn, nested, mapping, size))
+        passed = [v for v in eqn.invars if isinstance(v, core.Var) and v in refs]
+        for ref in dict.fromkeys(passed):  # each once, in operand order
+            eqns.extend(_settled(ref, eqn, mapping, mark, size))
     effects = set(body.effects).union(*(e.effects for e in eqns))
     return body.replace(eqns=eqns, effects=effects)
 
 
-def _marked_store(eqn: Any, mapping: Any, mark: Any) -> list[Any]:
-    """The equations of ``max(old, mark)`` stored where ``eqn`` stores, on its variables."""
-    import jax
+def _maximum_with(mark: Any, mapping: Any) -> Any:
+    """What a store at the kernel's top stores: ``max(old, mark(p))``."""
     import jax.numpy as jnp
-    from jax._src import api_util, core
-    from jax._src import linear_util as lu
-    from jax._src.interpreters import partial_eval as pe
-    from jax._src.pallas import core as pallas_core
-    from jax._src.pallas import primitives as pallas_primitives
-    from jax._src.state import primitives as state_primitives
+
+    return lambda old: jnp.maximum(old, mark(_linear_program(mapping), old.dtype))
+
+
+def _flag(size: int) -> Any:
+    """What a nested store stores: the old value, flagged once (``size + 1`` added)."""
+    import jax.numpy as jnp
+
+    def flagged(old: Any) -> Any:
+        flag = jnp.asarray(size + 1, old.dtype)
+        return jnp.where(old >= flag, old, old + flag)
+
+    return flagged
+
+
+def _linear_program(mapping: Any) -> Any:
+    """The program's index in the flattened grid (traced at the kernel's top only)."""
+    import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
-    name = eqn.primitive.name
+    linear = jnp.int32(0)
+    for axis, size in enumerate(mapping.grid):
+        linear = linear * size + pl.program_id(axis)
+    return linear
 
-    def linear_program() -> Any:
-        linear = jnp.int32(0)
-        for axis, size in enumerate(mapping.grid):
-            linear = linear * size + pl.program_id(axis)
-        return linear
+
+def _flag_stores(body: Any, refs: set, mapping: Any, size: int) -> Any:
+    """``body`` (nested in a kernel) with every store into ``refs``, here or deeper, flagged."""
+    eqns: list[Any] = []
+    for eqn in body.eqns:
+        if eqn.primitive.name in _STORES and _on(eqn, refs):
+            eqns.extend(_marked_store(eqn, mapping, _flag(size)))
+            continue
+        nested = _refs_inside(eqn, refs)
+        eqns.append(eqn if nested is None else _flagged_inside(eqn, nested, mapping, size))
+    effects = set(body.effects).union(*(e.effects for e in eqns))
+    return body.replace(eqns=eqns, effects=effects)
+
+
+def _flagged_inside(eqn: Any, nested: list[tuple[Any, _Arrivals]], mapping: Any, size: int) -> Any:
+    """``eqn`` (a branch, loop or call) with the stores in its nested jaxprs flagged."""
+    from jax._src import core
+
+    flagged = {
+        id(inner): _flag_stores(inner, set(arrivals), mapping, size) for inner, arrivals in nested
+    }
+
+    def swapped(value: Any) -> Any:
+        if isinstance(value, tuple | list):
+            return type(value)(swapped(item) for item in value)
+        if isinstance(value, core.ClosedJaxpr) and id(value.jaxpr) in flagged:
+            return value.replace(jaxpr=flagged[id(value.jaxpr)])
+        if isinstance(value, core.Jaxpr) and id(value) in flagged:
+            return flagged[id(value)]
+        return value
+
+    effects = set(eqn.effects)
+    effects |= {_read_effect(e) for e in eqn.effects if _read_effect(e) is not None}
+    return eqn.replace(params={k: swapped(v) for k, v in eqn.params.items()}, effects=effects)
+
+
+def _settled(ref: Any, after: Any, mapping: Any, mark: Any, size: int) -> list[Any]:
+    """The equations, at the kernel's top, that turn the elements of ``ref`` a nested store
+    flagged into ``max(old, mark(p))`` (``_mark_stores``)."""
+    import jax.numpy as jnp
+
+    def settle(ref_value: Any) -> list[Any]:
+        whole = ref_value[...]
+        flag = jnp.asarray(size + 1, whole.dtype)
+        mine = jnp.maximum(whole - flag, mark(_linear_program(mapping), whole.dtype))
+        ref_value[...] = jnp.where(whole >= flag, mine, whole)
+        return []
+
+    return _traced_on(settle, [ref], [], mapping, after)
+
+
+def _marked_store(eqn: Any, mapping: Any, stored_value: Any) -> list[Any]:
+    """The equations of ``stored_value(old)`` stored where ``eqn`` stores (same elements, same
+    mask), on its variables."""
+    import jax
+    from jax._src.pallas import primitives as pallas_primitives
+    from jax._src.state import primitives as state_primitives
+
+    name = eqn.primitive.name
 
     def stored(*args: Any) -> Any:
         if name == "masked_swap":
@@ -256,23 +390,35 @@ def _marked_store(eqn: Any, mapping: Any, mark: Any) -> list[Any]:
                 eviction_policy=None,
                 is_volatile=False,
             )
-            new = jnp.maximum(old, mark(linear_program(), old.dtype))
-            store_args, _ = jax.tree_util.tree_flatten((ref, transforms, new, mask))
+            store_args, _ = jax.tree_util.tree_flatten((ref, transforms, stored_value(old), mask))
             return [pallas_primitives.swap_p.bind(*store_args, **eqn.params)]
         ref, val, *indexers = args
         old = state_primitives.get_p.bind(ref, *indexers, tree=eqn.params["tree"])
-        new = jnp.maximum(old, mark(linear_program(), old.dtype))
+        new = stored_value(old)
         swapped = state_primitives.swap_p.bind(ref, new, *indexers, tree=eqn.params["tree"])
         return [swapped] if name == "swap" else []
 
-    avals = [v.aval for v in eqn.invars]
-    debug = api_util.debug_info("footprint", stored, tuple(avals), {})
+    return _traced_on(stored, eqn.invars, eqn.outvars, mapping, eqn)
+
+
+def _traced_on(function: Any, invars: list, outvars: list, mapping: Any, eqn: Any) -> list[Any]:
+    """``function`` traced in the kernel's grid and spliced in on ``invars`` and ``outvars``
+    (the body's variables), with ``eqn``'s source and its effects, reads included."""
+    from jax._src import api_util, core
+    from jax._src import linear_util as lu
+    from jax._src.interpreters import partial_eval as pe
+    from jax._src.pallas import core as pallas_core
+
+    avals = [v.aval for v in invars]
+    debug = api_util.debug_info("footprint", function, tuple(avals), {})
     with pallas_core.tracing_grid_env(mapping.grid, mapping.vmapped_dims):
-        traced, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(stored, debug_info=debug), avals)
+        traced, _, consts = pe.trace_to_jaxpr_dynamic(
+            lu.wrap_init(function, debug_info=debug), avals
+        )
     if consts:
         raise NoFootprint("a marked store needs constants")
-    rename: dict[Any, Any] = dict(zip(traced.invars, eqn.invars, strict=True))
-    rename |= dict(zip(traced.outvars, eqn.outvars, strict=True))
+    rename: dict[Any, Any] = dict(zip(traced.invars, invars, strict=True))
+    rename |= dict(zip(traced.outvars, outvars, strict=True))
     effects = set(eqn.effects)
     effects |= {_read_effect(e) for e in eqn.effects if _read_effect(e) is not None}
 
