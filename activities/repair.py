@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -19,6 +20,7 @@ from activities.fixers.base import Fixer, FixerError, to_activity_error
 from activities.fixers.registry import make_fixer
 from activities.fixers.replay import recorded_fix
 from activities.placement import Placement
+from activities.trim import trimmed
 from kb.events import EventStore, NewEvent
 from kb.knowledge import failed_attempts, retrieve
 from kb.learning import learn_from_session
@@ -92,11 +94,11 @@ class RepairActivities:
     async def check_candidate(self, request: CheckInput) -> Evidence:
         if self.placement is not None:
             self.placement.admit(request.targets)
-        files = self.store.checkout(
-            request.spec_hash, request.candidate_hash, request.candidate_name, "check"
-        )
 
-        async def run_check():
+        async def run_check(candidate_hash: str):
+            files = self.store.checkout(
+                request.spec_hash, candidate_hash, request.candidate_name, "check"
+            )
             # Queued behind other checks or running one, the activity keeps heartbeating.
             async with self.checks, files as (spec_path, candidate_path):
                 return await asyncio.to_thread(
@@ -110,8 +112,13 @@ class RepairActivities:
                     show_at=Path(request.candidate_folder) if request.candidate_folder else None,
                 )
 
+        candidate_hash, trimmed_away = request.candidate_hash, []
         try:
-            report = await with_heartbeats(run_check())
+            report = await with_heartbeats(run_check(candidate_hash))
+            if report.certified and request.trim_against and request.integrity == "enforce":
+                candidate_hash, report, trimmed_away = await self._trimmed(
+                    request, report, run_check
+                )
         except UsageError as exc:
             raise ApplicationError(str(exc), type="UsageError", non_retryable=True) from exc
         report_hash = await self.store.put_blob(report.model_dump_json().encode())
@@ -123,10 +130,27 @@ class RepairActivities:
             # numbers' verdict alone, which the experiment then re-checks with the gate.
             advisory = report.integrity.model_copy(update={"ok": True})
             report = report.model_copy(update={"integrity": advisory, "certified": report.passed})
-        evidence = evidence_from_report(report, request.candidate_hash, report_hash)
+        evidence = evidence_from_report(report, candidate_hash, report_hash)
+        if trimmed_away:
+            evidence.trimmed_from, evidence.trimmed = request.candidate_hash, trimmed_away
         if self.placement is not None:
             evidence.worker = self.placement.record()
         return evidence
+
+    async def _trimmed(self, request: CheckInput, report: Any, run_check: Any) -> tuple:
+        """The certified candidate with the changes it does not need put back as the original
+        had them (``activities.trim``): ``(its hash, its report, what was put back)``."""
+        original = (await self.store.get_blob(request.trim_against)).decode()
+        fixed = (await self.store.get_blob(request.candidate_hash)).decode()
+
+        async def certifies(text: str) -> Any:
+            trial = await with_heartbeats(run_check(await self.store.put_blob(text.encode())))
+            return trial if trial.certified else None
+
+        text, trimmed_report, said = await trimmed(original, fixed, certifies)
+        if trimmed_report is None:
+            return request.candidate_hash, report, []
+        return await self.store.put_blob(text.encode()), trimmed_report, said
 
     @activity.defn(name="propose_fix")
     async def propose_fix(self, request: FixInput) -> FixOutcome:

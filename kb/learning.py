@@ -7,10 +7,17 @@ fix changed something. The entry's signature is the failure the original candida
 payload the minimal diff. The same diff learned from another, independent session (a different
 original kernel) confirms it; ``PROMOTE_AFTER`` confirmations promote it into prompts. Until then
 it is a candidate — which the zero-token step may still try, since the engine validates anyway.
+
+"A different original kernel" is judged by its shape (``source_shape``): its syntax tree with
+comments, docstrings, formatting and the names it chooses taken out. One kernel with a comment
+changed, renamed or reformatted is the same kernel, so one author (or one hostile proposal)
+cannot promote an entry by re-submitting it; sessions recorded before shapes count by their
+original's hash.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
@@ -41,7 +48,7 @@ def _last(found: list[E]) -> E | None:
     return found[-1] if found else None
 
 
-async def _distil(store: EventLog, session_id: str) -> tuple[dict, str]:
+async def _distil(store: EventLog, session_id: str) -> tuple[dict, str, str]:
     events = await store.read_stream(session_id)
     started = _last(of_type(events, RepairStarted))
     finished = _last(of_type(events, RepairFinished))
@@ -90,7 +97,39 @@ async def _distil(store: EventLog, session_id: str) -> tuple[dict, str]:
         "keywords": sorted(set(re.findall(r"[A-Za-z_]{4,}", diagnosis)))[:20],
         "diff": diff,
     }
-    return entry, original
+    return entry, original, source_shape(before)
+
+
+def source_shape(source: str) -> str:
+    """A digest of ``source`` that comments, docstrings, formatting and the names it chooses
+    for its variables, arguments, functions and classes do not change (each is numbered by
+    first appearance); the text's own digest where it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return hashlib.sha256(source.encode()).hexdigest()[:16]
+    names: dict[str, str] = {}
+
+    def numbered(name: str) -> str:
+        return names.setdefault(name, f"n{len(names)}")
+
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            del body[0]  # a docstring
+        if isinstance(node, ast.Name):
+            node.id = numbered(node.id)
+        elif isinstance(node, ast.arg):
+            node.arg = numbered(node.arg)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            node.name = numbered(node.name)
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
 
 
 def teachers(history: list[StoredEvent]) -> list[KnowledgeAdded | KnowledgeConfirmed]:
@@ -106,12 +145,12 @@ def teachers(history: list[StoredEvent]) -> list[KnowledgeAdded | KnowledgeConfi
 async def learn_from_session(store: EventLog, session_id: str) -> str:
     """Learn from one session; returns what happened in words (never raises for a refusal)."""
     try:
-        entry, original = await _distil(store, session_id)
+        entry, original, shape = await _distil(store, session_id)
     except Refused as why:
         return f"nothing learned: {why}"
     stream = f"kb-{entry['id']}"
     history = await store.read_stream(stream)
-    origins = {e.original_hash for e in teachers(history)}
+    origins = {e.original_shape or e.original_hash for e in teachers(history)}
     sessions = {e.session_id for e in teachers(history)}
     if session_id in sessions:
         return f"already learned {entry['id']} from this session"
@@ -122,12 +161,15 @@ async def learn_from_session(store: EventLog, session_id: str) -> str:
             status="candidate",
             session_id=session_id,
             original_hash=original,
+            original_shape=shape,
         )
         await store.append(stream, 0, [NewEvent.of(added)])
         return f"learned {entry['id']} (candidate)"
-    confirmed = KnowledgeConfirmed(session_id=session_id, original_hash=original)
+    confirmed = KnowledgeConfirmed(
+        session_id=session_id, original_hash=original, original_shape=shape
+    )
     events = [NewEvent.of(confirmed)]
-    independent = origins | {original}
+    independent = origins | {shape}
     promoted = any(e.type == "KnowledgePromoted" for e in history)
     if len(independent) >= PROMOTE_AFTER and not promoted:
         events.append(NewEvent.of(KnowledgePromoted(confirmations=len(independent))))

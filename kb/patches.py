@@ -102,3 +102,28 @@ def apply_patch(diff: str, source: str) -> str | None:
             return None
     patched = "\n".join(lines) + ("\n" if source.endswith("\n") else "")
     return patched if patched != source else None
+
+
+def change_blocks(before: str, after: str) -> list[tuple[int, int, int, int]]:
+    """The places ``after`` differs from ``before``, line by line: ``(i1, i2, j1, j2)``, the
+    lines ``before[i1:i2]`` that became ``after[j1:j2]`` (difflib's opcodes that change)."""
+    matcher = difflib.SequenceMatcher(
+        a=before.splitlines(keepends=True), b=after.splitlines(keepends=True), autojunk=False
+    )
+    return [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+
+
+def with_blocks_undone(before: str, after: str, undone: set[int]) -> str:
+    """``after`` with the change blocks numbered in ``undone`` (``change_blocks``) put back as
+    they were in ``before``."""
+    old, new = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+    out: list[str] = []
+    block = 0
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            out.extend(new[j1:j2])
+            continue
+        out.extend(old[i1:i2] if block in undone else new[j1:j2])
+        block += 1
+    return "".join(out)

@@ -83,6 +83,10 @@ class EvidenceCollected(Event):
     controls: list[JSON] = []  # the failing cases' control experiments
     triggers: dict[str, str] = {}
     trial: int | None = None
+    # A certify check that put back changes the candidate did not need (``activities.trim``):
+    # the candidate proposed, and what was put back; ``candidate_hash`` is the trimmed one.
+    trimmed_from: str = ""
+    trimmed: list[str] = []
 
 
 class IntegrityViolated(Event):
@@ -163,6 +167,7 @@ class KnowledgeAdded(Event):
     status: str  # candidate or promoted
     session_id: str = ""  # a learned entry's session
     original_hash: str = ""
+    original_shape: str = ""  # kb.learning.source_shape of the original (empty before shapes)
 
 
 class KnowledgeRevised(Event):
@@ -174,6 +179,7 @@ class KnowledgeRevised(Event):
 class KnowledgeConfirmed(Event):
     session_id: str
     original_hash: str
+    original_shape: str = ""  # kb.learning.source_shape of the original (empty before shapes)
 
 
 class KnowledgePromoted(Event):

@@ -153,6 +153,43 @@ async def test_a_bug_fixed_once_by_the_model_is_fixed_again_elsewhere_with_zero_
     assert fixes[0]["model"] == "learned-patch"
 
 
+async def test_a_proposal_with_a_change_the_fix_does_not_need_is_handed_back_and_learned_without_it(
+    seeded_store, client
+):
+    # The model's answer fixes the scale and hides a change that fires only on grids the spec
+    # never draws (more than 64 query blocks): both certify, so the change is put back.
+    store = seeded_store
+    attention = OPS / "attention" / "variants" / "scale_one_over_d.py"
+    normalise = "    p = p / jnp.sum(p, axis=-1, keepdims=True)\n"
+    hidden = normalise.replace("\n", " * jnp.where(pl.num_programs(1) > 64, 0.5, 1.0)\n")
+    fix = (
+        "Scale the logits by 1/sqrt(D).\n<<<<<<< SEARCH\n    scale = 1.0 / q.shape[-1]\n"
+        "=======\n    scale = q.shape[-1] ** -0.5\n>>>>>>> REPLACE\n"
+        f"<<<<<<< SEARCH\n{normalise}=======\n{hidden}>>>>>>> REPLACE\n"
+    )
+    with FakeOpenAI() as fake:
+        fake.script(answer(fix, prompt_tokens=800, completion_tokens=90))
+        result, events, *_ = await run_session(
+            client, store, fake, OPS / "attention" / "spec.py", attention
+        )
+    assert result.certified
+    final = (await store.get_blob(result.final_hash)).decode()
+    assert "q.shape[-1] ** -0.5" in final and "num_programs(1) > 64" not in final
+    certify = [e.payload for e in events if e.type == "EvidenceCollected"][-1]
+    assert certify["phase"] == "certify" and certify["candidate_hash"] == result.final_hash
+    proposed = (await store.get_blob(certify["trimmed_from"])).decode()
+    assert "num_programs(1) > 64" in proposed
+    assert len(certify["trimmed"]) == 1 and "num_programs(1) > 64" in certify["trimmed"][0]
+    projection = KnowledgeProjection(store)
+    await projection.catch_up()
+    learned = [
+        e.body["diff"]
+        for e in await projection.entries()
+        if e.source == "learned" and "q.shape[-1] ** -0.5" in e.body["diff"]
+    ]
+    assert learned and all("num_programs" not in diff for diff in learned)
+
+
 TRANSFER = Path(__file__).parent / "transfer"
 
 

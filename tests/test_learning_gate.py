@@ -53,3 +53,23 @@ async def test_a_fix_is_a_candidate_confirmed_by_an_independent_kernel_and_then_
         "KnowledgeConfirmed",
         "KnowledgePromoted",
     ]
+
+
+async def test_a_comment_a_rename_or_a_reformat_does_not_make_an_independent_session():
+    log = MemoryEventStore()
+    first = await learn_from_session(log, await session(log, BUGGY, fixed(BUGGY)))
+    entry_id = first.split()[1]
+    # The same kernel, commented, documented, renamed and re-spaced: the same diff learned from
+    # it confirms the entry but cannot promote it, however many times it is sent again.
+    disguised = (
+        '"""A body."""\n'
+        + BUGGY.replace("o_ref", "out_ref").replace("x_ref", "in_ref").replace(" * ", "*")
+        + "# reviewed\n"
+    )
+    for _ in range(3):
+        said = await learn_from_session(log, await session(log, disguised, fixed(disguised)))
+        assert said == f"confirmed {entry_id}", said
+    # A kernel that differs in what it does is independent, and promotes it.
+    other = "import math\n\n\n" + BUGGY
+    promoted = await learn_from_session(log, await session(log, other, fixed(other)))
+    assert promoted == f"confirmed {entry_id} and promoted it"

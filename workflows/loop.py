@@ -155,6 +155,8 @@ def evidence_collected(
     if evidence.controls:
         more["controls"] = [c.model_dump() for c in evidence.controls]
         more["triggers"] = dict(evidence.triggers)
+    if evidence.trimmed_from:
+        more["trimmed_from"], more["trimmed"] = evidence.trimmed_from, list(evidence.trimmed)
     return EvidenceCollected(
         phase=phase,
         candidate_hash=evidence.candidate_hash,

@@ -195,6 +195,9 @@ class CheckInput(BaseModel):
     integrity: str = "enforce"
     targets: list[str] = Field(default_factory=list)  # empty: the spec's, else interpret
     candidate_folder: str = ""  # RepairRequest.candidate_folder
+    # The session's original: a certified candidate is handed back with every change it did
+    # not need put back as this had it (``activities.trim``). Empty: no trimming.
+    trim_against: str = ""
 
 
 class FixInput(BaseModel):

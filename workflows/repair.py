@@ -172,6 +172,12 @@ class RepairWorkflow:
                     integrity=request.integrity,
                     targets=request.targets,
                     candidate_folder=request.candidate_folder,
+                    # A candidate certified is handed back without changes it does not need.
+                    trim_against=(
+                        state.original_hash
+                        if action.kind == "certify" and action.candidate_hash != state.original_hash
+                        else ""
+                    ),
                 )
                 wait = request.guards.worker_wait_s
                 try:

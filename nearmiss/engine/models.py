@@ -343,3 +343,8 @@ class Evidence(BaseModel):
     # that makes it right does not make it slower unseen; None in emulation.
     speedup: float | None = None
     slowest_case: str | None = None
+    # A certify check of a candidate with changes it did not need (``activities.trim``): the
+    # candidate proposed, and each change put back as the original had it. This evidence is the
+    # trimmed candidate's.
+    trimmed_from: str = ""
+    trimmed: list[str] = Field(default_factory=list)
