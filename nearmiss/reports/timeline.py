@@ -63,6 +63,8 @@ def _evidence(e: EvidenceCollected, report: CheckReport | None) -> str:
         f"{e.phase} of {short_hash(e.candidate_hash)} "
         f"(suite {e.suite}): {verdict}, score {e.score:.3f}"
     )
+    if e.trimmed_from:  # the candidate proposed, with the changes it did not need put back
+        text += f" (trimmed from {short_hash(e.trimmed_from)}: {'; '.join(e.trimmed)})"
     return text + _cases(report)
 
 
