@@ -331,6 +331,64 @@ def test_operators_for_grid_axes_first_elements_and_pinned_flags(operator, befor
         assert len(made) == 1
 
 
+KINDS = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+DIMS = (((1,), (1,)), ((), ()))
+
+
+def _body(q_ref, k_ref, o_ref, m_ref, *, sm_scale):
+    m_prev = m_ref[...]
+    s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())))
+    p = jnp.dot(q_ref[...], k_ref[...])
+    s = jnp.where(s > 0, s, 0.0)
+    scale = sm_scale
+    alpha = jnp.exp(m_prev - s)
+    acc = jnp.ones_like(p)
+    o_ref[...] = acc * alpha * (1 / jnp.sum(p)) * scale
+
+    @pl.when(pl.program_id(1) == 0)
+    def _():
+        m_ref[...] = jnp.full_like(m_prev, -jnp.inf)
+
+
+def kernel(q, k):
+    return pl.pallas_call(
+        _body,
+        grid=(2, 3, 4),
+        in_specs=[pl.BlockSpec((8, 8), lambda b, o, i: (0, b)), None],
+        out_shape=q,
+    )(q, k)
+"""
+
+
+@pytest.mark.parametrize(
+    ("operator", "before", "after"),
+    [
+        ("sibling", "jnp.exp(m_prev - s)", "jnp.exp2(m_prev - s)"),
+        ("sibling", "jnp.ones_like(p)", "jnp.zeros_like(p)"),
+        ("fill", "jnp.where(s > 0, s, 0.0)", "jnp.where(s > 0, s, -jnp.inf)"),
+        ("index_map_name", "lambda b, o, i: (0, b)", "lambda b, o, i: (0, o)"),
+        ("axis", "pl.program_id(1) == 0", "pl.program_id(2) == 0"),
+        ("dot_dimensions", "(((1,), (1,)), ((), ()))", "(((1,), (0,)), ((), ()))"),
+        ("dot_dimensions", "jnp.dot(q_ref[...], k_ref[...])", "jnp.dot(q_ref[...], k_ref[...].T)"),
+        ("reciprocal", "scale = sm_scale", "scale = 1 / sm_scale"),
+        ("reciprocal", "(1 / jnp.sum(p))", "jnp.sum(p)"),
+    ],
+)
+def test_operators_for_exponent_bases_fills_index_map_names_and_contractions(
+    operator, before, after
+):
+    """The held-out kinds: exp for exp2 in a rescale, ones for zeros in an init, a masked value
+    given 0 for minus infinity, an index map reading the wrong grid parameter, an accumulator
+    reset on another grid axis, a product contracted over the wrong axis or missing a
+    transpose, a reciprocal dropped or one too many."""
+    edits = [_changed_lines(KINDS, m.source)[0] for m in mutants(KINDS) if m.operator == operator]
+    assert any(before in old and after in new for old, new in edits), edits
+
+
 def test_an_edit_parses_if_and_only_if_its_statement_does():
     """The parse check reads the smallest statement holding the edit (an ``elif``'s with its
     ``if``, a decorator's with its function) and agrees with parsing the whole module."""

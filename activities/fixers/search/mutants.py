@@ -2,13 +2,15 @@
 
 A recipe knows a bug's pattern; a mutant knows only that near-miss bugs are small: a comparison
 off by one, two conditions joined by ``|`` for ``&``, an operand swapped, an axis or a
-broadcast the wrong way round, a stray transpose, max for min, a slice started at a block's
-index instead of its first element, a helper's two (index, size) pairs swapped, a difference
-reversed, a value set where it was to be folded in, a flag pinned to a literal, a loop started
-at 1, a term of a sum not squared. Enumerating every such edit of the code the kernel runs, and
-letting the engine judge each, repairs bugs no recipe was written for — the zero-token
-counterpart of generate-and-validate program repair. Pure: source in, mutants out; nothing here
-runs code.
+broadcast the wrong way round, a stray transpose or a missing one, a matrix product contracted
+over the wrong axis, max for min, exp for exp2, ones for zeros, a masked element given 0 for
+minus infinity, an index map reading the wrong grid parameter, a reciprocal dropped, a slice
+started at a block's index instead of its first element, a helper's two (index, size) pairs
+swapped, a difference reversed, a value set where it was to be folded in, a flag pinned to a
+literal, a loop started at 1, a term of a sum not squared. Enumerating every such edit of the
+code the kernel runs, and letting the engine judge each, repairs bugs no recipe was written
+for — the zero-token counterpart of generate-and-validate program repair. Pure: source in,
+mutants out; nothing here runs code.
 
 Only the code the entry point can reach is mutated (``reachable``): the functions named,
 transitively, from ``kernel``'s body, so a module's unused backward pass or another op's kernel
@@ -363,7 +365,8 @@ def _axes(source: str, fn: ast.AST) -> Iterator[Site]:
         elif isinstance(node, ast.Call) and _called(node) in _AXIS_ARGUMENT:
             index = _AXIS_ARGUMENT[_called(node)]
             if len(node.args) > index:
-                yield from _other_axes(node.args[index])
+                grid = _called(node) in ("program_id", "num_programs")
+                yield from _other_axes(node.args[index], (0, 1, 2, 3) if grid else _AXES)
         elif isinstance(node, ast.Subscript) and _is_shape(node.value):
             yield from _other_axes(node.slice)
 
@@ -372,14 +375,17 @@ _DIMENSION_KEYWORDS = ("broadcast_dimensions", "axes", "permutation")
 _MAPPED_AXES = ("in_axes", "out_axes")
 _DIMENSION_ARGUMENT = {"broadcast_in_dim": 2, "transpose": 1}  # call -> its dimensions' position
 # call -> its one axis's position: row vs column ids; the grid axis a block index is read from
-_AXIS_ARGUMENT = {"broadcasted_iota": 2, "program_id": 0}
+_AXIS_ARGUMENT = {"broadcasted_iota": 2, "program_id": 0, "num_programs": 0}
 
 
-def _other_axes(value: ast.expr) -> Iterator[Site]:
+_AXES = (-1, 0, 1, -2)
+
+
+def _other_axes(value: ast.expr, axes: tuple[int, ...] = _AXES) -> Iterator[Site]:
     current = _int_value(value)
     if current is None:
         return
-    for other in (-1, 0, 1, -2):
+    for other in axes:
         if other != current:
             yield value, str(other)
 
@@ -530,11 +536,142 @@ def _names(source: str, fn: ast.AST) -> Iterator[Site]:
                     yield node, other
 
 
+def _siblings(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A function for its sibling, a name apart: ``exp`` <-> ``exp2`` and ``log`` <-> ``log2``
+    (a running rescale kept in base 2 read in base e), ``sqrt`` <-> ``rsqrt``, ``ones`` <->
+    ``zeros`` (and ``_like``: an accumulator started at one), ``floor`` <-> ``ceil``."""
+    for node in walk(fn):
+        if isinstance(node, ast.Call):
+            name = node.func
+            if isinstance(name, ast.Attribute) and name.attr in _SIBLING:
+                yield _attribute_name(name), f".{_SIBLING[name.attr]}"
+            elif isinstance(name, ast.Name) and name.id in _SIBLING:
+                yield name, _SIBLING[name.id]
+
+
+_SIBLING = {"exp": "exp2", "exp2": "exp", "log": "log2", "log2": "log", "sqrt": "rsqrt"}
+_SIBLING |= {"rsqrt": "sqrt", "ones": "zeros", "zeros": "ones", "ones_like": "zeros_like"}
+_SIBLING |= {"zeros_like": "ones_like", "floor": "ceil", "ceil": "floor"}
+# Where a masked-out or padded element's value is given: a call's keyword of these names.
+_FILL_KEYWORDS = ("other", "mask_value", "fill_value", "pad_value", "initial")
+
+
+def _fills(source: str, fn: ast.AST) -> Iterator[Site]:
+    """The value a masked or padded element takes, zero for minus infinity or the converse:
+    ``where(mask, s, 0.0)`` -> ``where(mask, s, -inf)`` and a load's ``other=``, a mask's
+    ``mask_value=`` (padded lanes that must lose a max, or a softmax's dropped columns that
+    must weigh nothing)."""
+    inf = f"-{_numpy_alias(source) or 'jnp'}.inf"
+    for node in walk(fn):
+        values: list[ast.expr] = []
+        if isinstance(node, ast.Call) and _called(node) == "where" and len(node.args) == 3:
+            values = node.args[1:]
+        elif isinstance(node, ast.Call):
+            values = [k.value for k in node.keywords if k.arg in _FILL_KEYWORDS]
+        for value in values:
+            if _is_zero(value):
+                yield value, inf
+            elif _is_minus_infinity(source, value):
+                yield value, "0.0"
+
+
+def _is_zero(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value == 0
+
+
+def _is_minus_infinity(source: str, node: ast.AST) -> bool:
+    """``-jnp.inf``, ``-float("inf")``, a large negative literal, a ``*MASK_VALUE`` name (the
+    large negative a masked logit is given, by convention)."""
+    text = _text(source, node).replace(" ", "").replace("'", '"')
+    if not text.startswith("-"):
+        named = isinstance(node, ast.Name | ast.Attribute)
+        return named and text.split(".")[-1].upper().endswith("MASK_VALUE")
+    if text[1:].endswith(".inf") or text[1:] in ("inf", 'float("inf")'):
+        return True
+    value = node.operand if isinstance(node, ast.UnaryOp) else None
+    return (
+        isinstance(value, ast.Constant)
+        and isinstance(value.value, int | float)
+        and not isinstance(value.value, bool)
+        and value.value >= 1e9
+    )
+
+
+def _index_map_names(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A grid index read from the wrong parameter of an index map: in a ``lambda`` of plain
+    parameters (a BlockSpec's index map), a parameter read where a sibling was meant
+    (``lambda b, o, i: (0, b)`` -> ``(0, o)``)."""
+    for node in walk(fn):
+        if not isinstance(node, ast.Lambda) or node.args.vararg or node.args.kwarg:
+            continue
+        params = [a.arg for a in node.args.args]
+        if not 2 <= len(params) <= 5:
+            continue
+        for name in walk(node.body):
+            if isinstance(name, ast.Name) and name.id in params:
+                for other in params:
+                    if other != name.id:
+                        yield name, other
+
+
+def _dot_dimensions(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A matrix product contracted over the wrong axis: a ``dot_general``'s contracting
+    dimensions (written out as a literal) each moved to the operand's other matrix axis, and
+    an operand of a ``dot``/``matmul``/``@`` transposed (``q @ k`` for ``q @ k.T``)."""
+    for node in walk(fn):
+        if isinstance(node, ast.Call) and _called(node) == "dot_general" and len(node.args) >= 3:
+            yield from _contracting_alternatives(node.args[2])
+        operands: list[ast.expr] = []
+        if isinstance(node, ast.Call) and _called(node) in ("dot", "matmul") and node.args:
+            operands = node.args[:2]
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            operands = [node.left, node.right]
+        for operand in operands:
+            if isinstance(operand, ast.Attribute) and operand.attr == "T":
+                continue  # the stray transpose is ``transpose``'s
+            text = _text(source, operand)
+            atom = isinstance(operand, ast.Name | ast.Attribute | ast.Subscript | ast.Call)
+            yield operand, f"{text if atom else f'({text})'}.T"
+
+
+def _contracting_alternatives(numbers: ast.expr) -> Iterator[Site]:
+    """``(((1,), (1,)), batch)`` -> the other axis of one side: ``(0,)`` for ``(1,)`` (the
+    matrix axes of 2-D operands, or the last two of batched ones)."""
+    if not (isinstance(numbers, ast.Tuple) and len(numbers.elts) == 2):
+        return
+    contracting = numbers.elts[0]
+    if not (isinstance(contracting, ast.Tuple) and len(contracting.elts) == 2):
+        return
+    for side in contracting.elts:
+        if isinstance(side, ast.Tuple) and len(side.elts) == 1:
+            axis = _int_value(side.elts[0])
+            for other in {0: (1,), 1: (0, 2), 2: (1,)}.get(axis if axis is not None else -9, ()):
+                yield side, f"({other},)"
+
+
+def _reciprocals(source: str, fn: ast.AST) -> Iterator[Site]:
+    """A value for its reciprocal: ``1 / x`` -> ``x``, and a scale bound from a plain value
+    (``scale = sm_scale``) -> ``1 / sm_scale``: a reciprocal dropped or one too many."""
+    for node in walk(fn):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _is_one(node.left):
+            yield node, _text(source, node.right)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            value = node.value
+            if isinstance(value, ast.Name | ast.Attribute | ast.Call | ast.Subscript):
+                yield value, f"1 / {_paren(value, _text(source, value))}"
+
+
+def _is_one(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value == 1
+
+
 Operator = Callable[[str, ast.AST], Iterator[Site]]
 OPERATORS: dict[str, Operator] = {
     "transpose": _transposes,
     "extremum": _extrema,
+    "sibling": _siblings,
     "select": _selects,
+    "fill": _fills,
     "unused_parameter": _unused_parameters,
     "pinned_keyword": _pinned_keywords,
     "multiplied_mask": _multiplied_masks,
@@ -544,6 +681,7 @@ OPERATORS: dict[str, Operator] = {
     "comparison": _comparisons,
     "logic": _logic,
     "swap": _swaps,
+    "index_map_name": _index_map_names,
     "axis": _axes,
     "off_by_one": _off_by_one,
     "stride": _strides,
@@ -553,6 +691,8 @@ OPERATORS: dict[str, Operator] = {
     "rebinding": _rebindings,
     "name": _names,
     "arithmetic": _arithmetic,
+    "dot_dimensions": _dot_dimensions,
+    "reciprocal": _reciprocals,
     "dropped_term": _dropped_terms,
     "square": _squares,
 }
