@@ -616,3 +616,30 @@ async def test_the_search_repairs_a_mean_normalised_twice_in_jaxs_layer_norm(tmp
     )
     assert report.certified, steps
     assert steps[1].startswith("mutant:extremum:line 47: `.mean` -> `.sum`"), steps
+
+
+def test_of_two_edits_that_pass_a_one_case_spec_the_hidden_cases_choose_the_fix():
+    """``!= 1`` (zero the accumulator on every block but the second) passes the one listed case
+    as the fix does, and comes first: screening goes on past it, the hidden cases (more row
+    blocks, from the spec's domain) refuse it, and the answer is the fix, naming what they
+    refused."""
+    spec = HERE / "col_sum_one_case_spec.py"
+    source = (HERE / "col_sum_init_on_second.py").read_text()
+    report = check(spec, _write(source), "compact", 3, controls=False)
+    request = FixRequest(
+        spec_path=str(spec),
+        spec_source=spec.read_text(),
+        source=source,
+        candidate_name="kernel.py",
+        evidence=evidence_from_report(report, "sha256:x", ""),
+        round=1,
+    )
+    import activities.fixers.search as search_module
+
+    result = search_module.search(request, Budget(checks=64))  # the screening, recipes aside
+    assert "!= 1" not in result.summary, result.reason
+    assert "passed the suite but not the hidden cases: mutant:comparison:" in result.reason
+    assert "`pl.program_id(0) != 1`" in result.reason
+    deeper = _TMP[0] / "deeper_spec.py"
+    deeper.write_text(spec.read_text().replace('{"R": 64, "C": 128}', '{"R": 160, "C": 128}'))
+    assert check(deeper, _write(result.source), "compact", 9).certified, result.source

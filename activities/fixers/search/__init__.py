@@ -4,10 +4,12 @@ When a recipe of the evidence's failure class applies, its edit is the answer, a
 ``playbook``. When none does, the fixer stops guessing and asks the engine: it screens, in
 order, the edits of the recipes of other classes whose pattern is present and then the kernel's
 single-site mutants (``mutants``), each with a sandboxed check of the failing suite
-(``screen``), and answers with the first that passes that suite — else the one that got
-furthest, when it got further than the kernel itself. Zero tokens, always; a bounded number of
-checks per round (``Budget``). The loop then checks the answer on the full suite like any
-other edit: screening only decides what to propose, never what certifies.
+(``screen``), and answers with the first that passes that suite and the engine's hidden cases
+— else the one that got furthest, when it got further than the kernel itself. Zero tokens,
+always; a bounded number of checks per round (``Budget``). Where several edits pass, the
+hidden cases choose among the first few and the answer names those it could not tell apart.
+The loop then checks the answer on the full suite like any other edit: screening only decides
+what to propose, never what certifies.
 """
 
 from __future__ import annotations
@@ -126,6 +128,15 @@ def search(request: FixRequest, budget: Budget) -> FixResult:
         return FixResult(model=MODEL, reason=reason, tokens=TokenUsage(), resume_at=resume_at)
     edit = edits[found.best]
     verdict = "passes the screening suite" if found.passed else "gets further than the kernel"
+    if found.told_apart:
+        refused = ", ".join(edits[i].name for i in found.told_apart)
+        verdict += f"; passed the suite but not the hidden cases: {refused}"
+    if found.alike:
+        alike = "; ".join(edits[i].name for i in found.alike)
+        verdict += (
+            f", hidden cases included, and so do {len(found.alike)} other edit(s): the spec "
+            f"cannot tell these apart: {alike}"
+        )
     return FixResult(
         source=edit.source,
         summary=edit.name,

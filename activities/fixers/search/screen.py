@@ -7,9 +7,13 @@ times per edit), ``Budget.lanes`` children at a time; the engine compares each e
 Where the numbers are right and only a target or the gate objects, each edit gets a whole
 sandboxed check instead, with the evidence's targets and the gate enforcing. Either way at a
 fixed seed, without control experiments (they explain failures; screening only ranks), in the
-edits' order, stopping at the first edit that passes, or when the budget is spent; among edits
-judged in the same batch the earlier wins, so the answer does not depend on which finished
-first. In the warm case the kernel itself is run once more with a line tracer, and an edit
+edits' order, until the budget is spent or a few edits past the first that passes
+(``Budget.after_pass``): a spec often cannot tell the fix from a patch that passes it, so where
+several edits pass, the first few are checked again in fresh children with the engine's hidden
+cases (inputs the spec allows but does not list); an edit that fails them is not proposed, and
+those that pass them all are said to be alike ("the spec cannot tell these apart"). Among edits
+that pass, the earlier in the edits' order wins, so the answer does not depend on which
+finished first. In the warm case the kernel itself is run once more with a line tracer, and an edit
 none of whose statement ran is skipped unscreened: code the failing suite never executes (a
 backward pass, the other branch of a block-size dispatch) cannot change what the suite sees.
 Screening never certifies: the loop's full check, in fresh children, judges the pick.
@@ -52,6 +56,8 @@ class Budget:
     seconds: float = 240.0
     lanes: int = 2
     case_timeout_s: float = 20.0
+    after_pass: int = 16  # edits screened on past the first that passes, to find its rivals
+    hidden_checks: int = 4  # passing edits checked again with the hidden cases
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,10 @@ class Screen:
     passed: bool = False  # whether it passes the screening suite
     why: str = ""  # why there is no edit to propose, where it is not "none got further"
     unreached: int = 0  # edits skipped unscreened: they edit code the suite never ran
+    # Every edit that passed the screening suite, (index, source), in the edits' order.
+    passers: tuple[tuple[int, str], ...] = ()
+    alike: tuple[int, ...] = ()  # others that pass as ``best`` does, hidden cases included
+    told_apart: tuple[int, ...] = ()  # passers the hidden cases refused
 
 
 def screen(request: FixRequest, sources: Iterable[str], budget: Budget) -> Screen:
@@ -101,15 +111,24 @@ def screen(request: FixRequest, sources: Iterable[str], budget: Budget) -> Scree
                 reached = _Reached(request.source, warm.lines_run())
                 edits = reached.edits(enumerate(sources))
                 found = _rank(edits, budget, score_cases(cases), warm, started)
-                return dataclasses.replace(found, unreached=reached.skipped)
+                found = dataclasses.replace(found, unreached=reached.skipped)
             finally:
                 warm.close()
-        fresh = _fresh(request, folder, suite, limits)
-        base = fresh("kernel", request.source)
-        if base >= 1.0:
-            why = f"the kernel passes the {suite} suite at the screening seed: nothing to rank by"
-            return Screen(0, time.perf_counter() - started, why=why)
-        return _rank(enumerate(sources), budget, base, fresh, started)
+        else:
+            fresh = _fresh(request, folder, suite, limits)
+            base = fresh("kernel", request.source)
+            if base >= 1.0:
+                why = (
+                    f"the kernel passes the {suite} suite at the screening seed: nothing to rank by"
+                )
+                return Screen(0, time.perf_counter() - started, why=why)
+            found = _rank(enumerate(sources), budget, base, fresh, started)
+        if len(found.passers) < 2:
+            return found
+        # the whole suite, where the hidden cases are drawn (the screening seed's, not the
+        # certifying check's: that one draws its own)
+        hidden = _fresh(request, folder, "all", limits, hidden=True)
+        return _told_apart(found, hidden, budget)
 
 
 Judge = Callable[[int | str, str], float]  # (index, source) -> score; 1.0: passes
@@ -118,23 +137,44 @@ Judge = Callable[[int | str, str], float]  # (index, source) -> score; 1.0: pass
 def _rank(
     edits: Iterable[tuple[int, str]], budget: Budget, baseline: float, judged: Judge, started: float
 ) -> Screen:
-    """The edits (index, source) judged in order, ``budget.lanes`` at a time, until one passes
-    or the budget is spent; the best's index (the edit's own, whatever was skipped before)."""
+    """The edits (index, source) judged in order, ``budget.lanes`` at a time, until the budget
+    is spent or ``budget.after_pass`` edits past the first that passes; the best's index (the
+    edit's own, whatever was skipped before): the first that passes, else the furthest."""
     best, best_score, screened = None, baseline, 0
+    passers: list[tuple[int, str]] = []
+    stop_at = budget.checks
     wanted = itertools.islice(edits, budget.checks)
     with ThreadPoolExecutor(budget.lanes) as pool:
-        while time.perf_counter() - started <= budget.seconds:
-            batch = list(itertools.islice(wanted, budget.lanes))  # edits made as they are due
-            if not batch:
+        while screened < stop_at and time.perf_counter() - started <= budget.seconds:
+            batch = list(itertools.islice(wanted, min(budget.lanes, stop_at - screened)))
+            if not batch:  # edits made as they are due
                 break
             scores = list(pool.map(lambda item: judged(*item), batch))
             screened += len(scores)
-            for (index, _), value in zip(batch, scores, strict=True):
+            for (index, source), value in zip(batch, scores, strict=True):
                 if value >= 1.0:
-                    return Screen(screened, time.perf_counter() - started, index, True)
-                if value > best_score:
+                    if not passers:
+                        stop_at = min(stop_at, screened + budget.after_pass)
+                    passers.append((index, source))
+                elif value > best_score:
                     best, best_score = index, value
-    return Screen(screened, time.perf_counter() - started, best)
+    seconds = time.perf_counter() - started
+    if passers:
+        return Screen(screened, seconds, passers[0][0], True, passers=tuple(passers))
+    return Screen(screened, seconds, best)
+
+
+def _told_apart(found: Screen, hidden: Judge, budget: Budget) -> Screen:
+    """Several edits pass the screening suite: the first ``budget.hidden_checks`` of them
+    checked again with the hidden cases. The first that passes them is proposed, the others
+    that do are alike; where none does, the first passer stays the pick (the loop's own check
+    will refuse it) and nothing is said alike."""
+    judged = found.passers[: budget.hidden_checks]
+    passed = [index for index, source in judged if hidden(f"hidden-{index}", source) >= 1.0]
+    refused = tuple(index for index, _ in judged if index not in passed)
+    if not passed:
+        return dataclasses.replace(found, told_apart=refused)
+    return dataclasses.replace(found, best=passed[0], alike=tuple(passed[1:]), told_apart=refused)
 
 
 class _Warm:
@@ -227,8 +267,11 @@ def _changed(original: list[str], edited: list[str]) -> tuple[int, int]:
     return head + 1, len(original) - tail
 
 
-def _fresh(request: FixRequest, folder: Path, suite: str, limits: Limits) -> Judge:
-    """Each edit checked in full, in fresh children, with the evidence's targets."""
+def _fresh(
+    request: FixRequest, folder: Path, suite: str, limits: Limits, hidden: bool = False
+) -> Judge:
+    """Each edit checked in full, in fresh children, with the evidence's targets; with the
+    engine's hidden cases too where ``hidden`` (to tell apart edits that pass the suite)."""
     targets = tuple(request.evidence.targets) or None
 
     def judged(index: int | str, source: str) -> float:
@@ -246,7 +289,7 @@ def _fresh(request: FixRequest, folder: Path, suite: str, limits: Limits) -> Jud
                     limits,
                     targets=targets,
                     controls=False,
-                    hidden=False,  # the certifying check's alone: never seen before the verdict
+                    hidden=hidden,
                 )
             )
         except UsageError:  # an edit the gate cannot even admit
