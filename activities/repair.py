@@ -171,7 +171,12 @@ class RepairActivities:
 
     @activity.defn(name="retrieve_knowledge")
     async def retrieve_knowledge(self, request: RetrieveInput) -> RetrieveResult:
-        entries, patches = await retrieve(self.store, request.evidence, request.budget_chars)
+        held_out = ""
+        if request.hold_out_for:  # the held-out split: nothing written from this kernel
+            held_out = (await self.store.get_blob(request.hold_out_for)).decode()
+        entries, patches = await retrieve(
+            self.store, request.evidence, request.budget_chars, held_out=held_out
+        )
         negative = await failed_attempts(self.store, request.evidence)
         return RetrieveResult(
             entry_ids=[e.id for e in entries],

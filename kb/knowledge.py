@@ -127,11 +127,25 @@ class Entry:
         return (self.successes + 1) / (self.uses + 2)
 
     def line(self) -> str:
-        """How the entry reads in a fix prompt."""
+        """How the entry reads in a fix prompt: the pattern and the reason, never a diff (an
+        entry's example is a kernel's own edit: it would hand over that kernel's answer rather
+        than teach the fix)."""
         text = f"[{self.id}] {self.title}. Seen as: {self.body.get('diagnosis', '')} "
-        text += f"Fix: {self.body.get('guidance', '')}"
-        example = self.body.get("example")
-        return f"{text}\n{example}" if example else text
+        return text + f"Fix: {self.body.get('guidance', '')}"
+
+    def hands_over(self, source: str) -> bool:
+        """Whether this entry was written from ``source``'s own code: every line its example
+        or learned diff keeps or removes (a few characters or more) is a line of ``source``.
+        Such an entry would give that kernel's fix away; an evaluation holds it out."""
+        kept = [
+            line[1:].strip()
+            for text in (self.body.get("diff") or "", self.body.get("example") or "")
+            for line in text.splitlines()
+            if line[:1] in ("-", " ") and not line.startswith("---")
+        ]
+        kept = [line for line in kept if len(line) >= 8]
+        lines = {line.strip() for line in source.splitlines()}
+        return bool(kept) and all(line in lines for line in kept)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -399,7 +413,7 @@ async def failed_attempts(store: EventStore, evidence: Evidence) -> list[str]:
 
 
 async def retrieve(
-    store: EventStore, evidence: Evidence, budget_chars: int
+    store: EventStore, evidence: Evidence, budget_chars: int, held_out: str = ""
 ) -> tuple[list[Entry], list[Entry]]:
     """(promoted entries for the prompt, learned patches to try first at zero tokens).
 
@@ -408,11 +422,12 @@ async def retrieve(
     platform: first the op's own category, then the other categories' — a patch applies only
     where its changed lines occur exactly once, so the same line in a kernel of another category
     (an activation in an elementwise op and in a matmul's epilogue) is fixed the same way. A
-    patch that made this very kernel worse before (negative knowledge) is left out.
+    patch that made this very kernel worse before (negative knowledge) is left out; so is, where
+    ``held_out`` is a kernel's source, every entry written from that kernel's own code.
     """
     projection = KnowledgeProjection(store)
     await projection.catch_up()
-    entries = await projection.entries()
+    entries = [e for e in await projection.entries() if not (held_out and e.hands_over(held_out))]
     promoted = [e for e in entries if e.status == "promoted"]
     learned = [e for e in entries if e.source == "learned" and e.status != "demoted"]
     harmful = await projection.harmful_patches(evidence.candidate_hash)

@@ -55,6 +55,7 @@ class RepairStarted(Event):
     guards: JSON = {}
     seed: int = 0
     use_kb: bool = True
+    knowledge: str = "all"  # "held_out": no entry written from this kernel's own code
     knowledge_budget_chars: int = 4000
     integrity: str = "enforce"
     certify_suite: str = "all"

@@ -111,7 +111,7 @@ def test_the_table_follows_the_papers_definitions():
     assert row.tokens_per_success is None
 
     text = markdown(table)
-    assert "| debug | 50.0 % (2/4) | 100.0 % (2/2) | 1,350 | 2,700 | 1,250 |" in text
+    assert "| debug | all | 50.0 % (2/4) | 100.0 % (2/2) | 1,350 | 2,700 | 1,250 |" in text
     assert "Operators only debug recovered" in text and "1 (a/x)" in text
     assert 'integrity-rejected "successes"' in text and "1 of 1" in text
     assert "| a/x | 1/2 | 0/2 | 1/2 |" in text
@@ -225,10 +225,12 @@ async def test_a_small_experiment_end_to_end(
         "debug": (2, 2),
         "regenerate": (0, 2),
         "debug-no-kb": (2, 2),
+        "debug-held-out-kb": (2, 2),
         "debug-no-integrity": (2, 2),
         "debug-compact-only": (2, 2),
     }
     assert rows["debug"].tokens == {"input": 4200, "cached_input": 800, "output": 440}
+    assert rows["debug-held-out-kb"].tokens == rows["debug"].tokens
     assert rows["debug-no-integrity"].tokens == {"input": 2000, "cached_input": 800, "output": 200}
     assert rows["debug-compact-only"].tokens == {"input": 0, "cached_input": 0, "output": 0}
     assert rows["regenerate"].tokens == {"input": 1400, "cached_input": 0, "output": 600}
@@ -268,8 +270,18 @@ async def test_a_small_experiment_end_to_end(
             if arm == "debug-compact-only":
                 certify = [e.payload for e in events if e.payload.get("phase") == "certify"]
                 assert [c["suite"] for c in certify] == ["compact"]
+            # The corpus's own entry (written from floor_grid's code) reaches the debug arm's
+            # prompts, never the held-out arm's.
+            retrieved = {
+                i for e in events if e.type == "KnowledgeRetrieved" for i in e.payload["entry_ids"]
+            }
+            if arm == "debug":
+                assert "seed-floor-grid-ragged" in retrieved, retrieved
+            if arm == "debug-held-out-kb":
+                assert events[0].payload["knowledge"] == "held_out"
+                assert retrieved and "seed-floor-grid-ragged" not in retrieved, retrieved
         assert logged == cell.tokens.model_dump(), arm
-    assert sum("audit" in line for line in lines) == 4 and any("[9/9]" in line for line in lines)
+    assert sum("audit" in line for line in lines) == 4 and any("[11/11]" in line for line in lines)
 
     # `nearmiss experiment show` recomputes the same table from the store, and writes the files.
     monkeypatch.setenv("TEMPORAL_ADDRESS", temporal_address)
@@ -282,7 +294,10 @@ async def test_a_small_experiment_end_to_end(
     assert printed.getvalue() == markdown(table)
     assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(table.to_json()))
     assert (out / "table.md").read_text() == markdown(table)
-    assert len(list(csv.DictReader((out / "table.csv").open()))) == 5
+    assert len(list(csv.DictReader((out / "table.csv").open()))) == 6
+    # The table says which knowledge each arm's sessions could see.
+    assert "| debug-held-out-kb | held out (own entries hidden) |" in markdown(table)
+    assert "| debug | all |" in markdown(table) and "| debug-no-kb | none |" in markdown(table)
     for name in ("pass_rates.svg", "tokens_per_success.svg"):
         ET.parse(out / name)
     printed = io.StringIO()
@@ -306,6 +321,6 @@ async def test_the_command_runs_a_playbook_experiment_on_configured_services(
         assert await experiment_cli.run(parse(argv)) == 0
     text = printed.getvalue()
     assert text == (out / "table.md").read_text()
-    assert "| debug | 100.0 % (1/1) | 100.0 % (1/1) | 0 | 0 | 0 |" in text
+    assert "| debug | all | 100.0 % (1/1) | 100.0 % (1/1) | 0 | 0 | 0 |" in text
     assert "successes failing the extended suite (re-checked: extended suite): 1 of 1" in text
     assert "Operators only debug recovered" not in text  # no regenerate arm to compare with

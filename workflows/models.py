@@ -217,6 +217,9 @@ class FixInput(BaseModel):
 class RetrieveInput(BaseModel):
     evidence: Evidence
     budget_chars: int
+    # The held-out knowledge split (RepairRequest.knowledge): the session's original, whose own
+    # fix no entry may hand over (``kb.knowledge.Entry.hands_over``). Empty: every entry.
+    hold_out_for: str = ""
 
 
 class RetrieveResult(BaseModel):

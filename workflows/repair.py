@@ -74,6 +74,9 @@ class RepairRequest(BaseModel):
     guards: Guards = Field(default_factory=Guards)
     seed: int = 0
     use_kb: bool = True  # False: the no-knowledge ablation
+    # "held_out": no entry written from this kernel's own code is retrieved, so an evaluation
+    # on the bundled corpus does not hand the corpus's fixes back (``Entry.hands_over``).
+    knowledge: Literal["all", "held_out"] = "all"
     knowledge_budget_chars: int = 4000
     # "report": the no-anti-cheat ablation (violations listed, never blocking); "off": no gate.
     integrity: Literal["enforce", "report", "off"] = "enforce"
@@ -218,6 +221,7 @@ class RepairWorkflow:
             RetrieveInput(
                 evidence=self.loop.state.current_evidence,
                 budget_chars=request.knowledge_budget_chars,
+                hold_out_for=request.candidate_hash if request.knowledge == "held_out" else "",
             ),
             result_type=RetrieveResult,
             **RETRIEVE_OPTIONS,

@@ -39,10 +39,19 @@ class Arm:
     name: str
     kind: str  # "debug": RepairWorkflow sessions; "regenerate": one RegenerateWorkflow
     use_kb: bool = True
+    # "held_out": no knowledge entry written from the near-miss's own code (RepairRequest's)
+    knowledge: Literal["all", "held_out"] = "all"
     integrity: Literal["enforce", "report", "off"] = "enforce"  # as RepairRequest takes them
     certify_suite: Literal["all", "compact"] = "all"
     what: str = ""
     recheck: Recheck | None = None  # an ablation whose successes the experiment audits
+
+    @property
+    def knowledge_split(self) -> str:
+        """Which knowledge the arm's sessions could see, as the table says it."""
+        if self.kind != "debug" or not self.use_kb:
+            return "none"
+        return "held out (own entries hidden)" if self.knowledge == "held_out" else "all"
 
     def describe(self) -> dict:
         """The arm as ExperimentStarted records it (the re-check is recorded with its verdicts)."""
@@ -55,6 +64,12 @@ ARMS = {
         Arm("debug", "debug", what="the engine-orchestrated repair loop"),
         Arm("regenerate", "regenerate", what="the model writes the kernel from the spec"),
         Arm("debug-no-kb", "debug", use_kb=False, what="no knowledge retrieved"),
+        Arm(
+            "debug-held-out-kb",
+            "debug",
+            knowledge="held_out",
+            what="no knowledge entry written from the near-miss's own code",
+        ),
         Arm(
             "debug-no-integrity",
             "debug",

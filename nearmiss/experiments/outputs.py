@@ -20,6 +20,11 @@ def _count(value: float | None) -> str:
     return "—" if value is None else f"{value:,.0f}"
 
 
+def _knowledge(arm: str) -> str:
+    """The knowledge split an arm's sessions saw; an arm this code no longer has: unknown."""
+    return ARMS[arm].knowledge_split if arm in ARMS else "?"
+
+
 def markdown(table: Table) -> str:
     lines = [
         f"# Experiment {table.experiment_id}: debug vs regenerate",
@@ -27,13 +32,14 @@ def markdown(table: Table) -> str:
         f"model `{table.model}` · {len(table.near_misses)} near-miss operators · "
         f"{table.trials} trial(s) per arm and operator",
         "",
-        "| arm | Pass@1 | Pass@k | tokens / operator | tokens / success | "
+        "| arm | knowledge | Pass@1 | Pass@k | tokens / operator | tokens / success | "
         "uncached tokens / operator |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in table.rows:
         lines.append(
-            f"| {row.arm} | {_pct(row.pass_at_1)} ({row.successes}/{row.attempts}) "
+            f"| {row.arm} | {_knowledge(row.arm)} "
+            f"| {_pct(row.pass_at_1)} ({row.successes}/{row.attempts}) "
             f"| {_pct(row.pass_at_k)} ({row.recovered}/{row.near_misses}) "
             f"| {_count(row.tokens_per_operator)} | {_count(row.tokens_per_success)} "
             f"| {_count(row.uncached_per_operator)} |"

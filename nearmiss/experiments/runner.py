@@ -100,6 +100,7 @@ def _request(config: ExperimentConfig, job: Job):
         guards=config.guards,
         seed=config.seed + job.trial,
         use_kb=arm.use_kb,
+        knowledge=arm.knowledge,
         integrity=arm.integrity,
         certify_suite=arm.certify_suite,
         learn=config.learn,
