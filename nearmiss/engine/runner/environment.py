@@ -37,6 +37,11 @@ import nearmiss
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.runner import cgroups
 
+# The interpreter every child runs: absolute (Python started by a relative path reports a
+# relative one, and a sandboxed child starts in its own folder), never resolved (a virtual
+# environment's python is a link, and resolving it would leave the environment).
+PYTHON = os.path.abspath(sys.executable)
+
 ALLOWED_NAMES = frozenset(
     {
         "PATH",
@@ -451,7 +456,7 @@ def _probe(executable: str) -> Bubblewrap | str:
             fd = seccomp_memfd(sandbox.seccomp) if sandbox.seccomp else None
             try:
                 env = child_environment(Path(home), {}, engine_path=ENGINE_MOUNT)
-                argv = [sys.executable, "-c", "import nearmiss"]
+                argv = [PYTHON, "-c", "import nearmiss"]
                 probe = subprocess.run(
                     sandbox.command(argv, Path(home), env, seccomp_fd=fd),
                     env=env,

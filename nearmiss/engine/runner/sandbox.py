@@ -18,7 +18,6 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from nearmiss.engine.runner.child import ADDRESS_LIMIT_ENV, MEMORY_ENV
 from nearmiss.engine.runner.environment import (
     ENGINE_MOUNT,
     PROJECT_ROOT,
+    PYTHON,
     Bubblewrap,
     can_show_at,
     child_environment,
@@ -249,7 +249,7 @@ class SandboxChild:
             env.setdefault("JAX_PLATFORMS", "cpu")
         else:  # that device only: without it JAX would fall back to the CPU, silently
             env["JAX_PLATFORMS"] = self.platform_hint
-        argv = [sys.executable, "-m", self.module]
+        argv = [PYTHON, "-m", self.module]
         pass_fds = list(self._child_ends)
         seccomp_fd = None
         workdir = self.home
