@@ -3,6 +3,8 @@ the fake OpenAI-compatible server; real checks of real kernels."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from fake_openai import FakeOpenAI, answer, rate_limited, unauthorized
 from sessions import full_file, run_session
@@ -62,13 +64,23 @@ async def test_a_two_round_repair_certifies_with_exact_tokens_and_one_event_per_
     assert attributes.get(TOKENS_ATTRIBUTE) == 2750
 
 
-async def test_a_rate_limit_is_retried_by_temporal_and_the_repair_goes_on(client, seeded_store):
+async def test_a_rate_limit_is_retried_by_temporal_and_the_repair_goes_on(
+    client, seeded_store, caplog
+):
+    caplog.set_level(logging.DEBUG)
     with FakeOpenAI() as fake:
         fake.script(rate_limited(retry_after="1"), answer(full_file(GOLDEN), prompt_tokens=10))
         result, events, *_ = await repair(client, seeded_store, fake, use_kb=False)
         assert len(fake.requests) == 2
         prompt = fake.requests[-1]["messages"][-1]["content"]
     assert result.certified and result.tokens.input == 10  # the refused call cost nothing
+    # The retry is said in one line, without a traceback.
+    said = [r for r in caplog.records if "retrying in" in r.getMessage()]
+    assert len(said) == 1 and said[0].exc_info is None, [r.getMessage() for r in said]
+    assert "model endpoint answered 429" in said[0].getMessage()
+    assert "retrying in 1 s (attempt 2/" in said[0].getMessage()
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING and r.exc_info]
+    assert not loud, [r.getMessage() for r in loud]
     # The no-knowledge ablation: nothing retrieved, nothing in the prompt.
     assert "KnowledgeRetrieved" not in [e.type for e in events] and "[seed-" not in prompt
 

@@ -82,6 +82,31 @@ def is_infrastructure_error(exc: BaseException) -> bool:
     return False
 
 
+def retry_line(failure: Exception, attempt: int) -> str | None:
+    """How a worker says, in one line, that an activity's retryable failure is retried (or given
+    up): ``model endpoint answered 429: ...; retrying in 2 s (attempt 2/6)``; None for a
+    failure it does not say (a bug's, a candidate's, Temporal's own)."""
+    from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+
+    from workflows.retries import BACKOFF, FIRST_RETRY, LONGEST_RETRY, OTHER_ATTEMPTS
+
+    if not isinstance(failure, ApplicationError) or failure.type == INFRASTRUCTURE:
+        return None
+    if failure.category != ApplicationErrorCategory.BENIGN:
+        return None
+    if failure.non_retryable:
+        return failure.message
+    delay = failure.next_retry_delay
+    seconds = (
+        delay.total_seconds()
+        if delay
+        else min(
+            FIRST_RETRY.total_seconds() * BACKOFF ** (attempt - 1), LONGEST_RETRY.total_seconds()
+        )
+    )
+    return f"{failure.message}; retrying in {seconds:g} s (attempt {attempt + 1}/{OTHER_ATTEMPTS})"
+
+
 def describe(exc: BaseException) -> str:
     """One line for an error: its type and message."""
     text = str(exc).strip().splitlines()
@@ -101,13 +126,23 @@ def as_activity_error(exc: Exception, attempt: int) -> Exception:
     from workflows.retries import OTHER_ATTEMPTS
 
     if isinstance(exc, ApplicationError):
-        if exc.non_retryable or exc.type == INFRASTRUCTURE or attempt < OTHER_ATTEMPTS:
+        if exc.non_retryable or exc.type == INFRASTRUCTURE:
             return exc
+        if attempt < OTHER_ATTEMPTS:
+            # Retried: benign, so the SDK logs no traceback (the worker says it in one line).
+            return ApplicationError(
+                exc.message,
+                *exc.details,
+                type=exc.type,
+                next_retry_delay=exc.next_retry_delay,
+                category=ApplicationErrorCategory.BENIGN,
+            )
         return ApplicationError(
             f"{exc.message} (gave up after {attempt} attempts)",
             *exc.details,
             type=exc.type,
             non_retryable=True,
+            category=ApplicationErrorCategory.BENIGN,
         )
     if isinstance(exc, TemporalError):
         return exc

@@ -51,6 +51,7 @@ from nearmiss.client.faults import (
     describe,
     is_infrastructure_error,
     progress_or_none,
+    retry_line,
 )
 from nearmiss.client.settings import Settings
 from nearmiss.engine.check import require_file
@@ -129,6 +130,9 @@ class _ClassifiedFailures(ActivityInboundInterceptor):
                     info.attempt,
                     failure.message,
                 )
+            said = retry_line(failure, info.attempt)
+            if said is not None:
+                _log.warning("%s of %s: %s", info.activity_type, info.workflow_id, said)
             raise failure from exc
 
 
