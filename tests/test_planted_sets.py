@@ -19,6 +19,7 @@ import test_playbook_holdout8
 import test_playbook_holdout9
 import test_playbook_holdout10
 import test_playbook_holdout11
+import test_playbook_holdout12
 import test_playbook_unseen
 from test_playbook_shipped import HELD_OUT, SEED, SUITE, PlantedSet
 from test_shipped_kernels import SPECS, installed_source
@@ -39,6 +40,7 @@ PLANTED: dict[str, PlantedSet] = {
     "holdout9": test_playbook_holdout9.SET,
     "holdout10": test_playbook_holdout10.SET,
     "holdout11": test_playbook_holdout11.SET,
+    "holdout12": test_playbook_holdout12.SET,
     "families": test_playbook_families.SET,
 }
 SETS = {"shipped": HELD_OUT} | {group: planted.cases for group, planted in PLANTED.items()}

@@ -11,6 +11,7 @@ integrity gate must let through while it still refuses the cheat corpus.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 from pathlib import Path
@@ -50,8 +51,27 @@ SHIPPED = {
 
 
 def installed_source(module: str) -> str:
-    """The source of a module as installed with jax (the pinned version)."""
-    return Path(importlib.util.find_spec(module).origin).read_text()
+    """The source of a module as installed with jax (the pinned version). A third-party
+    package's module that imports its siblings relatively (``from ._utils import ...``, which
+    a one-file candidate cannot) gets each such import replaced by that sibling's own source,
+    once, without its ``from __future__`` line (JAX's modules import absolutely: unchanged)."""
+    return _inline_siblings(module, set())
+
+
+def _inline_siblings(module: str, seen: set[str]) -> str:
+    seen.add(module)
+    source = Path(importlib.util.find_spec(module).origin).read_text()
+    lines = source.splitlines(keepends=True)
+    package = module.rpartition(".")[0]
+    found = [n for n in ast.parse(source).body if isinstance(n, ast.ImportFrom) and n.level == 1]
+    texts = []
+    for node in found:  # in order: a sibling is inlined where it is first imported
+        sibling = f"{package}.{node.module}"
+        text = "" if sibling in seen else _inline_siblings(sibling, seen)
+        texts.append(text.replace("from __future__ import annotations\n", ""))
+    for node, text in reversed(list(zip(found, texts, strict=True))):
+        lines[node.lineno - 1 : node.end_lineno] = [text]
+    return "".join(lines)
 
 
 def shipped_candidate(tmp_path: Path, name: str) -> Path:
