@@ -1,11 +1,15 @@
-"""How many planted bugs in JAX's own kernels do the zero-token fixers repair?
+"""How many planted bugs in Pallas kernels (JAX's own, ejkernel's) do the zero-token fixers
+repair, and are the repairs the fix?
 
 Drives each planted kernel of the chosen sets (``tests/test_playbook_*.py``: JAX's installed
 Pallas modules, one realistic bug planted in each) through the same rounds the planted-set tests
 use (the engine's check, the evidence, a zero-token edit, the check again; a regression
 reverted), once with ``playbook`` (recipes only) and once with ``search`` (recipes, then the
 screened mutation search), and prints per kernel what each did, the certified counts side by
-side, and the search's seconds. Minutes per kernel for the search: choose the sets.
+side, and the search's seconds. Each certified repair is judged (``judge_fix``): the author's
+fix (the unplanted text), equivalent (certified on the whole suite with hidden cases at three
+fresh seeds), or one that fails a hidden case. Minutes per kernel for the search: choose the
+sets.
 
     .venv/bin/python benchmarks/held_out.py [--sets holdout5,holdout6] [--only NAME,...]
         [--checks N] [--seconds S]
@@ -37,6 +41,7 @@ SETS = {  # set name -> (test module, the dict of planted cases in it)
     "holdout9": ("test_playbook_holdout9", "HOLDOUT9"),
     "holdout10": ("test_playbook_holdout10", "HOLDOUT10"),
     "holdout11": ("test_playbook_holdout11", "HOLDOUT11"),
+    "holdout12": ("test_playbook_holdout12", "HOLDOUT12"),
     "families": ("test_playbook_families", "FAMILIES"),
 }
 
@@ -63,6 +68,7 @@ def main() -> None:
         "search": lambda: SearchFixer(Budget(checks=args.checks, seconds=args.seconds)),
     }
     certified = dict.fromkeys(fixers, 0)
+    kinds = {name: dict.fromkeys(FIX_KINDS, 0) for name in fixers}
     total = 0
     planted_sets = {s: getattr(importlib.import_module(SETS[s][0]), SETS[s][1]) for s in names}
     only = {n for n in args.only.split(",") if n}
@@ -79,9 +85,14 @@ def main() -> None:
             for fixer_name, make in fixers.items():
                 started = time.perf_counter()
                 with tempfile.TemporaryDirectory(prefix="nearmiss-held-out-") as scratch:
+                    kernel = Path(scratch) / "kernel.py"
                     _, report, steps = asyncio.run(
-                        repair_planted(spec, planted(case), Path(scratch) / "kernel.py", make())
+                        repair_planted(spec, planted(case), kernel, make())
                     )
+                    if report.certified:
+                        judged = judge_fix(spec, case, kernel)
+                        steps.append(judged)
+                        kinds[fixer_name][judged.split(":")[0]] += 1
                 certified[fixer_name] += report.certified
                 if fixer_name == "playbook" and report.certified != (name in expected[set_name]):
                     said = "certified" if report.certified else "not certified"
@@ -92,10 +103,34 @@ def main() -> None:
                 print(" | ".join(steps), flush=True)
     print()
     for fixer_name, count in certified.items():
-        print(f"{fixer_name:>8}: {count} of {total} certified, zero tokens")
+        said = ", ".join(f"{n} {kind}" for kind, n in kinds[fixer_name].items())
+        print(f"{fixer_name:>8}: {count} of {total} certified, zero tokens ({said})")
     if certified["playbook"]:
         print(f"search / playbook: {certified['search'] / certified['playbook']:.2f}x")
     print(f"playbook against the sets' expected repairs: {', '.join(surprises) or 'as expected'}")
+
+
+# How a certified repair is judged against the planted bug (``judge_fix``).
+FIX_KINDS = ("author's fix", "equivalent", "fails a hidden case")
+JUDGE_SEEDS = (101, 102, 103)  # fresh hidden cases, none the repair saw
+
+
+def judge_fix(spec: Path, case, kernel: Path) -> str:
+    """Whether a certified repair is the fix: the unplanted module's own text (the author's
+    fix), else a kernel that passes the whole suite with the engine's hidden cases at three
+    seeds no repair round used (equivalent, as far as the spec's domain can tell), else not."""
+    from test_shipped_kernels import installed_source
+
+    from nearmiss.engine.check import check
+
+    fixed = kernel.read_text()
+    if fixed == installed_source(case.module) + "\n\n" + case.entry:
+        return "author's fix"
+    for seed in JUDGE_SEEDS:
+        report = check(spec, kernel, "all", seed, controls=False)
+        if not report.certified:
+            return f"fails a hidden case: seed {seed}: {report.failure_class}"
+    return "equivalent: certified on suite all at seeds " + ", ".join(map(str, JUDGE_SEEDS))
 
 
 def _expected_repairs(module: str) -> set[str]:
