@@ -251,16 +251,18 @@ def test_lower_for_tpu_reports_the_tiling_rule_and_the_kernel_line():
     _bounded(outcome.summary)
 
 
-def test_lower_says_ok_or_unavailable_plainly():
+def test_lower_for_a_gpu_says_ok_or_the_lowerings_refusal_plainly():
     import jax
 
     outcome = lower(SOFTMAX / "spec.py", SOFTMAX / "golden.py", platform="gpu")
     assert outcome.ok and outcome.jax_version == jax.__version__
-    if jax.default_backend() == "cpu":  # a CPU-only jaxlib has no GPU lowering for Pallas
-        assert outcome.status == "unavailable"
-        assert "unavailable: this installation cannot" in outcome.summary
-    else:
-        assert outcome.status == "ok", outcome.summary
+    assert outcome.status == "ok", outcome.summary
+    if jax.default_backend() == "cpu":  # the gpu target's own lowering, as Pallas runs it
+        assert "without a GPU (1 through Pallas' Triton lowering" in outcome.detail
+        # The ragged case's (8, 320) block: Triton's power-of-two rule, in the lowering's words.
+        refused = lower(SOFTMAX / "spec.py", SOFTMAX / "golden.py", platform="gpu", case="ragged")
+        assert refused.ok and refused.status == "failed", refused.summary
+        assert "Triton needs power-of-two block shapes" in refused.lowering_error.message
 
 
 # run_tool and the schemas ---------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """Sandbox child that lowers the candidate for another platform, without running it.
 
 Lowering needs no hardware: Pallas's TPU (Mosaic) lowering ships with jaxlib and checks block
-tiling and unsupported operations on any machine; GPU lowering needs a jaxlib with GPU support.
+tiling and unsupported operations on any machine. For a GPU on a machine without one, the
+kernel goes through the lowering the engine's ``gpu`` target uses (``targets.triton``: Pallas'
+Triton lowering, Mosaic GPU's for a kernel that asks for it), as Pallas would on a GPU host;
+with a GPU, through JAX's own GPU lowering.
 Interpret mode stays off here — it would lower every kernel as plain XLA and hide exactly what
 this is for. The outcome is filed as ``ok`` (lowered), ``unavailable`` (this installation cannot
 lower for that platform: a fact about the machine, not the kernel) or an error record.
@@ -55,6 +58,25 @@ def _lower(jax, kernel, traced, structs, target: str) -> None:
         jax.export.export(jax.jit(kernel), platforms=[target])(*structs)
 
 
+class LoweringRefused(Exception):
+    """A GPU lowering's refusal, in its own words (``targets.triton``)."""
+
+
+def _lowered_without_a_gpu(program: TracedProgram) -> str:
+    """The kernel through the gpu target's lowering (``targets.triton``): what lowered, or
+    LoweringRefused with the lowering's words."""
+    from nearmiss.engine.runner import candidate_child
+    from nearmiss.engine.targets.triton import lower_for_triton
+
+    found = lower_for_triton(program.jaxpr, candidate_child._candidate_path or None)
+    if not found["ok"]:
+        raise LoweringRefused(found["error"])
+    mosaic = found["mosaic_gpu"]
+    kernels = len(found["modules"])
+    by = f"{kernels - mosaic} through Pallas' Triton lowering, {mosaic} through Mosaic GPU's"
+    return f"lowered for cuda without a GPU ({by}; no GPU compile)"
+
+
 def run_lowering(kernel, request: dict) -> dict:
     import jax
 
@@ -71,9 +93,13 @@ def run_lowering(kernel, request: dict) -> dict:
         with _target_context(jax, platform):
             # Lowered with every pallas_call set for the platform's compiler, whatever
             # ``interpret=`` the kernel passes: interpreted, it would lower to plain XLA.
-            function = TracedProgram.trace(kernel, structs).function(interpret=False)
+            program = TracedProgram.trace(kernel, structs)
             phase = "compile"
-            _lower(jax, function, jax.jit(function).trace(*structs), structs, target)
+            if platform == "gpu" and jax.default_backend() == "cpu":
+                detail = _lowered_without_a_gpu(program)
+            else:
+                function = program.function(interpret=False)
+                _lower(jax, function, jax.jit(function).trace(*structs), structs, target)
     except (Exception, SystemExit) as exc:
         message = str(exc)
         if phase == "trace" or not any(marker in message for marker in UNAVAILABLE):
