@@ -13,7 +13,12 @@ from event_payloads import new_event, payload
 
 from kb.events import EventConflict, EventStore, NewEvent, content_hash
 from kb.memory import MemoryEventStore
-from nearmiss.client.faults import INFRASTRUCTURE, as_activity_error, is_infrastructure_error
+from nearmiss.client.faults import (
+    INFRASTRUCTURE,
+    as_activity_error,
+    is_infrastructure_error,
+    retry_line,
+)
 
 
 def stream() -> str:
@@ -149,7 +154,7 @@ async def test_the_database_going_away_is_the_infrastructure_and_a_bug_is_not(po
 
 
 def test_activity_failures_are_sorted_retry_for_the_infrastructure_at_once_for_bugs():
-    from temporalio.exceptions import ApplicationError
+    from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
     from workflows.retries import INFRA_ATTEMPTS, OTHER_ATTEMPTS, infra_retry
 
@@ -160,9 +165,16 @@ def test_activity_failures_are_sorted_retry_for_the_infrastructure_at_once_for_b
     chosen = ApplicationError("no", type="UsageError", non_retryable=True)
     assert as_activity_error(chosen, attempt=1) is chosen
     rate_limited = ApplicationError("429", type="FixerRetry")
-    assert as_activity_error(rate_limited, attempt=OTHER_ATTEMPTS - 1) is rate_limited
+    retried = as_activity_error(rate_limited, attempt=OTHER_ATTEMPTS - 1)
+    assert retried.type == "FixerRetry" and retried.message == "429"
+    assert not retried.non_retryable
+    # Benign: the SDK logs it without a traceback; the worker says it in one line.
+    assert retried.category == ApplicationErrorCategory.BENIGN
+    line = retry_line(retried, OTHER_ATTEMPTS - 1)
+    assert line == f"429; retrying in 16 s (attempt {OTHER_ATTEMPTS}/{OTHER_ATTEMPTS})"
     spent = as_activity_error(rate_limited, attempt=OTHER_ATTEMPTS)
     assert spent.type == "FixerRetry" and spent.non_retryable
+    assert retry_line(spent, OTHER_ATTEMPTS) == f"429 (gave up after {OTHER_ATTEMPTS} attempts)"
     policy = infra_retry("UsageError")
     waited = sum(
         min(policy.initial_interval.total_seconds() * 2**i, policy.maximum_interval.seconds)
