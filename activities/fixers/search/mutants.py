@@ -103,13 +103,19 @@ def _transposes(source: str, fn: ast.AST) -> Iterator[Site]:
 def _extrema(source: str, fn: ast.AST) -> Iterator[Site]:
     """``max`` <-> ``min``, ``sum`` <-> ``mean`` (a function, a method, or a ``jnp.`` call): the
     wrong reduction (a mean taken, then divided by the count again)."""
+    return _renamed_calls(fn, _OPPOSITE)
+
+
+def _renamed_calls(fn: ast.AST, table: dict[str, str]) -> Iterator[Site]:
+    """Each call of a function named in ``table`` (a function, a method, or a ``jnp.`` call)
+    calling the name ``table`` gives it instead."""
     for node in walk(fn):
         if isinstance(node, ast.Call):
             name = node.func
-            if isinstance(name, ast.Attribute) and name.attr in _OPPOSITE:
-                yield _attribute_name(name), f".{_OPPOSITE[name.attr]}"
-            elif isinstance(name, ast.Name) and name.id in _OPPOSITE:
-                yield name, _OPPOSITE[name.id]
+            if isinstance(name, ast.Attribute) and name.attr in table:
+                yield _attribute_name(name), f".{table[name.attr]}"
+            elif isinstance(name, ast.Name) and name.id in table:
+                yield name, table[name.id]
 
 
 def _selects(source: str, fn: ast.AST) -> Iterator[Site]:
@@ -540,13 +546,7 @@ def _siblings(source: str, fn: ast.AST) -> Iterator[Site]:
     """A function for its sibling, a name apart: ``exp`` <-> ``exp2`` and ``log`` <-> ``log2``
     (a running rescale kept in base 2 read in base e), ``sqrt`` <-> ``rsqrt``, ``ones`` <->
     ``zeros`` (and ``_like``: an accumulator started at one), ``floor`` <-> ``ceil``."""
-    for node in walk(fn):
-        if isinstance(node, ast.Call):
-            name = node.func
-            if isinstance(name, ast.Attribute) and name.attr in _SIBLING:
-                yield _attribute_name(name), f".{_SIBLING[name.attr]}"
-            elif isinstance(name, ast.Name) and name.id in _SIBLING:
-                yield name, _SIBLING[name.id]
+    return _renamed_calls(fn, _SIBLING)
 
 
 _SIBLING = {"exp": "exp2", "exp2": "exp", "log": "log2", "log2": "log", "sqrt": "rsqrt"}
