@@ -231,11 +231,11 @@ def _refs_inside(eqn: Any, refs: set) -> list[tuple[Any, _Arrivals]] | None:
 
     from nearmiss.engine.jaxpr_walk import operands_inside
 
-    passed = {i: v for i, v in enumerate(eqn.invars) if isinstance(v, core.Var) and v in refs}
-    if not passed or eqn.primitive.name in ("pallas_call", *_STORES, *_LOADS):
-        return None
     if eqn.primitive.name not in _NESTED:
         return None  # not nested: the caller's plain-access rules judge it
+    passed = {i: v for i, v in enumerate(eqn.invars) if isinstance(v, core.Var) and v in refs}
+    if not passed:
+        return None
     found = []
     for inner, arriving in operands_inside(eqn):
         if arriving is None:
@@ -264,28 +264,30 @@ def _on(eqn: Any, refs: set) -> bool:
     return bool(eqn.invars) and isinstance(eqn.invars[0], core.Var) and eqn.invars[0] in refs
 
 
-def _mark_stores(body: Any, refs: set, mapping: Any, mark: Any, size: int) -> Any:
+def _mark_stores(body: Any, refs: set, mapping: Any, mark: Any, size: int, top: bool = True) -> Any:
     """``body`` with every store into ``refs`` replaced by ``max(old, mark(p))`` over the same
     elements and mask. A store in a branch, loop or call the refs are passed into
-    (``_only_plain_access``) cannot ask for its program's index there (the plain interpreter
-    resolves ``program_id`` at the kernel's top only), so it flags what it stores instead (adds
-    ``size + 1`` once), and right after that equation the top of the body turns each flagged
-    element into ``max(old, mark(p))`` (``_settled``)."""
+    (``_only_plain_access``; ``top`` False for such a body) cannot ask for its program's index
+    there (the plain interpreter resolves ``program_id`` at the kernel's top only), so it flags
+    what it stores instead (adds ``size + 1`` once), and right after that equation the top of
+    the body turns each flagged element into ``max(old, mark(p))`` (``_settled``)."""
     from jax._src import core
 
+    stored = _maximum_with(mark, mapping) if top else _flag(size)
     eqns: list[Any] = []
     for eqn in body.eqns:
         if eqn.primitive.name in _STORES and _on(eqn, refs):
-            eqns.extend(_marked_store(eqn, mapping, _maximum_with(mark, mapping)))
+            eqns.extend(_marked_store(eqn, mapping, stored))
             continue
         nested = _refs_inside(eqn, refs)
         if nested is None:
             eqns.append(eqn)
             continue
-        eqns.append(_flagged_inside(eqn, nested, mapping, size))
-        passed = [v for v in eqn.invars if isinstance(v, core.Var) and v in refs]
-        for ref in dict.fromkeys(passed):  # each once, in operand order
-            eqns.extend(_settled(ref, eqn, mapping, mark, size))
+        eqns.append(_flagged_inside(eqn, nested, mapping, mark, size))
+        if top:
+            passed = [v for v in eqn.invars if isinstance(v, core.Var) and v in refs]
+            for ref in dict.fromkeys(passed):  # each once, in operand order
+                eqns.extend(_settled(ref, eqn, mapping, mark, size))
     effects = set(body.effects).union(*(e.effects for e in eqns))
     return body.replace(eqns=eqns, effects=effects)
 
@@ -319,25 +321,16 @@ def _linear_program(mapping: Any) -> Any:
     return linear
 
 
-def _flag_stores(body: Any, refs: set, mapping: Any, size: int) -> Any:
-    """``body`` (nested in a kernel) with every store into ``refs``, here or deeper, flagged."""
-    eqns: list[Any] = []
-    for eqn in body.eqns:
-        if eqn.primitive.name in _STORES and _on(eqn, refs):
-            eqns.extend(_marked_store(eqn, mapping, _flag(size)))
-            continue
-        nested = _refs_inside(eqn, refs)
-        eqns.append(eqn if nested is None else _flagged_inside(eqn, nested, mapping, size))
-    effects = set(body.effects).union(*(e.effects for e in eqns))
-    return body.replace(eqns=eqns, effects=effects)
-
-
-def _flagged_inside(eqn: Any, nested: list[tuple[Any, _Arrivals]], mapping: Any, size: int) -> Any:
-    """``eqn`` (a branch, loop or call) with the stores in its nested jaxprs flagged."""
+def _flagged_inside(
+    eqn: Any, nested: list[tuple[Any, _Arrivals]], mapping: Any, mark: Any, size: int
+) -> Any:
+    """``eqn`` (a branch, loop or call) with the stores in its nested jaxprs flagged, however
+    deep (``_mark_stores`` below the top)."""
     from jax._src import core
 
     flagged = {
-        id(inner): _flag_stores(inner, set(arrivals), mapping, size) for inner, arrivals in nested
+        id(inner): _mark_stores(inner, set(arrivals), mapping, mark, size, top=False)
+        for inner, arrivals in nested
     }
 
     def swapped(value: Any) -> Any:
