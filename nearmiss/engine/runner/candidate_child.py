@@ -322,7 +322,7 @@ def lowered_for_triton(program: TracedProgram, request: dict) -> dict:
         return {"ok": found.get("ok"), "error": found.get("error")}
     text = MODULE_SEPARATOR.join(found["modules"])
     (Path(request["dir"]) / TRITON_FILE).write_text(text)
-    return {"ok": True, "mosaic_gpu": found["mosaic_gpu"]}
+    return {"ok": True}
 
 
 def serve(entry: str, run, *, interpret: bool = True) -> None:

@@ -815,12 +815,11 @@ class _CandidateRunner(_Child):
             self.take(raw, target_artifact_file(chip), moved[chip])
             raw.lowered[chip] = {"ok": True, "error": None}
             triton = answer.get("triton")
-            if isinstance(triton, dict):  # the gpu target's: Pallas' Triton lowering
+            if isinstance(triton, dict):  # the gpu target's: Triton's or Mosaic GPU's lowering
                 said_ok = triton.get("ok")
                 raw.lowered[chip]["triton"] = {
                     "ok": said_ok if said_ok in (True, False, None) else None,
                     "error": str(triton.get("error") or "")[:500] or None,
-                    "mosaic_gpu": _count(triton.get("mosaic_gpu")),
                 }
                 if said_ok is True:
                     self.take(raw, TRITON_FILE, triton_modules_file(moved[chip]))
@@ -919,10 +918,6 @@ def triton_modules_file(artifact: Path) -> Path:
 def footprint_file(artifact: Path) -> Path:
     """Where the engine keeps the footprint program exported beside a case's gpu-grid artifact."""
     return artifact.with_suffix(".footprint.bin")
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _records(value: Any, keys: tuple[str, ...], most: int = 8) -> list[dict[str, str]]:

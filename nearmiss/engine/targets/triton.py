@@ -304,13 +304,12 @@ _TF32_DOT = re.compile(r"\"tt\.dot\"\(.*inputPrecision = 0 : i32.* loc\((?P<loc>
 
 def read_triton_modules(text: str, candidate: str | None = None) -> dict[str, Any]:
     """The candidate child's GPU modules, read by the engine: ``{"ok", "error", "tf32",
-    "kernels", "mosaic_gpu"}``. ``ok`` False with an ``error`` where a module does not parse or
-    verify with its dialect, or a Triton module holds a tensor whose size is not a power of two
-    (Triton's rule: its lowering refuses such blocks); ``tf32``: the source lines of the dots
-    that run in TF32; ``mosaic_gpu``: how many modules are Mosaic GPU's."""
+    "kernels"}``. ``ok`` False with an ``error`` where a module does not parse or verify with
+    its dialect, or a Triton module holds a tensor whose size is not a power of two (Triton's
+    rule: its lowering refuses such blocks); ``tf32``: the source lines of the dots that run in
+    TF32."""
     modules = [m for m in text.split(MODULE_SEPARATOR) if m.strip()]
     tf32: list[str] = []
-    mosaic_gpu = 0
     for module_text in modules:
         is_mosaic_gpu = _MOSAIC_GPU_MODULE in module_text
         generic = _parsed_and_verified(module_text, is_mosaic_gpu)
@@ -318,7 +317,6 @@ def read_triton_modules(text: str, candidate: str | None = None) -> dict[str, An
             kind = "Mosaic GPU" if is_mosaic_gpu else "Triton"
             return {"ok": False, "error": f"a {kind} module does not verify"}
         if is_mosaic_gpu:
-            mosaic_gpu += 1
             continue
         for match in _TENSOR.finditer(generic):
             dims = [int(d) for d in match.group(1).rstrip("x").split("x")]
@@ -338,13 +336,7 @@ def read_triton_modules(text: str, candidate: str | None = None) -> dict[str, An
         aliases = dict(_LOC_ALIAS.findall(generic))
         for match in _TF32_DOT.finditer(generic):
             tf32.append(_source_line(match["loc"], aliases, candidate))
-    return {
-        "ok": True,
-        "error": None,
-        "tf32": tf32[:8],
-        "kernels": len(modules),
-        "mosaic_gpu": mosaic_gpu,
-    }
+    return {"ok": True, "error": None, "tf32": tf32[:8], "kernels": len(modules)}
 
 
 # The attribute Mosaic GPU's lowering puts on every module it makes (the GPU it is made for).
