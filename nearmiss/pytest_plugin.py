@@ -61,17 +61,9 @@ class Certifier:
 
     def check(self, spec: str | Path, candidate: str | Path, **how: Any) -> Any:
         """The check's report, certified or not (to assert on its findings)."""
-        from nearmiss.engine.check import check
+        from nearmiss.testing import check_kernel
 
-        options = {**self.defaults, **how}
-        targets = options.get("targets")
-        return check(
-            self._path(spec),
-            self._path(candidate),
-            options.get("suite", "all"),
-            options.get("seed"),
-            targets=tuple(targets) if targets else None,
-        )
+        return check_kernel(self._path(spec), self._path(candidate), **{**self.defaults, **how})
 
 
 @pytest.fixture

@@ -26,6 +26,20 @@ class NotCertified(AssertionError):
         self.report = report
 
 
+def check_kernel(
+    spec: str | Path,
+    candidate: str | Path,
+    *,
+    targets: Iterable[str] | None = None,
+    suite: str = "all",
+    seed: int | None = None,
+) -> CheckReport:
+    """The check of ``candidate`` against ``spec``, certified or not. ``targets``: where the
+    kernel must be right (default: the spec's, else interpret); ``seed``: the inputs (default:
+    fresh ones, as every certifying check)."""
+    return check(Path(spec), Path(candidate), suite, seed, targets=tuple(targets or ()) or None)
+
+
 def assert_certified(
     spec: str | Path,
     candidate: str | Path,
@@ -34,12 +48,9 @@ def assert_certified(
     suite: str = "all",
     seed: int | None = None,
 ) -> CheckReport:
-    """The check of ``candidate`` against ``spec``; raises ``NotCertified`` (an
-    AssertionError: the diagnosis, the failing targets, the seed that reproduces it) unless it
-    certifies. ``targets``: where the kernel must be right (default: the spec's, else
-    interpret); ``seed``: the inputs (default: fresh ones, as every certifying check)."""
-    chosen = tuple(targets) if targets else None
-    report = check(Path(spec), Path(candidate), suite, seed, targets=chosen)
+    """``check_kernel``'s report where it certifies; else raises ``NotCertified`` (an
+    AssertionError: the diagnosis, the failing targets, the seed that reproduces it)."""
+    report = check_kernel(spec, candidate, targets=targets, suite=suite, seed=seed)
     if report.certified:
         return report
     failing = [name for name, result in report.targets.items() if not result.ok]
@@ -54,4 +65,4 @@ def assert_certified(
     raise NotCertified("\n".join(lines), report)
 
 
-__all__ = ["NotCertified", "assert_certified"]
+__all__ = ["NotCertified", "assert_certified", "check_kernel"]
