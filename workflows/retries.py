@@ -23,13 +23,19 @@ LONGEST_RETRY = timedelta(seconds=30)
 OTHER_ATTEMPTS = 6  # e.g. a model endpoint answering 429 or 503
 
 
+def wait_after(attempt: int) -> float:
+    """Seconds the backoff above waits after the ``attempt``-th try (1-based) fails."""
+    return min(
+        FIRST_RETRY.total_seconds() * BACKOFF ** (attempt - 1), LONGEST_RETRY.total_seconds()
+    )
+
+
 def attempts_within(wait: timedelta) -> int:
     """How many attempts the backoff above spreads over ``wait``."""
-    attempts, waited, interval = 1, 0.0, FIRST_RETRY.total_seconds()
+    attempts, waited = 1, 0.0
     while waited < wait.total_seconds():
-        waited += interval
+        waited += wait_after(attempts)
         attempts += 1
-        interval = min(interval * BACKOFF, LONGEST_RETRY.total_seconds())
     return attempts
 
 

@@ -88,7 +88,7 @@ def retry_line(failure: Exception, attempt: int) -> str | None:
     failure it does not say (a bug's, a candidate's, Temporal's own)."""
     from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-    from workflows.retries import BACKOFF, FIRST_RETRY, LONGEST_RETRY, OTHER_ATTEMPTS
+    from workflows.retries import OTHER_ATTEMPTS, wait_after
 
     if not isinstance(failure, ApplicationError) or failure.type == INFRASTRUCTURE:
         return None
@@ -97,13 +97,7 @@ def retry_line(failure: Exception, attempt: int) -> str | None:
     if failure.non_retryable:
         return failure.message
     delay = failure.next_retry_delay
-    seconds = (
-        delay.total_seconds()
-        if delay
-        else min(
-            FIRST_RETRY.total_seconds() * BACKOFF ** (attempt - 1), LONGEST_RETRY.total_seconds()
-        )
-    )
+    seconds = delay.total_seconds() if delay else wait_after(attempt)
     return f"{failure.message}; retrying in {seconds:g} s (attempt {attempt + 1}/{OTHER_ATTEMPTS})"
 
 
