@@ -104,23 +104,26 @@ def apply_patch(diff: str, source: str) -> str | None:
     return patched if patched != source else None
 
 
+def _line_opcodes(before: str, after: str) -> tuple[list[str], list[str], list[tuple]]:
+    """Both texts as lines, and difflib's opcodes from the first to the second."""
+    old, new = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    return old, new, difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes()
+
+
 def change_blocks(before: str, after: str) -> list[tuple[int, int, int, int]]:
     """The places ``after`` differs from ``before``, line by line: ``(i1, i2, j1, j2)``, the
     lines ``before[i1:i2]`` that became ``after[j1:j2]`` (difflib's opcodes that change)."""
-    matcher = difflib.SequenceMatcher(
-        a=before.splitlines(keepends=True), b=after.splitlines(keepends=True), autojunk=False
-    )
-    return [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+    _, _, opcodes = _line_opcodes(before, after)
+    return [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in opcodes if tag != "equal"]
 
 
 def with_blocks_undone(before: str, after: str, undone: set[int]) -> str:
     """``after`` with the change blocks numbered in ``undone`` (``change_blocks``) put back as
     they were in ``before``."""
-    old, new = before.splitlines(keepends=True), after.splitlines(keepends=True)
-    matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+    old, new, opcodes = _line_opcodes(before, after)
     out: list[str] = []
     block = 0
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    for tag, i1, i2, j1, j2 in opcodes:
         if tag == "equal":
             out.extend(new[j1:j2])
             continue
