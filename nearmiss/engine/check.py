@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
-from nearmiss.engine.errors import UsageError
+from nearmiss.engine.errors import UsageError, exception_line
 from nearmiss.engine.forensics import reach
 from nearmiss.engine.forensics.attribution import attribute_error
 from nearmiss.engine.forensics.classify import (
@@ -489,7 +489,7 @@ def device_verdict(verified_by: str, cases: list[CaseResult]) -> TargetResult:
     if not failed:
         return TargetResult(ok=bool(cases), verified_by=verified_by)
     first = failed[0]
-    why = f"{first.error.type}: {first.error.message}" if first.error else first.diagnosis
+    why = exception_line(first.error.type, first.error.message) if first.error else first.diagnosis
     return TargetResult(
         ok=False,
         verified_by=verified_by,
@@ -519,11 +519,12 @@ def semantics_verdict(raw: RawCase, evidence: dict, in_order: bool | None) -> di
 def _semantics_run_verdict(raw: RawCase, run: dict, in_order: bool | None) -> dict:
     if "error" in run:
         error = run["error"]
-        message = f"{error.get('type', 'Error')}: {error.get('message', '')}".strip()
+        # A callback's exception arrives wrapped: its own last line says what went wrong.
+        message = exception_line(str(error.get("type", "Error")), str(error.get("message", "")))
         return {
             "passed": False,
             "races": False,
-            "error": message.splitlines()[0][:300],
+            "error": message[:300],
             # The engine's own emulation failed: undetermined, never the kernel's fault.
             "emulation_failed": error.get("phase") == "emulation",
         }

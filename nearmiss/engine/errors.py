@@ -8,6 +8,9 @@ class UsageError(Exception):
     """The inputs are unusable (bad spec, no kernel...): a one-line reason, exit status 2."""
 
 
+# What Python writes above a traceback; a runtime that re-raises a callback's exception (JAX's
+# io_callback, as TPU interpret mode uses) carries that whole text in its own message.
+TRACEBACK_HEADER = "Traceback (most recent call last)"
 # JAX prints this after the error itself when it filters its frames out of a traceback.
 JAX_FILTER_NOTE = "For simplicity, JAX has removed its internal frames"
 
@@ -20,3 +23,19 @@ def last_error_line(log: str) -> str:
         if line and not line.startswith(JAX_FILTER_NOTE) and set(line) != {"-"}:
             return line
     return ""
+
+
+def exception_line(kind: str, message: str) -> str:
+    """One line for an exception of type ``kind``: ``Type: first line of its message``; for a
+    message that wraps another exception's traceback, that exception's own last line (its type
+    and message, e.g. ``IndexError: Out-of-bounds block index (0, -1) ...``), never the
+    traceback's header."""
+    text = message.strip()
+    if TRACEBACK_HEADER in text:
+        inner = last_error_line(text.split(TRACEBACK_HEADER, 1)[1].lstrip(":"))
+        if inner and not inner.startswith(("File ", TRACEBACK_HEADER)):
+            return inner
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if first.startswith(TRACEBACK_HEADER):
+        first = ""
+    return f"{kind}: {first}" if first else kind

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nearmiss.engine.errors import exception_line
 from nearmiss.engine.runner.child import Channel
 
 NARROW = "bfloat16"
@@ -29,8 +30,7 @@ _WIDE_OUTPUTS = ("float32", "float64")
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    return exception_line(type(exc).__name__, str(exc))
 
 
 def calibrate(channel: Channel, request: dict) -> None:
