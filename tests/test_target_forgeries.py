@@ -470,3 +470,20 @@ def test_stores_from_a_branch_and_a_loop_are_judged_by_what_each_gpu_program_sto
     forgery.write_text(planted.read_text().replace("HALVES = 2 ", "HALVES = 3 "))
     gpu = refused_on_gpu(COL_SUM_SPEC, forgery, "all", "grid_race")
     assert "programs 0 and 1 (of the flattened grid) both store its element [0, 128]" in gpu.error
+
+
+def test_gpu_modules_of_another_kernel_do_not_count_for_the_gpu_target():
+    # The candidate's process swaps Triton's lowering for one of a decoy kernel: the modules it
+    # files verify, so before the executor matched them to the artifact's kernels the gpu target
+    # took them as this kernel's lowering and certified a block Triton refuses.
+    forgery = FORGERIES / "gpu_decoy_triton_module.py"
+    report = check(
+        LEAKY_RELU_SPEC, forgery, "compact", 1, targets=("interpret", "gpu"), integrity="report"
+    )
+    gpu = report.targets["gpu"]
+    assert all(c.passed for c in report.cases), report.diagnosis
+    assert not gpu.ok and "not this program's lowering" in str(gpu), gpu
+    assert "decoy" in str(gpu), gpu
+    # The gate, enforcing, refuses the candidate outright (a private JAX module imported).
+    enforced = check(LEAKY_RELU_SPEC, forgery, "compact", 1, targets=("interpret", "gpu"))
+    assert not enforced.certified and not enforced.integrity.ok

@@ -215,7 +215,7 @@ def judge_target(request: dict) -> dict:
         compiled, grid = _JUDGED[key]
         if compiled is not None:
             compiled = {**compiled, "compile_s": 0.0}
-        return {**result, "compiled": compiled, "grid": _stored(request, grid)}
+        return _judged(request, result, compiled, grid)
     compiled = None
     if request.get("compile"):
         compiled = compile_tpu_artifact(data, target, request.get("candidate"))
@@ -227,6 +227,20 @@ def judge_target(request: dict) -> dict:
     except Exception as exc:  # unreadable: the target's grid semantics stay unverified
         grid = {"findings": [], "undetermined": [{"reason": f"{type(exc).__name__}: {exc}"[:200]}]}
     _JUDGED[key] = compiled, grid
+    return _judged(request, result, compiled, grid)
+
+
+def _judged(request: dict, result: dict, compiled: dict | None, grid: dict) -> dict:
+    """The target's answer; for a GPU, the modules the candidate child filed count only when
+    they are the artifact's kernels (where the grid could be read: otherwise the target is
+    undetermined already)."""
+    triton = result.get("triton")
+    if isinstance(triton, dict) and triton.get("ok") and not grid.get("undetermined"):
+        from nearmiss.engine.targets.triton import unmatched_kernels
+
+        mismatch = unmatched_kernels(triton, grid)
+        if mismatch:
+            result = {**result, "triton": {"ok": None, "error": mismatch}}
     return {**result, "compiled": compiled, "grid": _stored(request, grid)}
 
 

@@ -304,18 +304,21 @@ _TF32_DOT = re.compile(r"\"tt\.dot\"\(.*inputPrecision = 0 : i32.* loc\((?P<loc>
 
 def read_triton_modules(text: str, candidate: str | None = None) -> dict[str, Any]:
     """The candidate child's GPU modules, read by the engine: ``{"ok", "error", "tf32",
-    "kernels"}``. ``ok`` False with an ``error`` where a module does not parse or verify with
-    its dialect, or a Triton module holds a tensor whose size is not a power of two (Triton's
-    rule: its lowering refuses such blocks); ``tf32``: the source lines of the dots that run in
-    TF32."""
+    "kernels", "names"}``. ``ok`` False with an ``error`` where a module does not parse or
+    verify with its dialect, or a Triton module holds a tensor whose size is not a power of two
+    (Triton's rule: its lowering refuses such blocks); ``tf32``: the source lines of the dots
+    that run in TF32; ``names``: each module's kernel (``unmatched_kernels``)."""
     modules = [m for m in text.split(MODULE_SEPARATOR) if m.strip()]
     tf32: list[str] = []
+    names: list[str] = []
     for module_text in modules:
         is_mosaic_gpu = _MOSAIC_GPU_MODULE in module_text
-        generic = _parsed_and_verified(module_text, is_mosaic_gpu)
-        if generic is None:
+        parsed = _parsed_and_verified(module_text, is_mosaic_gpu)
+        if parsed is None:
             kind = "Mosaic GPU" if is_mosaic_gpu else "Triton"
             return {"ok": False, "error": f"a {kind} module does not verify"}
+        generic, name = parsed
+        names.append(name)
         if is_mosaic_gpu:
             continue
         for match in _TENSOR.finditer(generic):
@@ -336,16 +339,34 @@ def read_triton_modules(text: str, candidate: str | None = None) -> dict[str, An
         aliases = dict(_LOC_ALIAS.findall(generic))
         for match in _TF32_DOT.finditer(generic):
             tf32.append(_source_line(match["loc"], aliases, candidate))
-    return {"ok": True, "error": None, "tf32": tf32[:8], "kernels": len(modules)}
+    return {"ok": True, "error": None, "tf32": tf32[:8], "kernels": len(modules), "names": names}
+
+
+def unmatched_kernels(read: dict[str, Any], grid: dict[str, Any]) -> str | None:
+    """Why the GPU modules the candidate child filed are not the artifact's kernels, or None.
+    Both come from one traced program, kernel for kernel, under the pallas_call's name (the
+    module's or its function's symbol; the custom call's ``kernel_name``): a module missing,
+    added or renamed is a lowering of some other program, which says nothing of this one. A
+    module filed under the right name with other contents is not caught here (the gate refuses
+    a candidate that patches the lowering)."""
+    artifact = sorted(str(k.get("name", "")) for k in grid.get("kernels", []))
+    filed = sorted(str(n) for n in read.get("names", []))
+    if artifact == filed:
+        return None
+    return (
+        f"the GPU modules are of kernels {filed}, the artifact holds {artifact}: "
+        "they are not this program's lowering"
+    )[:300]
 
 
 # The attribute Mosaic GPU's lowering puts on every module it makes (the GPU it is made for).
 _MOSAIC_GPU_MODULE = "mosaic_gpu.arch_major"
 
 
-def _parsed_and_verified(module_text: str, mosaic_gpu: bool) -> str | None:
+def _parsed_and_verified(module_text: str, mosaic_gpu: bool) -> tuple[str, str] | None:
     """The module parsed in a context with its dialect (Triton's, or Mosaic GPU's) and
-    verified by MLIR: its generic form with locations, or None where it does not verify."""
+    verified by MLIR: its generic form with locations and its kernel's name, or None where it
+    does not verify."""
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir import ir
 
@@ -364,7 +385,15 @@ def _parsed_and_verified(module_text: str, mosaic_gpu: bool) -> str | None:
         module = ir.Module.parse(module_text)
         if not module.operation.verify():
             return None
-        return str(module.operation.get_asm(enable_debug_info=True, print_generic_op_form=True))
+        # Mosaic GPU names the module for the kernel; Triton, the kernel's function.
+        named = [module.operation, *module.body.operations]
+        names = [
+            ir.StringAttr(op.attributes["sym_name"]).value
+            for op in named
+            if "sym_name" in op.attributes
+        ]
+        generic = module.operation.get_asm(enable_debug_info=True, print_generic_op_form=True)
+        return str(generic), (names[0] if names else "")
 
 
 _LOC_ALIAS = re.compile(r"^(#loc\d*) = loc\((.*)\)$", re.MULTILINE)
