@@ -3,8 +3,8 @@
 The ``gpu`` target on such a machine runs the whole check there (``targets.run_platform``):
 every child sandboxed with the GPU's device nodes and the CUDA toolkit XLA compiles with, the
 kernel compiled for the GPU, the cases' own numbers the target's verdict. What only the GPU can
-say was measured on an H200 with ``infra/gpu_engine_check.sh`` (README, "Checking on a real
-GPU"); here: the decisions, the sandbox's view of the toolkit, and that script's dry run,
+say was measured on an H200 with ``infra/gpu_engine_check.sh`` (docs/gpu.md, "Measured on
+an H200"); here: the decisions, the sandbox's view of the toolkit, and that script's dry run,
 escape attempt included.
 """
 
