@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup sandbox demo test test-fast bench lint clean
+.PHONY: setup sandbox demo test test-fast bench lint docs clean
 
 setup: $(STAMP) sandbox
 
@@ -54,6 +54,10 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+
+# The documentation site (docs/, mkdocs.yml) into site/; a broken link or anchor fails it.
+docs: setup
+	$(BIN)/mkdocs build --strict -d site
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache *.egg-info
