@@ -38,7 +38,7 @@ FAST_TESTS := tests/test_integrity_static.py tests/test_integrity_dynamic.py tes
 	tests/test_forgeries.py tests/test_loop.py tests/test_edits.py tests/test_spec.py \
 	tests/test_forensics.py tests/test_heatmap.py tests/test_agent_conversation.py tests/test_cli.py \
 	tests/test_replay.py tests/test_learning_gate.py tests/test_fixer_registry.py tests/test_events.py \
-	tests/test_device_run.py tests/test_chip_arithmetic.py tests/test_trim.py
+	tests/test_device_run.py tests/test_chip_arithmetic.py tests/test_trim.py tests/test_docs.py
 
 test-fast: setup
 	$(BIN)/ruff check .
