@@ -20,9 +20,11 @@ Two halves, for the two sides of the sandbox, as for TPU targets (``targets.tpu`
 - the executor child (``read_triton_modules``), engine code that never imports the candidate,
   parses those modules with the Triton dialect (a Mosaic GPU module, marked by its
   ``mosaic_gpu.arch_major`` attribute, with Mosaic GPU's), has MLIR verify them, and holds every
-  Triton tensor to Triton's power-of-two rule itself; it lists the dots that run in TF32
-  (``inputPrecision = tf32``: Pallas' Triton lowering gives a float32 dot at DEFAULT or HIGH
-  precision TF32 operands). A module the executor cannot read leaves the target undetermined.
+  Triton tensor to Triton's power-of-two rule itself, and counts the modules only when they
+  are the artifact's kernels. A module the executor cannot read leaves the target
+  undetermined. TF32 (a float32 dot at DEFAULT or HIGH precision: ``inputPrecision = tf32`` in
+  Triton, a TF32 wgmma in Mosaic GPU) is emulated on the traced program, whichever lowering
+  runs it (``runner.chip_arithmetic``).
 
 Read from Pallas' Triton lowering: a BlockSpec block is loaded and stored whole, unmasked, so a
 block that runs past its array's end (a ragged last block) reads and writes memory past it on
@@ -35,7 +37,7 @@ import os
 import re
 from typing import Any
 
-from nearmiss.engine.targets.errors import candidate_locations, trim_error, trim_exception
+from nearmiss.engine.targets.errors import trim_error, trim_exception
 
 # The compute capability the lowering is asked for: Hopper, the oldest Triton's Pallas lowering
 # falls back to without a GPU (``pallas_call_registration``).
@@ -298,18 +300,14 @@ def _kernel_line(eqn: Any, candidate: str | os.PathLike | None) -> str:
 # -- the executor's side: the modules read, never the candidate's word ----------------------------
 
 _TENSOR = re.compile(r"tensor<((?:\d+x)+)[a-z]")
-# Triton's InputPrecision in generic form: 0 is TF32 (1 TF32x3, 2 IEEE).
-_TF32_DOT = re.compile(r"\"tt\.dot\"\(.*inputPrecision = 0 : i32.* loc\((?P<loc>#loc\d*)\)")
 
 
 def read_triton_modules(text: str, candidate: str | None = None) -> dict[str, Any]:
-    """The candidate child's GPU modules, read by the engine: ``{"ok", "error", "tf32",
-    "kernels", "names"}``. ``ok`` False with an ``error`` where a module does not parse or
-    verify with its dialect, or a Triton module holds a tensor whose size is not a power of two
-    (Triton's rule: its lowering refuses such blocks); ``tf32``: the source lines of the dots
-    that run in TF32; ``names``: each module's kernel (``unmatched_kernels``)."""
+    """The candidate child's GPU modules, read by the engine: ``{"ok", "error", "names"}``.
+    ``ok`` False with an ``error`` where a module does not parse or verify with its dialect, or
+    a Triton module holds a tensor whose size is not a power of two (Triton's rule: its
+    lowering refuses such blocks); ``names``: each module's kernel (``unmatched_kernels``)."""
     modules = [m for m in text.split(MODULE_SEPARATOR) if m.strip()]
-    tf32: list[str] = []
     names: list[str] = []
     for module_text in modules:
         is_mosaic_gpu = _MOSAIC_GPU_MODULE in module_text
@@ -336,10 +334,7 @@ def read_triton_modules(text: str, candidate: str | None = None) -> dict[str, An
                         candidate,
                     ),
                 }
-        aliases = dict(_LOC_ALIAS.findall(generic))
-        for match in _TF32_DOT.finditer(generic):
-            tf32.append(_source_line(match["loc"], aliases, candidate))
-    return {"ok": True, "error": None, "tf32": tf32[:8], "kernels": len(modules), "names": names}
+    return {"ok": True, "error": None, "names": names}
 
 
 def unmatched_kernels(read: dict[str, Any], grid: dict[str, Any]) -> str | None:
@@ -394,22 +389,3 @@ def _parsed_and_verified(module_text: str, mosaic_gpu: bool) -> tuple[str, str] 
         ]
         generic = module.operation.get_asm(enable_debug_info=True, print_generic_op_form=True)
         return str(generic), (names[0] if names else "")
-
-
-_LOC_ALIAS = re.compile(r"^(#loc\d*) = loc\((.*)\)$", re.MULTILINE)
-_ALIAS = re.compile(r"#loc\d*")
-
-
-def _source_line(alias: str, aliases: dict[str, str], candidate: str | None) -> str:
-    """``kernel.py:12`` for an operation's location alias, following the aliases it names."""
-    pending, seen = [alias], set()
-    while pending:
-        name = pending.pop(0)
-        if name in seen or name not in aliases:
-            continue
-        seen.add(name)
-        body = aliases[name]
-        for file, line in candidate_locations(body, candidate):
-            return f"{os.path.basename(file)}:{line}"
-        pending.extend(_ALIAS.findall(body))
-    return "?"
