@@ -1,6 +1,6 @@
 """Run the corpus's goldens on a real NVIDIA GPU: does each lower, is it right, racy, how fast?
 
-For the rare session that is lent a GPU machine (issue 14). Without a GPU the engine judges the
+For a machine with an NVIDIA GPU. Without a GPU the engine judges the
 ``gpu`` target by emulation (Pallas' Triton lowering on the CPU, TF32 dots, values nobody wrote
 in a ragged block's tail, and grid semantics: two grid points writing one output block are a
 ``grid_race``); this script measures what the hardware does with the same kernels, so that
@@ -38,7 +38,7 @@ is set (the device machine), as ``$OUT/gpu_check.json`` (rewritten after every c
 short keeps its rows) and ``$OUT/gpu_check.txt``. Exit status: 0 the run went through (whatever
 the kernels did), 2 no GPU (or no JAX) in the worker, 143 interrupted (SIGTERM).
 
-On the device machine (see README, "Checking on a real GPU"): ``bash infra/gpu_check.sh``.
+On the device machine (docs/gpu.md): ``bash infra/gpu_check.sh``.
 Here: ``.venv/bin/python infra/gpu_check.py --cpu-dry-run --ops col_sum,leaky_relu``.
 """
 

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Runs infra/gpu_check.py on the device machine (README: "Checking on a real GPU").
+# Runs infra/gpu_check.py on the device machine (docs/gpu.md).
 #
 # The image's python3 (/opt/torch/.venv, Python 3.12) already holds a CUDA JAX (jax, jaxlib,
 # jax-cuda13-plugin, jax-cuda13-pjrt 0.11.2, numpy, flatbuffers, ml_dtypes: KINDS.md), and that
 # is what runs: a CUDA JAX cannot travel, since jaxlib's wheel alone (85.7 MiB for cp312 x86_64)
 # and jax_cuda13_pjrt's (127.9 MiB) are over the 64 MiB a call may carry. Wheels carried in
-# .whl/ (small pure-Python packages the image might lack) are installed first, as the device
-# README says. Predictions written here by `gpu_check.py --predict-only .gpucheck/predictions.json`
+# .whl/ (small pure-Python packages the image might lack) are installed first, first. Predictions written here by `gpu_check.py --predict-only .gpucheck/predictions.json`
 # and carried are used where the live verdict cannot be computed there.
 # Arguments go to gpu_check.py (e.g. --ops matmul,col_sum --budget-s 150 for a rerun).
 set -uo pipefail

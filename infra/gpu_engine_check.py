@@ -1,5 +1,5 @@
-"""Run the engine's own check (``nearmiss.engine.check``) on a real GPU, sandboxed, for the rare
-session lent the NVIDIA H200 machine (issue 17; README, "Checking on a real GPU").
+"""Run the engine's own check (``nearmiss.engine.check``) on a real GPU, sandboxed, on a machine
+with an NVIDIA GPU (docs/gpu.md).
 
 ``infra/gpu_check.py`` measures what the hardware does with the corpus's kernels, outside the
 engine. This script asks the engine itself: ``check(spec, candidate, targets=("gpu",))`` on a

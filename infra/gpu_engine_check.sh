@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs infra/gpu_engine_check.py on the device machine (README: "Checking on a real GPU"): the
+# Runs infra/gpu_engine_check.py on the device machine (docs/gpu.md): the
 # engine's own sandboxed check, on the GPU.
 #
 # The image's python3 (Python 3.12) has a CUDA JAX but not the engine's other dependencies, and
