@@ -60,4 +60,4 @@ docs: setup
 	$(BIN)/mkdocs build --strict -d site
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache *.egg-info site
