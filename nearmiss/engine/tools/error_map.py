@@ -22,7 +22,7 @@ from nearmiss.engine.forensics.localise import (
 from nearmiss.engine.runner.session import Limits
 from nearmiss.engine.tools.experiment import CaseRequest, Refused, case_ref, refusal, run_candidate
 from nearmiss.engine.tools.models import ErrorMapResult, TileCount, TileMap
-from nearmiss.engine.tools.run_case import verdict_lines
+from nearmiss.engine.tools.run_case import case_grid_line, verdict_lines
 from nearmiss.engine.tools.text import capped, case_line, clip, finish
 
 MAP_SIDE = 32  # characters per side of the picture, at most
@@ -87,7 +87,7 @@ def tile_map(bad: np.ndarray, blocks: list[int] | None) -> TileMap | None:
     )
 
 
-def _map_lines(result: ErrorMapResult) -> list[str]:
+def _map_lines(result: ErrorMapResult, grid: str | None = None) -> list[str]:
     lines = [
         f"{result.leaf} {result.dtype}{result.shape}: {result.mismatched}/{result.total} "
         f"mismatched [{result.failure_class}]"
@@ -100,12 +100,15 @@ def _map_lines(result: ErrorMapResult) -> list[str]:
         lines.append(f"all mismatches lie in the ragged tail along axis {result.tail_axes}")
     tiles = result.tiles
     if tiles is None:
-        return lines
-    what = f"tiles of block {tiles.block_shape}" if tiles.unit == "tile" else "cells"
+        return lines + ([grid] if grid else [])
+    # (The grid itself is the grid line's, shown as run_case shows it.)
+    what = "tiles" if tiles.unit == "tile" else f"cells of {tiles.block_shape}"
     lines.append(
-        f"{what} (grid {tiles.grid_shape}): {tiles.bad}/{tiles.total} bad; bad along each axis: "
+        f"{what}: {tiles.bad}/{tiles.total} bad; bad along each axis: "
         + "; ".join(f"axis {i}: {r or 'none'}" for i, r in enumerate(tiles.bad_ranges))
     )
+    if grid:
+        lines.append(grid)
     listed = [f"  {tiles.unit} {t.tile}: {t.bad}/{t.total} bad" for t in tiles.listed]
     lines += listed + ([f"  … {tiles.more} more bad {tiles.unit}s"] if tiles.more else [])
     group = (
@@ -171,5 +174,5 @@ def error_map(
     others = [text for text in others if not text.endswith("(0)")]
     if others:
         head += "\nother outputs mismatched: " + ", ".join(capped(others, 6))
-    result.summary = finish([head, *_map_lines(result)])
+    result.summary = finish([head, *_map_lines(result, case_grid_line(verdict))])
     return result

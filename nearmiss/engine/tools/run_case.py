@@ -14,7 +14,15 @@ from nearmiss.engine.models import CaseResult, LeafStats
 from nearmiss.engine.runner.session import Limits
 from nearmiss.engine.tools.experiment import CaseRequest, Refused, case_ref, refusal, run_candidate
 from nearmiss.engine.tools.models import RunCaseResult
-from nearmiss.engine.tools.text import capped, case_line, clip, error_lines, finish, number
+from nearmiss.engine.tools.text import (
+    capped,
+    case_line,
+    clip,
+    error_lines,
+    finish,
+    grid_line,
+    number,
+)
 
 MAX_LEAVES = 4
 
@@ -25,6 +33,18 @@ def leaf_line(leaf: LeafStats) -> str:
         f"{leaf.path} {leaf.dtype}{leaf.shape}: {leaf.mismatched}/{leaf.total} mismatched "
         f"({leaf.mismatched_fraction:.1%}), max abs err {number(leaf.max_abs_error)}, "
         f"NaN {leaf.nan_count}, Inf {leaf.inf_count}{worst}"
+    )
+
+
+def case_grid_line(result: CaseResult) -> str | None:
+    """The case's grid line (``text.grid_line``): the kernel's grid, and the output tiles of the
+    localised output where the case failed with one."""
+    loc = result.localisation
+    tiles = loc.tiles if loc is not None else None
+    return grid_line(
+        result.kernel_grid,
+        tiles.block_shape if tiles else None,
+        tiles.grid_shape if tiles else None,
     )
 
 
@@ -40,8 +60,9 @@ def verdict_lines(result: CaseResult) -> list[str]:
         lines.append(clip(f"structure: {result.structure}"))
     leaves = [leaf_line(leaf) for leaf in result.leaves]
     lines += capped(leaves, MAX_LEAVES)
-    if result.kernel_grid:
-        lines.append(f"kernel grid {result.kernel_grid}")
+    grid = case_grid_line(result)
+    if grid:
+        lines.append(grid)
     if not result.passed and result.diagnosis:
         lines.append("diagnosis: " + clip(result.diagnosis, 900))
     return lines

@@ -62,6 +62,40 @@ def case_line(case: CaseRef) -> str:
     )
 
 
+def _shape(values: Sequence[int]) -> str:
+    """A grid or block as Pallas writes it: (5,), (6, 1)."""
+    inner = ", ".join(str(v) for v in values)
+    return f"({inner},)" if len(values) == 1 else f"({inner})"
+
+
+def _count(values: Sequence[int]) -> int:
+    n = 1
+    for v in values:
+        n *= v
+    return n
+
+
+def grid_line(
+    kernel_grid: Sequence[int] | None,
+    block_shape: Sequence[int] | None = None,
+    tiles: Sequence[int] | None = None,
+) -> str | None:
+    """The kernel's grid beside the output tiles its blocks make, one form for every tool:
+    'grid: kernel (5,) = 5 programs; output block (8, 320) needs (6, 1) = 6 tiles'. None when
+    there is nothing to show."""
+    parts = []
+    if kernel_grid:
+        n = _count(kernel_grid)
+        parts.append(f"kernel {_shape(kernel_grid)} = {n} program{'s' if n != 1 else ''}")
+    if block_shape and tiles:
+        n = _count(tiles)
+        parts.append(
+            f"output block {_shape(block_shape)} needs {_shape(tiles)} = {n} "
+            f"tile{'s' if n != 1 else ''}"
+        )
+    return "grid: " + "; ".join(parts) if parts else None
+
+
 def error_lines(
     error: ErrorInfo, message_lines: int = 6, first_chars: int = LINE_CHARS
 ) -> list[str]:
