@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nearmiss.reports.chart import token_chart_svg
 from nearmiss.reports.heatmap import describe_heatmap, image_size
-from nearmiss.reports.session import FleetRow, SessionView
+from nearmiss.reports.session import FleetRow, SessionView, fleet_summary
 from nearmiss.reports.terminal import printable
 from nearmiss.reports.timeline import describe_tokens
 
@@ -145,10 +145,15 @@ def render_session_html(view: SessionView) -> str:
 
 
 def render_fleet_html(fleet_title: str, rows: list[FleetRow], views: list[SessionView]) -> str:
-    """A summary table (one row per session, linked to its section) and every session whole."""
+    """A summary line (``fleet_summary``), a table (one row per session, linked to its
+    section) and every session whole."""
     reported = {view.session_id for view in views}
     head = "".join(f"<th>{h}</th>" for h in FLEET_COLUMNS)
-    body = [f"<h1>{escape(fleet_title)}</h1>", f"<table><tr>{head}</tr>"]
+    body = [
+        f"<h1>{escape(fleet_title)}</h1>",
+        f'<p class="summary">{escape(fleet_summary(rows))}</p>',
+        f"<table><tr>{head}</tr>",
+    ]
     for r in rows:
         sid = escape(r.session_id)
         link = f'<a href="#s-{slug(r.session_id)}">{sid}</a>' if r.session_id in reported else sid
@@ -247,6 +252,8 @@ def render_fleet_markdown(
     reported = {view.session_id for view in views}
     lines = [
         f"# {md_text(fleet_title)}",
+        "",
+        md_text(fleet_summary(rows)),
         "",
         "| kernel | candidate | verdict | rounds | stop | tokens | uncached | session |",
         "|---|---|---|---:|---|---:|---:|---|",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cached_property
 from typing import cast
 
@@ -71,6 +72,10 @@ class SessionView:
     timeline: list[TimelineRow] = field(default_factory=list)
     round_tokens: list[RoundTokens] = field(default_factory=list)
     heatmaps: list[HeatmapFigure] = field(default_factory=list)
+    # When its first and last events were recorded; the targets of its last check ({name: ok}).
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    targets: dict[str, bool] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -91,6 +96,9 @@ class FleetRow:
     stop: str
     tokens: int  # input + output
     uncached_tokens: int
+    started_at: datetime | None = None  # its first event
+    ended_at: datetime | None = None  # its last event
+    targets: dict[str, bool] = field(default_factory=dict)  # of its last check: {name: ok}
 
 
 async def _report(store: EventLog, event: StoredEvent) -> CheckReport | None:
@@ -179,9 +187,11 @@ async def load_session(store: EventLog, session_id: str) -> SessionView:
             view.tokens = TokenUsage.model_validate(typed.tokens)
             view.stop_reason, view.stop_detail = typed.stop_reason, typed.stop_detail
             view.final_hash = typed.final_hash
+            view.targets = dict(typed.targets)
         offset = (event.recorded_at - t0).total_seconds()
         text = describe_event(event.type, p, report)
         view.timeline.append(TimelineRow(offset, p.get("round", round_), event.type, text))
+    view.started_at, view.ended_at = t0, events[-1].recorded_at
     if not view.finished:
         view.rounds = len(view.round_tokens)
     else:
@@ -199,4 +209,39 @@ def fleet_row(view: SessionView) -> FleetRow:
         stop=view.stop_reason or "-",
         tokens=view.tokens.total,
         uncached_tokens=view.tokens.uncached,
+        started_at=view.started_at,
+        ended_at=view.ended_at,
+        targets=dict(view.targets),
+    )
+
+
+def _duration(seconds: float) -> str:
+    """'45 s', '3 min 05 s', '2 h 07 min'."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def fleet_summary(rows: list[FleetRow]) -> str:
+    """The line above a fleet's table: 'certified 2/3 · tokens 12,300 (4,100 uncached) · wall
+    time 3 min 05 s · targets: interpret 2/3 ok, tpu-v5e 1/1 ok'. Wall time is from the first
+    session's first event to the last one's last; a target counts the sessions whose last check
+    judged it, and how many of them it accepted."""
+    certified = sum(r.verdict == "certified" for r in rows)
+    tokens = sum(r.tokens for r in rows)
+    uncached = sum(r.uncached_tokens for r in rows)
+    starts = [r.started_at for r in rows if r.started_at is not None]
+    ends = [r.ended_at for r in rows if r.ended_at is not None]
+    wall = _duration((max(ends) - min(starts)).total_seconds()) if starts and ends else "-"
+    judged: dict[str, list[bool]] = {}
+    for r in rows:
+        for name, ok in r.targets.items():
+            judged.setdefault(name, []).append(ok)
+    targets = ", ".join(f"{name} {sum(oks)}/{len(oks)} ok" for name, oks in sorted(judged.items()))
+    return (
+        f"certified {certified}/{len(rows)} · tokens {tokens:,} ({uncached:,} uncached) · "
+        f"wall time {wall} · targets: {targets or 'none judged'}"
     )
