@@ -8,6 +8,14 @@
   stopped. Gaps in the position (rolled-back appends) are simply absent rows: it keeps the last
   position it saw, never a count. ``KnowledgeRetrieved`` counts a use for a session,
   ``RepairFinished`` turns that session's uses into successes or failures.
+- **Negative knowledge**: a fix a session validated as no help (``CandidateValidated``) is a
+  note against the failure it aimed at, and the note's rank is its evidence, never how often it
+  was recorded: the sessions that saw it fail, one vote each however often they repeated it,
+  counted as independent the way learning counts teachers (``kb.learning.independent``: no two
+  on one kernel shape or in one fleet). Notes from sessions on a kernel whose shape a
+  certified repair fixed (``kb.learning.certified_fix``: the attempt was a wrong turn beside a
+  real fix) come before notes from kernels never fixed. So one session, one kernel or one fleet
+  repeating an attempt cannot push it to the top of every prompt.
 - **Retrieval** ranks promoted entries by signature match (failure class, category, platform),
   overlap of their words with the evidence's, and success rate, then fits a character budget.
 """
@@ -21,15 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from kb.events import EventStore, NewEvent, StoredEvent
-from kb.learning import teachers
+from kb.learning import Refused, certified_fix, fleet_of, independent, source_shape, teachers
 from nearmiss.engine.models import Evidence
 from nearmiss.events import (
     CandidateValidated,
+    InvalidEvent,
     KnowledgeAdded,
     KnowledgePromoted,
     KnowledgeRetrieved,
     KnowledgeRevised,
     RepairFinished,
+    RepairStarted,
     parse,
 )
 
@@ -64,7 +74,8 @@ KNOWLEDGE_SCHEMA: list[str] = [
         PRIMARY KEY (session_id, entry_id)
     );
     """,
-    # Negative knowledge: fixes that did not help a failure (class | category), with counts.
+    # Negative knowledge: fixes that did not help a failure (class | category), with how often
+    # they were recorded (not their rank: kb_failed_attempt_sessions holds their evidence).
     """
     CREATE TABLE kb_failed_attempts (
         aimed_at TEXT NOT NULL,  -- failure class | category
@@ -82,6 +93,32 @@ KNOWLEDGE_SCHEMA: list[str] = [
         PRIMARY KEY (kernel_hash, patch)
     );
     """,
+    # Negative knowledge ranked by evidence: each session that saw a fix fail (once however
+    # often), the kernel shape it started from and whether it ended in a certified fix. The
+    # events the projection read before these tables are read again for them alone
+    # (KnowledgeProjection.reread), from the start up to where it had read.
+    """
+    CREATE TABLE kb_sessions (
+        session_id TEXT PRIMARY KEY,
+        origin     TEXT NOT NULL,  -- kb.learning.source_shape of its original
+        certified  BOOLEAN NOT NULL DEFAULT false  -- passed kb.learning.certified_fix
+    );
+    CREATE INDEX kb_sessions_certified ON kb_sessions (origin) WHERE certified;
+    CREATE TABLE kb_failed_attempt_sessions (
+        aimed_at   TEXT NOT NULL,
+        summary    TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        PRIMARY KEY (aimed_at, summary, session_id)
+    );
+    CREATE TABLE kb_rereads (
+        name           TEXT PRIMARY KEY,
+        after_position BIGINT NOT NULL,
+        up_to          BIGINT NOT NULL
+    );
+    INSERT INTO kb_rereads (name, after_position, up_to)
+    SELECT 'sessions', 0, position FROM projection_checkpoints
+    WHERE name = 'knowledge' AND position > 0;
+    """,
 ]
 BATCH = 500
 DEMOTE_AFTER_FAILURES = 3
@@ -96,6 +133,7 @@ APPLIED = {
         CandidateValidated,
         KnowledgePromoted,
         KnowledgeRetrieved,
+        RepairStarted,
         RepairFinished,
     )
 }
@@ -216,6 +254,7 @@ class KnowledgeProjection:
 
     async def catch_up(self) -> int:
         """Apply every event after the checkpoint; returns how many were read."""
+        await self.reread()
         read = 0
         while True:
             after = await self.checkpoint()
@@ -240,11 +279,49 @@ class KnowledgeProjection:
                 )
             read += len(events)
 
+    async def reread(self) -> int:
+        """Read the events this projection had read before it kept sessions' evidence (a
+        database from before kb_sessions) again for that evidence alone, in batches, each in
+        one transaction with where it got to; returns how many were read. Whatever was already
+        recorded is not recorded twice, so a reread that overlaps catch_up changes nothing."""
+        await _own_tables(self.store)
+        read = 0
+        while True:
+            async with self.store.pool.acquire() as conn, conn.transaction():
+                pending = await conn.fetchrow(
+                    "SELECT after_position, up_to FROM kb_rereads WHERE name = 'sessions' "
+                    "FOR UPDATE"
+                )
+                if pending is None:
+                    return read
+                rows = await conn.fetch(
+                    "SELECT * FROM events WHERE position > $1 AND position <= $2 "
+                    "AND type = ANY($3::text[]) ORDER BY position LIMIT $4",
+                    pending["after_position"],
+                    pending["up_to"],
+                    sorted(_SESSION_EVIDENCE),
+                    BATCH,
+                )
+                if not rows:
+                    await conn.execute("DELETE FROM kb_rereads WHERE name = 'sessions'")
+                    return read
+                for row in rows:
+                    await _session_evidence(conn, StoredEvent(**dict(row)))
+                await conn.execute(
+                    "UPDATE kb_rereads SET after_position = $1 WHERE name = 'sessions'",
+                    rows[-1]["position"],
+                )
+            read += len(rows)
+
     @staticmethod
     async def _apply(conn, event: StoredEvent) -> None:
         if event.type not in APPLIED:
             return
+        if event.type == RepairStarted.TYPE:
+            await _session_evidence(conn, event)
+            return
         typed = parse(event.type, event.payload)
+        await _session_evidence(conn, event, typed)
         if isinstance(typed, KnowledgeAdded | KnowledgeRevised):
             entry = typed.entry
             signature = entry["signature"]
@@ -345,6 +422,63 @@ async def _own_tables(store: EventStore) -> None:
     await store.ensure_schema(PROJECTION, KNOWLEDGE_SCHEMA)
 
 
+# The events that make up a session's evidence for negative knowledge (``_session_evidence``).
+_SESSION_EVIDENCE = {RepairStarted.TYPE, CandidateValidated.TYPE, RepairFinished.TYPE}
+
+
+async def _session_evidence(conn, event: StoredEvent, typed: Any = None) -> None:
+    """What one event says of its session for ranking negative knowledge: the kernel shape it
+    started from (``RepairStarted``), a fix it saw fail (``CandidateValidated``), whether it
+    ended in a certified fix (``RepairFinished``). Each is recorded once, however often the
+    event is read (a reread, a replayed batch). ``typed``: the event parsed, where it was."""
+    session = event.stream_id
+    if typed is None and event.type != RepairStarted.TYPE:
+        typed = parse(event.type, event.payload)
+    if event.type == RepairStarted.TYPE:
+        # Only the candidate is read: a start the projection has no other use for never stops
+        # it, whatever else its payload holds.
+        candidate = event.payload.get("candidate_hash") or ""
+        if candidate:
+            await conn.execute(
+                "INSERT INTO kb_sessions (session_id, origin) VALUES ($1, $2) "
+                "ON CONFLICT DO NOTHING",
+                session,
+                await _origin(conn, candidate),
+            )
+    elif isinstance(typed, CandidateValidated) and typed.outcome in FAILED_OUTCOMES:
+        if typed.summary and typed.aimed_at:
+            await conn.execute(
+                "INSERT INTO kb_failed_attempt_sessions (aimed_at, summary, session_id) "
+                "VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                typed.aimed_at,
+                typed.summary[:300],
+                session,
+            )
+    elif isinstance(typed, RepairFinished) and typed.certified:
+        rows = await conn.fetch(
+            "SELECT * FROM events WHERE stream_id = $1 ORDER BY version", session
+        )
+        try:
+            started, _, _ = certified_fix(StoredEvent(**dict(row)) for row in rows)
+        except (Refused, InvalidEvent):
+            return
+        await conn.execute(
+            "INSERT INTO kb_sessions (session_id, origin, certified) VALUES ($1, $2, true) "
+            "ON CONFLICT (session_id) DO UPDATE SET certified = true",
+            session,
+            await _origin(conn, started.candidate_hash),
+        )
+
+
+async def _origin(conn, candidate_hash: str) -> str:
+    """The kernel shape of a session's original (kb.learning.source_shape), or its hash where
+    its text is not in the blob store."""
+    content = await conn.fetchval("SELECT content FROM blobs WHERE hash = $1", candidate_hash)
+    if content is None:
+        return candidate_hash
+    return source_shape(bytes(content).decode("utf-8", "replace"))
+
+
 def _entry(row) -> Entry:
     fields = dict(row)
     fields.pop("updated_at", None)
@@ -400,16 +534,42 @@ def rank(entries: list[Entry], evidence: Evidence, budget_chars: int) -> list[En
 
 
 async def failed_attempts(store: EventStore, evidence: Evidence) -> list[str]:
-    """Negative knowledge: what was tried against this failure before and did not help."""
+    """Negative knowledge: what was tried against this failure before and did not help, the
+    best evidenced first, each with how many independent sessions saw it fail.
+
+    A note's evidence is its sessions, each once however often it recorded the attempt,
+    counted as learning counts teachers (``kb.learning.independent``: no two on one kernel
+    shape or in one fleet; a session whose start the projection never saw is its own kernel).
+    Notes are ranked first by that count over the sessions on a kernel whose shape a certified
+    repair fixed — the attempt was a wrong turn beside a real fix, on a kernel that was really
+    broken — then by the count over all their sessions, then by their text.
+    """
     await _own_tables(store)
     async with store.pool.acquire() as conn:
         rows = await conn.fetch(
-            "SELECT summary, times FROM kb_failed_attempts WHERE aimed_at = $1 "
-            "ORDER BY times DESC, summary LIMIT $2",
+            "SELECT f.summary, f.session_id, coalesce(s.origin, 'session:' || f.session_id) "
+            "AS origin, EXISTS (SELECT 1 FROM kb_sessions c WHERE c.certified "
+            "AND c.origin = s.origin) AS beside_a_fix "
+            "FROM kb_failed_attempt_sessions f LEFT JOIN kb_sessions s USING (session_id) "
+            "WHERE f.aimed_at = $1",
             f"{evidence.failure_class}|{evidence.category}",
-            MAX_FAILED_ATTEMPTS,
         )
-    return [f"[tried before without success, {row['times']}x] {row['summary']}" for row in rows]
+    seen: dict[str, list[tuple[tuple[str, str], bool]]] = {}
+    for row in rows:
+        pair = (fleet_of(row["session_id"]), row["origin"])
+        seen.setdefault(row["summary"], []).append((pair, row["beside_a_fix"]))
+    ranked = sorted(
+        (
+            -independent(pair for pair, beside in sessions if beside),
+            -independent(pair for pair, _ in sessions),
+            summary,
+        )
+        for summary, sessions in seen.items()
+    )
+    return [
+        f"[tried before without success, {-count}x] {summary}"
+        for _, count, summary in ranked[:MAX_FAILED_ATTEMPTS]
+    ]
 
 
 async def retrieve(
