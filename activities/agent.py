@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 from temporalio import activity
@@ -27,7 +28,14 @@ from temporalio import activity
 from activities import prompts
 from activities.fixers.base import FixerError, to_activity_error
 from activities.fixers.edits import EditError, apply_answer, summary_line
-from activities.fixers.openai_fixer import build_messages, complete, prompt_text
+from activities.fixers.openai_fixer import (
+    Requests,
+    answer_instruction,
+    build_messages,
+    complete,
+    output_limit,
+    prompt_text,
+)
 from kb.events import EventStore
 from kb.knowledge import KnowledgeProjection, search
 from nearmiss.engine.runner.sandbox import Limits
@@ -68,7 +76,7 @@ KB_SEARCH = {
         },
     },
 }
-PROPOSE_EDIT = {
+PROPOSE_EDIT: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "propose_edit",
@@ -101,26 +109,44 @@ class Conversation(BaseModel):
 
 
 def _text_protocol_description() -> str:
+    """The TOOL-line protocol; ``propose_edit`` is not among its tools: in text the edit is the
+    answer itself, as the system and user messages say."""
     lines = []
     for schema in tool_schemas():
         fn = schema["function"]
+        if fn["name"] == "propose_edit":
+            continue
         params = fn["parameters"].get("properties", {})
         args = ", ".join(f"{name}: {spec.get('type', 'any')}" for name, spec in params.items())
         lines.append(f"- {fn['name']}({args}): {fn['description']}")
     return prompts.render("agent_text_protocol.md", tool_list="\n".join(lines))
 
 
+def _propose_edit_line() -> str:
+    return f"- `propose_edit`: {PROPOSE_EDIT['function']['description']}\n"
+
+
 def first_messages(request: FixRequest, tool_budget: int) -> list[dict]:
-    """The fix prompt of a plain round, with the experiments the agent may run first."""
-    messages = build_messages(request)
-    tools = prompts.render("agent_tools.md", tool_budget=tool_budget)
+    """The fix prompt of a plain round, answered by calling ``propose_edit`` (both messages say
+    so), with the experiments the agent may run first."""
+    messages = build_messages(request, "tools")
+    tools = prompts.render(
+        "agent_tools.md", tool_budget=tool_budget, propose_edit=_propose_edit_line()
+    )
     messages[0]["content"] += "\n\n" + tools.strip()
     return messages
 
 
 def switch_to_text(conversation: Conversation) -> None:
+    """Answer in text from now on: both messages say the edit is the answer (no
+    ``propose_edit``), and the system message explains the TOOL lines."""
     conversation.protocol = "text"
-    conversation.messages[0]["content"] += "\n\n" + _text_protocol_description().strip()
+    tools, text = answer_instruction("tools"), answer_instruction("text")
+    for message in conversation.messages[:2]:
+        message["content"] = message["content"].replace(tools, text)
+    system = conversation.messages[0]
+    system["content"] = system["content"].replace(_propose_edit_line(), "")
+    system["content"] += "\n\n" + _text_protocol_description().strip()
 
 
 def add_answers(conversation: Conversation, answers: list[ToolAnswer], note: str) -> None:
@@ -209,9 +235,10 @@ class AgentActivities:
             add_answers(conversation, request.answers, request.note)
         compact(conversation)
         fixer = self.fixer_factory(fix.model)
+        sent = Requests()
         try:
             completion, tokens = await self.heartbeating(
-                self._ask(fixer, conversation, request.tools_allowed)
+                self._ask(fixer, conversation, request.tools_allowed, request.tokens_left, sent)
             )
         except FixerError as exc:
             raise to_activity_error(exc) from exc
@@ -220,6 +247,7 @@ class AgentActivities:
                 await fixer.aclose()
         step, edited = self._read_turn(conversation, completion, source, request.tools_allowed)
         step.tokens = tokens
+        step.model_requests, step.model_s = sent.sent, round(sent.seconds, 3)
         step.conversation_hash = await self.store.put_blob(conversation.model_dump_json().encode())
         if step.outcome is not None:
             step.outcome.model = fix.model
@@ -233,20 +261,32 @@ class AgentActivities:
             step.outcome.response_hash = await self.store.put_blob((response or "").encode())
         return step
 
-    async def _ask(self, fixer, conversation: Conversation, tools_allowed: bool):
+    async def _ask(
+        self,
+        fixer,
+        conversation: Conversation,
+        tools_allowed: bool,
+        tokens_left: int | None,
+        sent: Requests,
+    ):
         params: dict = {"temperature": 0}
         if conversation.protocol == "tools":
             params["tools"] = tool_schemas()
             params["tool_choice"] = "auto" if tools_allowed else "none"
         try:
             completion, tokens, _, _ = await complete(
-                fixer.client, fixer.model, conversation.messages, **params
+                fixer.client,
+                fixer.model,
+                conversation.messages,
+                max_output=output_limit(tokens_left, conversation.messages),
+                requests=sent,
+                **params,
             )
         except FixerError as exc:
             refused_tools = not exc.retryable and "tool" in str(exc).lower()
             if conversation.protocol == "tools" and refused_tools:
                 switch_to_text(conversation)  # an endpoint without tool calling
-                return await self._ask(fixer, conversation, tools_allowed)
+                return await self._ask(fixer, conversation, tools_allowed, tokens_left, sent)
             raise
         return completion, tokens
 
@@ -284,12 +324,14 @@ class AgentActivities:
     async def run_tool(self, request: ToolInput) -> ToolAnswer:
         call = request.call
         arguments = json.loads(call.arguments or "{}")  # agent_step let only valid ones through
+        started = time.monotonic()
         if call.name == "kb_search":
             ok, content, data = await self._kb_search(arguments, request)
         else:
             work = self._engine_tool(call.name, arguments, request)
             ok, content, data = await self.heartbeating(work)
         answer = ToolAnswer.to(call, clip(content, ANSWER_CHARS), ok=ok)
+        answer.seconds = round(time.monotonic() - started, 3)
         answer.data_hash = await self.store.put_blob(json.dumps(data, default=str).encode())
         return answer
 

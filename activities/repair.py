@@ -51,6 +51,8 @@ async def stored_outcome(store: EventStore, result: FixResult, model: str) -> Fi
         model=result.model or model,
         tokens=result.tokens,
         resume_at=result.resume_at,
+        model_requests=result.model_requests,
+        model_s=result.model_s,
     )
     if result.prompt:
         outcome.prompt_hash = await store.put_blob(result.prompt.encode())

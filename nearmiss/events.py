@@ -157,6 +157,9 @@ class RepairFinished(Event):
     final_hash: str
     failure_class: str | None = None
     targets: dict[str, bool] = {}
+    # Per fix round: model requests, experiments and their time (workflows.models.RoundStats);
+    # absent in events written before them.
+    round_stats: list[JSON] = []
 
 
 # --- the knowledge base (kb.knowledge, kb.learning) -------------------------------------------

@@ -30,7 +30,16 @@ from fake_openai import (
 
 from activities import prompts
 from activities.fixers.base import FixerError
-from activities.fixers.openai_fixer import OpenAIFixer, build_messages, retry_after_s
+from activities.fixers.openai_fixer import (
+    MAX_OUTPUT_TOKENS,
+    MIN_OUTPUT_TOKENS,
+    OpenAIFixer,
+    answer_instruction,
+    build_messages,
+    estimated_tokens,
+    retry_after_s,
+)
+from kb.knowledge import Entry
 from nearmiss.engine.models import Evidence, Finding
 from workflows.models import FixRequest, TokenUsage
 
@@ -333,3 +342,82 @@ async def test_the_fake_server_leaves_no_thread_or_socket():
     assert extra == []
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
         pass
+
+
+async def test_each_request_bounds_the_answer_by_the_budget_left(fake, fixers):
+    fake.script(answer(GOOD), answer(GOOD), answer(GOOD))
+    fixer = fixers(fake.base_url)
+    for left in (None, 9000, 600):
+        request = make_request()
+        request.tokens_left = left
+        result = await fixer.propose(request)
+        assert result.model_requests == 1 and result.model_s > 0
+    unbounded, bounded, nearly_spent = (body["max_tokens"] for body in fake.requests)
+    assert unbounded == MAX_OUTPUT_TOKENS
+    prompt = estimated_tokens(fake.requests[1]["messages"])
+    assert prompt > 0 and bounded == 9000 - prompt  # what is left once the prompt is counted
+    assert nearly_spent == MIN_OUTPUT_TOKENS  # less left than the prompt: the least answer
+    assert all("max_completion_tokens" not in body for body in fake.requests)
+
+
+async def test_an_endpoint_that_wants_max_completion_tokens_gets_it(fake, fixers):
+    message = (
+        "Unsupported parameter: 'max_tokens' is not supported with this model. "
+        "Use 'max_completion_tokens' instead."
+    )
+    refusal = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "max_tokens",
+            "code": "unsupported_parameter",
+        }
+    }
+    fake.script(Fault(400, refusal), answer(GOOD), answer(GOOD))
+    fixer = fixers(fake.base_url)
+    first = await fixer.propose(make_request())
+    assert first.source is not None and first.model_requests == 2 == len(fake.requests)
+    refused, asked_again = fake.requests
+    assert "max_tokens" in refused and "max_completion_tokens" not in refused
+    assert asked_again["max_completion_tokens"] == refused["max_tokens"]
+    assert "max_tokens" not in asked_again
+    # The endpoint's answer is remembered: the next request asks with the right field at once.
+    second = await fixer.propose(make_request())
+    assert second.model_requests == 1 and "max_completion_tokens" in fake.requests[2]
+
+
+async def test_knowledge_reaches_the_prompt_as_guidance_not_as_a_diff(fake, fixers):
+    example = "-    o_ref[...] = acc\n+    @pl.when(pl.program_id(2) == 0)\n+    def _init():"
+    entry = Entry(
+        id="seed-acc",
+        status="promoted",
+        source="seed",
+        title="Accumulator never zeroed",
+        failure_class="nan_inf",
+        category="matmul",
+        platform="any",
+        body={
+            "diagnosis": "NaN in every output tile",
+            "guidance": "zero the accumulator on the first reduction step",
+            "example": example,
+            "diff": example,
+        },
+    )
+    fake.script(answer(GOOD))
+    request = make_request()
+    request.knowledge = [entry.line()]
+    await fixers(fake.base_url).propose(request)
+    user = fake.requests[0]["messages"][1]["content"]
+    assert "- [seed-acc] Accumulator never zeroed. Seen as: NaN in every output tile" in user
+    assert "Fix: zero the accumulator on the first reduction step" in user
+    assert "pl.program_id(2) == 0" not in user and "o_ref[...] = acc" not in user
+    assert not [line for line in user.splitlines() if line.startswith(("+", "-    "))]
+
+
+async def test_plain_round_messages_agree_on_how_to_answer(fake, fixers):
+    fake.script(answer(GOOD))
+    await fixers(fake.base_url).propose(make_request())
+    system, user = (m["content"] for m in fake.requests[0]["messages"])
+    text = answer_instruction("text")
+    assert text in system and text in user
+    assert "propose_edit" not in system + user

@@ -44,7 +44,7 @@ from nearmiss.events import (
 # Re-exported: their home is workflows.guards (a light module the command line imports).
 from workflows.guards import WORKER_WAIT_S as WORKER_WAIT_S
 from workflows.guards import Guards
-from workflows.models import FixOutcome, RepairResult, RetrieveResult, TokenUsage
+from workflows.models import FixOutcome, RepairResult, RetrieveResult, RoundStats, TokenUsage
 
 StopReason = Literal[
     "certified",
@@ -111,6 +111,8 @@ class Round(BaseModel):
     failure_class: str | None = None
     score: float | None = None
     tokens: TokenUsage = Field(default_factory=TokenUsage)
+    # Model requests, experiments, and their time (RepairResult.round_stats).
+    stats: RoundStats | None = None
 
 
 class LoopState(BaseModel):
@@ -267,6 +269,13 @@ class RepairLoop:
             tokens=outcome.tokens,
             aimed_at=aimed_at,
             base_hash=s.current_hash,
+            stats=RoundStats(
+                round=number,
+                model_requests=outcome.model_requests,
+                model_s=outcome.model_s,
+                tool_calls=outcome.tool_calls,
+                tool_s=outcome.tool_s,
+            ),
         )
         s.rounds.append(round_)
         if outcome.fatal:
@@ -309,6 +318,7 @@ class RepairLoop:
             final_hash=s.best_hash,
             failure_class=None if s.certified or evidence is None else evidence.failure_class,
             targets=dict(evidence.targets) if evidence is not None else {},
+            round_stats=[r.stats for r in s.rounds if r.stats is not None],
         )
 
     def finish(self, result: RepairResult) -> Step:

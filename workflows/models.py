@@ -103,6 +103,19 @@ class TokenUsage(BaseModel):
         )
 
 
+class RoundStats(BaseModel):
+    """What one fix round spent besides tokens: model requests and experiments, and their time.
+
+    ``model_s``/``tool_s`` are measured by the activities (the wall time of the requests and of
+    the tool runs), so a replayed workflow reports what the live one did."""
+
+    round: int
+    model_requests: int = 0  # chat requests sent, a refused one included
+    model_s: float = 0.0
+    tool_calls: int = 0  # experiments run (calls answered "not run" are not counted)
+    tool_s: float = 0.0
+
+
 class RepairResult(BaseModel):
     session_id: str
     certified: bool
@@ -116,6 +129,8 @@ class RepairResult(BaseModel):
     # The targets of the last check, each with whether it accepted the kernel: what a
     # certificate covers ({"interpret": true, "tpu-v5e": true}).
     targets: dict[str, bool] = Field(default_factory=dict)
+    # Per fix round, in order: model requests, experiments, and their time.
+    round_stats: list[RoundStats] = Field(default_factory=list)
 
 
 class FixRequest(BaseModel):
@@ -134,6 +149,9 @@ class FixRequest(BaseModel):
     # How many of its candidate edits of this source a search screened in earlier rounds
     # without finding one (``FixResult.resume_at``): this round goes on from there.
     skip: int = 0
+    # Tokens (input + output) left of the repair's budget when this round starts; None: no
+    # budget. A model's answer is bounded by it (``max_tokens``).
+    tokens_left: int | None = None
 
     @classmethod
     def of(cls, fix: FixInput, spec_source: str, source: str) -> FixRequest:
@@ -148,6 +166,7 @@ class FixRequest(BaseModel):
             tried=fix.tried,
             knowledge=fix.knowledge,
             skip=fix.skip,
+            tokens_left=fix.tokens_left,
         )
 
 
@@ -166,6 +185,8 @@ class FixResult(BaseModel):
     # edits ran out says how many of them it has screened (with those of earlier rounds), so
     # asking again with ``FixRequest.skip`` set to it goes on where it stopped; 0: nothing left.
     resume_at: int = 0
+    model_requests: int = 0  # chat requests this answer took (0: no model asked)
+    model_s: float = 0.0  # their wall time
 
 
 class FixOutcome(BaseModel):
@@ -181,6 +202,9 @@ class FixOutcome(BaseModel):
     fatal: bool = False  # the fixer cannot go on (a non-retryable model error)
     tool_calls: int = 0  # experiments the agent ran in this round
     resume_at: int = 0  # FixResult.resume_at
+    model_requests: int = 0  # chat requests of this round (RoundStats)
+    model_s: float = 0.0
+    tool_s: float = 0.0  # wall time of the experiments it ran
 
 
 class CheckInput(BaseModel):
@@ -212,6 +236,7 @@ class FixInput(BaseModel):
     # Learned diffs for this signature, tried first at zero tokens: {"entry_id", "diff"}.
     patches: list[dict] = Field(default_factory=list)
     skip: int = 0  # FixRequest.skip
+    tokens_left: int | None = None  # FixRequest.tokens_left
 
 
 class RetrieveInput(BaseModel):
@@ -254,6 +279,7 @@ class ToolAnswer(BaseModel):
     ok: bool = False
     content: str = ""  # compact text for the model
     data_hash: str = ""  # the full structured result in the blob store, when there is one
+    seconds: float = 0.0  # how long the tool ran (0 for a call answered without running)
 
     @classmethod
     def to(cls, call: ToolCall, content: str, ok: bool = False) -> ToolAnswer:
@@ -269,6 +295,9 @@ class AgentStepInput(BaseModel):
     tools_allowed: bool = True  # False: the round's tool budget is spent, edit now
     tool_budget: int = 0  # tool calls this round, as the first prompt states it
     note: str = ""  # said to the model with the answers, e.g. how many calls are left
+    # Tokens left of the repair's budget before this step (None: no budget): bounds the
+    # answer's length (max_tokens).
+    tokens_left: int | None = None
 
 
 class AgentStep(BaseModel):
@@ -281,6 +310,8 @@ class AgentStep(BaseModel):
     # apply): recorded like the others, never run.
     answered: list[ToolAnswer] = Field(default_factory=list)
     outcome: FixOutcome | None = None  # set when the round ends
+    model_requests: int = 0  # chat requests this step sent (a refused one included)
+    model_s: float = 0.0  # their wall time
 
 
 class ToolInput(BaseModel):

@@ -42,6 +42,11 @@ CHECK_QUEUES = "check-queues"
 LOCAL_ACTIVITIES = "local-activities"
 # Every change above, decided in the first workflow task.
 TODAYS_CODE = "decided-at-start"
+# Changes since, each with its own marker, recorded in the first workflow task as well
+# (``decide_at_start``): a session recorded before one has TODAYS_CODE's marker but not its own.
+# ... before an agent round ran no tool of a reply that spent the token budget.
+TOOLS_WITHIN_BUDGET = "tools-within-budget"
+LATER_CHANGES = (TOOLS_WITHIN_BUDGET,)
 
 # The runs that have decided (weakly held: the worker drops finished runs).
 _decided: weakref.WeakSet = weakref.WeakSet()
@@ -51,6 +56,8 @@ def decide_at_start() -> None:
     """Settle whether this run runs today's code: the first statement of every workflow's
     ``run``, before any ``await`` (see above)."""
     workflow.patched(TODAYS_CODE)
+    for change in LATER_CHANGES:
+        workflow.patched(change)
     _decided.add(workflow.instance())
 
 
@@ -60,4 +67,6 @@ def has(change: str) -> bool:
     if workflow.instance() not in _decided:
         # Deciding here, after an await, would be the replay race above all over again.
         raise RuntimeError("a workflow asked for a change before deciding at its start")
+    if change in LATER_CHANGES:  # asked at the start already: the SDK keeps that answer
+        return workflow.patched(change)
     return workflow.patched(TODAYS_CODE) or workflow.patched(change)

@@ -246,6 +246,8 @@ class RepairWorkflow:
             skip=state.searched.get(state.current_hash, 0),
         )
         guards = request.guards
+        if guards.token_budget is not None:  # bounds the model's answers (max_tokens)
+            fix.tokens_left = guards.token_budget - state.tokens.total
         # Sessions from before the agent replay without its tool rounds.
         if action.tool_round and has(AGENT_TOOLS):
             budget = guards.token_budget
@@ -257,6 +259,7 @@ class RepairWorkflow:
                 tools_left=guards.max_tool_calls - state.tool_calls,
                 tokens_left=None if budget is None else budget - state.tokens.total,
                 record=self._record,
+                token_budget=budget,
             )
         try:
             outcome = await workflow.execute_activity(

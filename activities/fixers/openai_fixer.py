@@ -13,6 +13,12 @@ failures map to ``FixerError`` in one place, ``to_fixer_error``:
 
 A body that is JSON but has no choices or no content, and an answer whose edit does not apply,
 are failed rounds: a ``FixResult`` without a source, with the reason and the tokens spent.
+
+Every request bounds the answer's length (``output_limit``): by ``MAX_OUTPUT_TOKENS``, and by
+what is left of the repair's token budget once the prompt is counted. The bound goes out as
+``max_tokens``, which every OpenAI-compatible server reads; an endpoint that refuses it for
+``max_completion_tokens`` (OpenAI's reasoning models) is asked again at once with that field,
+and that field is used for the model from then on.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, cast
 
@@ -40,6 +47,13 @@ _RETRYABLE_STATUS = {408, 409, 429}
 _CONTEXT_LENGTH = re.compile(
     r"context[_ ]length|maximum context|context window|too many tokens|prompt is too long", re.I
 )
+# The longest answer asked for (a SEARCH/REPLACE edit, or a whole kernel, is far shorter), and
+# the least, when the budget's estimate says less is left: a shorter answer is no answer.
+MAX_OUTPUT_TOKENS = 16_384
+MIN_OUTPUT_TOKENS = 256
+CHARS_PER_TOKEN = 4  # to estimate a prompt's tokens before the endpoint counts them
+# (base URL, model) -> the field that bounds an answer there, once an endpoint refused the other.
+_LIMIT_FIELD: dict[tuple[str, str], str] = {}
 
 
 def number_lines(source: str) -> str:
@@ -90,8 +104,17 @@ def _bullets(items: list[str], empty: str) -> str:
     return "\n".join(f"- {item}" for item in items) if items else empty
 
 
-def build_messages(request: FixRequest) -> list[dict[str, str]]:
-    """The chat messages for one round, from the templates in ``activities/prompts``."""
+def answer_instruction(protocol: str = "text") -> str:
+    """How the model is to answer, said alike in the system and the user message: with the
+    edit as text, or (``"tools"``) by calling ``propose_edit``."""
+    name = "answer_propose_edit.md" if protocol == "tools" else "answer_edit.md"
+    return " ".join(prompts.render(name).split())
+
+
+def build_messages(request: FixRequest, protocol: str = "text") -> list[dict[str, str]]:
+    """The chat messages for one round, from the templates in ``activities/prompts``;
+    ``protocol`` is how the model answers (``answer_instruction``)."""
+    answer = answer_instruction(protocol)
     user = prompts.render(
         "fix.md",
         spec_path=request.spec_path,
@@ -102,9 +125,10 @@ def build_messages(request: FixRequest) -> list[dict[str, str]]:
         evidence=render_evidence(request.evidence),
         knowledge=_bullets(request.knowledge, "(no matching entries)"),
         tried=_bullets(request.tried, "(nothing yet)"),
+        answer=answer,
     )
     return [
-        {"role": "system", "content": prompts.render("system.md").strip()},
+        {"role": "system", "content": prompts.render("system.md", answer=answer).strip()},
         {"role": "user", "content": user.strip()},
     ]
 
@@ -206,20 +230,76 @@ def make_client(
     return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
 
 
+@dataclass
+class Requests:
+    """The chat requests one answer took (a refused one included) and their wall time."""
+
+    sent: int = 0
+    seconds: float = 0.0
+
+
+def estimated_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
+    """A prompt's tokens, roughly (``CHARS_PER_TOKEN``), before the endpoint counts them."""
+    chars = sum(
+        len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages
+    )
+    return chars // CHARS_PER_TOKEN
+
+
+def output_limit(tokens_left: int | None, messages: Sequence[Mapping[str, Any]]) -> int:
+    """The most tokens an answer may take: ``MAX_OUTPUT_TOKENS``, less where the budget left
+    after the prompt is less (never under ``MIN_OUTPUT_TOKENS``, never over what is left)."""
+    if tokens_left is None:
+        return MAX_OUTPUT_TOKENS
+    room = max(MIN_OUTPUT_TOKENS, tokens_left - estimated_tokens(messages))
+    return max(1, min(MAX_OUTPUT_TOKENS, room, tokens_left))
+
+
+def _wants_completion_field(exc: openai.APIStatusError) -> bool:
+    """A 400 refusing ``max_tokens`` for ``max_completion_tokens`` (OpenAI's reasoning models:
+    "Unsupported parameter: 'max_tokens' ... Use 'max_completion_tokens' instead.")."""
+    return exc.status_code == 400 and "max_completion_tokens" in str(exc.message)
+
+
 async def complete(
-    client: openai.AsyncOpenAI, model: str, messages: Sequence[Mapping[str, Any]], **params
+    client: openai.AsyncOpenAI,
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    max_output: int | None = None,
+    requests: Requests | None = None,
+    **params,
 ) -> tuple[ChatCompletion, TokenUsage, str | None, str]:
     """One chat call: (completion, tokens, answer or None, why there is none).
 
-    Endpoint failures raise ``FixerError`` (retryable or not, see ``to_fixer_error``); an empty
-    answer is not an error but ``None`` with its reason, so its tokens are still counted.
+    ``max_output``: the answer's bound (see the module's docstring); ``requests`` counts the
+    requests sent and their time. Endpoint failures raise ``FixerError`` (retryable or not, see
+    ``to_fixer_error``); an empty answer is not an error but ``None`` with its reason, so its
+    tokens are still counted.
     """
-    try:
-        # Plain dicts, as the endpoint reads them; the SDK's TypedDicts are its spelling of them.
-        sent = cast("list[ChatCompletionMessageParam]", list(messages))
-        completion = await client.chat.completions.create(model=model, messages=sent, **params)
-    except (openai.APIError, json.JSONDecodeError) as exc:
-        raise to_fixer_error(exc) from exc
+    key = (str(client.base_url), model)
+    field = _LIMIT_FIELD.get(key, "max_tokens")
+    # Plain dicts, as the endpoint reads them; the SDK's TypedDicts are its spelling of them.
+    sent = cast("list[ChatCompletionMessageParam]", list(messages))
+    while True:
+        limit: dict[str, Any] = {} if max_output is None else {field: max_output}
+        started = time.monotonic()
+        try:
+            completion = await client.chat.completions.create(
+                model=model, messages=sent, **limit, **params
+            )
+        except openai.APIStatusError as exc:
+            if limit and field == "max_tokens" and _wants_completion_field(exc):
+                field = _LIMIT_FIELD[key] = "max_completion_tokens"
+                continue
+            raise to_fixer_error(exc) from exc
+        except (openai.APIError, json.JSONDecodeError) as exc:
+            raise to_fixer_error(exc) from exc
+        finally:
+            if requests is not None:
+                requests.sent += 1
+                requests.seconds += time.monotonic() - started
+        break
     if isinstance(completion, str):  # a 200 with a non-JSON content type: the SDK's text
         raise FixerError("model endpoint sent a body that is not JSON", retryable=True)
     answer, why = _answer_of(completion)
@@ -249,10 +329,22 @@ class OpenAIFixer:
         """One model call; the edited source, or a failed round with its reason and tokens."""
         messages = build_messages(request)
         prompt = prompt_text(messages)
+        sent = Requests()
         completion, tokens, answer, why = await complete(
-            self.client, self.model, messages, temperature=0
+            self.client,
+            self.model,
+            messages,
+            max_output=output_limit(request.tokens_left, messages),
+            requests=sent,
+            temperature=0,
         )
-        common: dict[str, Any] = dict(model=f"openai:{self.model}", tokens=tokens, prompt=prompt)
+        common: dict[str, Any] = dict(
+            model=f"openai:{self.model}",
+            tokens=tokens,
+            prompt=prompt,
+            model_requests=sent.sent,
+            model_s=round(sent.seconds, 3),
+        )
         if answer is None:
             return FixResult(reason=why, response="", **common)
         try:
