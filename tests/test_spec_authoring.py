@@ -22,12 +22,21 @@ from nearmiss.engine.authoring.calibration import (
     SpecNoise,
     advise,
     judge_case,
+    scaled_error,
     tolerance_used,
 )
-from nearmiss.engine.authoring.spec_new import ragged, with_tolerance
-from nearmiss.engine.runner.retype import retyped_evaluation, small_constants
+from nearmiss.engine.authoring.spec_new import parse_input, ragged, with_tolerance
+from nearmiss.engine.runner.arrays import float_eps
+from nearmiss.engine.runner.retype import (
+    pinned_evaluation,
+    retyped_evaluation,
+    rounding_steps,
+    small_constants,
+)
+from nearmiss.engine.spec import load_spec
 
 SHIPPED = Path(__file__).parent / "shipped"
+QUANTISED = Path(__file__).parent / "planted" / "quantised"
 
 
 def _mixed(x):
@@ -287,6 +296,10 @@ def test_spec_new_writes_a_spec_that_runs_with_a_measured_tolerance(tmp_path):
         (["--input", "x=R", "--dims", "R=4,Q=2"], "no --input uses"),
         (["--input", "x=R", "--dims", "R=four"], "expected NAME=INT"),
         (["--input", "x", "--dims", "R=4"], "expected NAME=DIM"),
+        (
+            ["--input", "x=R:int4", "--dims", "R=4"],
+            "unknown dtype 'int4'; expected one of float64, float32, float16, bfloat16, int8",
+        ),
     ],
 )
 def test_spec_new_refuses_bad_input_in_one_line(tmp_path, args, message):
@@ -295,6 +308,7 @@ def test_spec_new_refuses_bad_input_in_one_line(tmp_path, args, message):
     result = run_cli("spec", "new", out, "--reference", f"{tmp_path / 'ref.py'}:rms_norm", *args)
     assert result.returncode == 2
     assert message in result.stderr and not out.exists()
+    assert result.stderr.count("\n") == 1
 
 
 def test_spec_new_refuses_a_missing_function_and_an_existing_file(tmp_path):
@@ -318,3 +332,231 @@ def test_spec_check_says_what_a_tpus_default_precision_dot_does_to_the_tolerance
     text = run_cli("spec", "check", OPS / "matmul" / "spec.py", "--seed", "1").stdout
     assert "TPU targets, float32: float32 dots at DEFAULT precision" in text
     assert "must ask for precision=HIGHEST" in text and "TPU targets, bfloat16" not in text
+
+
+# ---- quantised references and integer outputs ----
+
+
+def test_the_float64_run_of_a_quantised_reference_keeps_its_own_rounding():
+    """Float64 rounds thousands of bfloat16 values of x / scale the other way: a difference of
+    whole quanta that no kernel rounding as the reference does shows, and that `spec check` read
+    as noise ("too tight", a suggested tolerance of 3). Kept, what is left is the arithmetic."""
+    spec = load_spec(QUANTISED / "qmatmul_spec.py")
+    case = next(c for c in spec.extended if c.dtype == "bfloat16")
+    inputs = spec.make_inputs(case, jax.random.PRNGKey(0))
+    reference = np.asarray(spec.reference(*inputs))
+    closed = jax.make_jaxpr(spec.reference)(*inputs)
+    assert rounding_steps(closed) == (2, 0)  # round, and the cast to int8
+    arrays = [np.asarray(a) for a in inputs]
+    with _x64():
+        afresh = retyped_evaluation(closed, arrays, np.float64)[0]
+        kept = pinned_evaluation(closed, arrays, np.float64)[0]
+    eps = float_eps(ml_dtypes.bfloat16)
+    assert scaled_error(kept, reference) < eps  # within the bfloat16 output's own rounding
+    assert scaled_error(afresh, reference) > 10 * eps  # flipped quanta
+
+
+def test_a_rounding_inside_a_loop_is_counted_and_its_flips_are_not_called_too_tight():
+    def looped(x):
+        return jax.lax.fori_loop(0, 2, lambda i, acc: acc + jnp.round(x), jnp.zeros_like(x))
+
+    closed = jax.make_jaxpr(looped)(jnp.ones(4, jnp.float32))
+    assert rounding_steps(closed) == (0, 1)
+    ref = np.array([1.0, -0.5], np.float32)
+    flipped = ref.astype(np.float64) + [1.0, 0.0]  # one value rounded the other way
+    assert judge_case([ref], [flipped], None, 1e-5, 1e-5)["verdict"] == "too_tight"
+    judged = judge_case([ref], [flipped], None, 1e-5, 1e-5, rounding_in_loops=1)
+    assert judged["verdict"] == "uncalibrated"
+
+
+def test_advice_for_integer_outputs_is_zero_and_for_exact_ones_says_so():
+    integer = noise_case("a", noise_scaled=0.0, noise_max_abs=0.0, outputs=["int32"])
+    integer = integer.model_copy(update={"output_max_abs": 3e5})
+    (advice,) = advise([integer])
+    assert (advice.basis, advice.at_least) == ("integer", 0.0)
+    assert advice.integer_slack == 3  # 1e-5 + 1e-5 * 3e5 = 3.00001: off by 3 passes
+    exact = noise_case(
+        "b", noise_scaled=0.0, noise_max_abs=0.0, outputs=["float32"], output_rounding=6e-8
+    )
+    (advice,) = advise([exact])
+    assert advice.basis == "exact" and advice.at_least == pytest.approx(5e-7)  # 8 x 6e-8
+    noisy = exact.model_copy(update={"noise_max_abs": 1e-7, "noise_scaled": 1e-7})
+    assert advise([exact, noisy])[0].basis == "noise"
+
+
+def test_spec_check_of_a_quantised_reference_measures_the_arithmetic_not_flipped_roundings():
+    result = run_cli("spec", "check", QUANTISED / "qmatmul_spec.py", "--seed", "4", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    cases = json.loads(result.stdout)["cases"]
+    assert {c["name"] for c in cases} == {"base", "bf16", "small"}
+    for case in cases:
+        assert case["rounding_steps"] == 2 and case["rounding_in_loops"] == 0
+        assert case["verdict"] in ("ok", "tight"), case
+        assert case["noise_used"] <= 1
+    text = run_cli("spec", "check", QUANTISED / "qmatmul_spec.py", "--seed", "4").stdout
+    assert "quantised reference: it rounds floats to integers (2 steps)" in text
+    assert "too tight" not in text and "none fits" not in text
+
+
+def test_a_kernel_rounding_as_the_quantised_reference_does_matches_it_exactly():
+    report = json.loads(
+        run_cli(
+            "check",
+            QUANTISED / "qmatmul_spec.py",
+            QUANTISED / "qmatmul_golden.py",
+            "--suite",
+            "compact",
+            "--seed",
+            "4",
+            "--json",
+        ).stdout
+    )
+    assert report["certified"], report["diagnosis"]
+    exact = [c for c in report["cases"] if c["dtype"] == "float32"]
+    assert exact and all(leaf["max_abs_error"] == 0 for c in exact for leaf in c["leaves"])
+
+
+def test_spec_check_of_integer_outputs_suggests_exact_comparison():
+    spec = QUANTISED / "int_matmul_spec.py"
+    result = run_cli("spec", "check", spec, "--seed", "2", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    noise = json.loads(result.stdout)
+    assert all(c["outputs"] == ["int32"] and c["verdict"] == "ok" for c in noise["cases"])
+    (advice,) = noise["advice"]
+    # float32's default 1e-5 relative, on int32 sums of int8 products over K=512 (to ~8e5 at
+    # this seed): several units of slack.
+    assert advice["basis"] == "integer" and advice["integer_slack"] >= 1
+    text = run_cli("spec", "check", spec, "--seed", "2").stdout
+    assert "every output is an integer array, compared exactly" in text
+    assert "suggested atol = rtol = 0" in text and "off by up to" in text
+
+
+EXACT_SPEC = """
+import jax
+import jax.numpy as jnp
+
+from nearmiss.engine.spec import Case, OpSpec
+
+
+def reference(a, b):
+    return jnp.dot(a, b, preferred_element_type=jnp.int32).astype(jnp.float32) * 0.5
+
+
+def make_inputs(case, key):
+    ka, kb = jax.random.split(key)
+    shape = (case.dims["M"], case.dims["M"])
+    a = jax.random.randint(ka, shape, -128, 128, jnp.int32).astype(jnp.int8)
+    return a, jax.random.randint(kb, shape, -128, 128, jnp.int32).astype(jnp.int8)
+
+
+SPEC = OpSpec(
+    name="halved_int_matmul",
+    category="matmul",
+    reference=reference,
+    make_inputs=make_inputs,
+    compact=[Case("base", {"M": 64}), Case("small", {"M": 16})],
+)
+"""
+
+
+def test_spec_check_says_when_the_reference_agrees_exactly_with_float64(tmp_path):
+    spec = tmp_path / "halved.py"
+    spec.write_text(EXACT_SPEC)
+    result = run_cli("spec", "check", spec, "--seed", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "float32: the outputs agree exactly with the float64 computation on every case" in (
+        result.stdout
+    )
+    assert "verdict: ok" in result.stdout
+
+
+def test_an_input_may_name_its_dtype():
+    assert parse_input("x=M,N") == ("x", ("M", "N"), None)
+    assert parse_input("w=K,N:int8") == ("w", ("K", "N"), "int8")
+    assert parse_input("s=:int32") == ("s", (), "int32")
+
+
+QUANTISED_REFERENCE = """
+import jax
+import jax.numpy as jnp
+
+
+def quantized_matmul(x, w_q, w_scale):
+    scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / 127
+    x_q = jnp.clip(jnp.round(x / scale), -128, 127).astype(jnp.int8)
+    acc = jax.lax.dot_general(
+        x_q, w_q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
+    )
+    return (acc.astype(jnp.float32) * scale.astype(jnp.float32) * w_scale).astype(x.dtype)
+
+
+def masked_int_matmul(a, b, lengths):
+    out = jnp.dot(a, b, preferred_element_type=jnp.int32)
+    return jnp.where(jnp.arange(out.shape[0])[:, None] < lengths[0], out, 0)
+
+
+def shifted(x):
+    return (x + 3000.0) - 3000.0
+"""
+
+
+def _spec_new(tmp_path, function, *args):
+    (tmp_path / "ref.py").write_text(QUANTISED_REFERENCE)
+    out = tmp_path / f"{function}.py"
+    reference = f"{tmp_path / 'ref.py'}:{function}"
+    return out, run_cli("spec", "new", out, "--reference", reference, *args)
+
+
+def test_spec_new_gives_inputs_their_dtypes_and_states_each_tolerance_and_why(tmp_path):
+    out, result = _spec_new(
+        tmp_path,
+        "quantized_matmul",
+        *("--input", "x=M,K", "--input", "w_q=N,K:int8", "--input", "w_scale=N:float32"),
+        *("--dims", "M=32,N=128,K=256", "--category", "matmul"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    spec = load_spec(out)
+    for case in spec.compact + spec.extended:
+        x, w_q, w_scale = spec.make_inputs(case, jax.random.PRNGKey(0))
+        assert (x.dtype, w_q.dtype, w_scale.dtype) == (case.dtype, jnp.int8, jnp.float32)
+        assert int(w_q.min()) < -100 and int(w_q.max()) > 100  # int8's whole range
+    assert {c.dtype for c in spec.extended} == {"float32", "bfloat16"}
+    said = result.stderr.splitlines()
+    assert "input w_q (int8): integers drawn from [-128, 128), its whole range" in said
+    for dtype in ("float32", "bfloat16"):
+        (line,) = [s for s in said if s.startswith(f"tolerance {dtype}: atol=")]
+        assert "8x the reference's own noise against float64" in line
+        atol = float(line.split("atol=")[1].split()[0])
+        assert 0 < atol <= (1e-3 if dtype == "float32" else 0.1)  # no 0.7, no 5
+        assert f"'{dtype}': ({atol:g}, {atol:g})" in out.read_text()
+    assert "WARNING" not in result.stderr
+
+
+def test_spec_new_writes_zero_tolerance_for_integer_outputs(tmp_path):
+    out, result = _spec_new(
+        tmp_path,
+        "masked_int_matmul",
+        *("--input", "a=M,K:int8", "--input", "b=K,N:int8", "--input", "lengths=L:int32"),
+        *("--dims", "M=16,N=128,K=64,L=1"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tolerance={'float32': (0, 0)}," in out.read_text()
+    assert 'Case("bf16"' not in out.read_text()  # no input follows the case's dtype
+    assert "INTEGER_RANGES = {'a': (-128, 128), 'b': (-128, 128), 'lengths': (0, 128)}" in (
+        out.read_text()
+    )
+    said = result.stderr.splitlines()
+    assert (
+        "tolerance float32: atol=0 rtol=0: every output is an integer array (int32): a correct "
+        "kernel matches it exactly"
+    ) in said
+    assert any(s.startswith("input lengths (int32)") and "INTEGER_RANGES" in s for s in said)
+
+
+def test_spec_new_says_loudly_when_the_measured_tolerance_is_beyond_rounding(tmp_path):
+    # (x + 3000) - 3000 cancels: bfloat16 keeps nothing of x, float64 all of it.
+    out, result = _spec_new(tmp_path, "shifted", "--input", "x=R,C", "--dims", "R=8,C=128")
+    assert result.returncode == 1, result.stdout + result.stderr
+    (warning,) = [s for s in result.stderr.splitlines() if s.startswith("WARNING")]
+    assert "for bfloat16 cases is above anything bfloat16 rounding explains" in warning
+    assert out.exists()  # written, and said

@@ -2,6 +2,9 @@
 
 ``check`` exits 0 when every case's tolerance sits between the reference's own noise and a
 bfloat16 computation, 1 when one is too tight or too loose, 2 when the spec does not load or run.
+``new`` exits 0 with the spec written and calibrated, 1 when it was written but does not run yet
+or its measured tolerance is above what its outputs' type explains (said on stderr), 2 on bad
+arguments.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ def add_parser(commands) -> None:
         "new",
         help="write a starting spec from a reference function and its input shapes",
         description="Example: nearmiss spec new rms.py --reference ref.py:rms_norm "
-        "--input x=R,C --input w=C --dims R=64,C=256 --category normalization",
+        "--input x=R,C --input w=C --dims R=64,C=256 --category normalization. "
+        "A quantised matmul: --input x=M,K --input w=N,K:int8 --input scale=N:float32. "
+        "The tolerance written for each case dtype, and why, goes to stderr.",
     )
     new.add_argument("out", type=Path, help="the spec file to write (must not exist)")
     new.add_argument("--reference", required=True, metavar="FILE:FUNCTION")
@@ -52,14 +57,20 @@ def add_parser(commands) -> None:
         "--input",
         action="append",
         default=[],
-        metavar="NAME=DIM,...",
+        metavar="NAME=DIM,...[:DTYPE]",
         dest="inputs",
-        help="one per positional argument of the reference, in order",
+        help="one per positional argument of the reference, in order; DTYPE fixes that "
+        f"input's dtype (one of {', '.join(DTYPES)}), else it follows --dtype",
     )
     new.add_argument("--dims", required=True, metavar="DIM=INT,...")
     new.add_argument("--name", help="the operator's name (default: the function's)")
     new.add_argument("--category", choices=CATEGORIES, default="other")
-    new.add_argument("--dtype", choices=[d for d in DTYPES if "float" in d], default="float32")
+    new.add_argument(
+        "--dtype",
+        choices=[d for d in DTYPES if "float" in d],
+        default="float32",
+        help="the cases' dtype: every input without a :DTYPE of its own (default float32)",
+    )
     new.add_argument(
         "--no-calibrate",
         action="store_true",
@@ -88,14 +99,16 @@ def _check(args: argparse.Namespace) -> int:
 
 def _new(args: argparse.Namespace) -> int:
     from nearmiss.engine.authoring import calibration
-    from nearmiss.engine.authoring.calibration import NOISE_MARGIN
     from nearmiss.engine.authoring.spec_new import (
         NewSpec,
+        choose_tolerances,
+        integer_range,
         parse_dims,
         parse_input,
         render,
         with_tolerance,
     )
+    from nearmiss.engine.spec import DEFAULT_TOLERANCES
 
     file, sep, function = args.reference.rpartition(":")
     if not sep or not file or not function:
@@ -116,21 +129,43 @@ def _new(args: argparse.Namespace) -> int:
     text = render(new)
     args.out.write_text(text)
     print(f"wrote {args.out}")
+    for name, _, dtype in new.inputs:
+        drawn = integer_range(dtype) if dtype else None
+        if drawn:
+            whole = dtype in ("int8", "uint8")
+            where = f"; set its real range (a length, an index) in INTEGER_RANGES of {args.out}"
+            print(
+                f"input {name} ({dtype}): integers drawn from [{drawn[0]}, {drawn[1]})"
+                + (", its whole range" if whole else where),
+                file=sys.stderr,
+            )
     if args.no_calibrate:
+        follows = any(dtype is None for _, _, dtype in new.inputs)  # gets a bf16 case
+        dtypes = sorted({new.dtype} | ({"bfloat16"} if follows else set()))
+        for dtype in dtypes:
+            atol, rtol = DEFAULT_TOLERANCES[dtype]
+            print(
+                f"tolerance {dtype}: not measured (--no-calibrate): the engine default "
+                f"atol={atol:g} rtol={rtol:g} applies",
+                file=sys.stderr,
+            )
         return EXIT_OK
     try:
         result = calibration.measure(args.out, "all", secrets.randbelow(2**31))
     except UsageError as exc:
         print(f"the spec does not run yet: {exc}\nfix it, then: nearmiss spec check {args.out}")
         return EXIT_PROBLEM
-    tolerance = {a.dtype: (a.at_least, a.at_least) for a in result.advice}
-    args.out.write_text(with_tolerance(text, tolerance))
+    chosen = choose_tolerances(result)
+    args.out.write_text(with_tolerance(text, {c.dtype: c.value for c in chosen}))
     print(render_noise(result, heading=False))
-    print(
-        f"tolerance set to {NOISE_MARGIN:g}x the reference's own noise: "
-        + ", ".join(f"{d} {a:g}" for d, (a, _) in tolerance.items())
-    )
-    return EXIT_OK
+    for c in chosen:
+        written = f"atol={c.value[0]:g} rtol={c.value[1]:g}: " if c.value else ""
+        print(f"tolerance {c.dtype}: {written}{c.reason}", file=sys.stderr)
+    for c in chosen:
+        if c.warning:
+            print(c.warning, file=sys.stderr)
+    # Written, but not to be trusted as it stands: say so in the exit status too.
+    return EXIT_PROBLEM if any(c.warning for c in chosen) else EXIT_OK
 
 
 def _percent(value: float | None) -> str:
@@ -217,6 +252,25 @@ def render_noise(result: SpecNoise, heading: bool = True) -> str:
     explained = [text for text in map(_explain, result.cases) if text]
     lines.extend(explained)
     for advice in result.advice:
+        declared = f"declared {advice.declared[0]:g}, {advice.declared[1]:g}"
+        if advice.basis == "integer":
+            slack = (
+                f"; the declared tolerance lets an output be off by up to {advice.integer_slack:g}"
+                if advice.integer_slack >= 1
+                else ""
+            )
+            lines.append(
+                f"{advice.dtype}: every output is an integer array, compared exactly: a correct "
+                f"kernel matches the reference exactly; suggested atol = rtol = 0 ({declared})"
+                f"{slack}"
+            )
+            continue
+        if advice.basis == "exact":
+            lines.append(
+                f"{advice.dtype}: the outputs agree exactly with the float64 computation on every "
+                "case (no rounding noise): the tolerance is fine; it only needs to cover the "
+                "outputs' own rounding"
+            )
         span = (
             f"between {advice.at_least:g} and {advice.at_most:g}"
             if advice.at_most
@@ -227,9 +281,21 @@ def render_noise(result: SpecNoise, heading: bool = True) -> str:
                 f"none fits: the noise needs {advice.at_least:g}, the bfloat16 run passes above "
                 f"{advice.at_most:g}; make the cases' values or sizes less extreme"
             )
+        lines.append(f"{advice.dtype}: suggested atol = rtol {span} ({declared})")
+    kept = max((c.rounding_steps for c in result.cases), default=0)
+    redone = max((c.rounding_in_loops for c in result.cases), default=0)
+    if kept or redone:
+        how = (
+            "the float64 computation keeps the reference's own rounding, so noise is the "
+            "arithmetic around it"
+            if not redone
+            else f"{redone} of them inside a loop or a branch, where the float64 computation "
+            "rounds afresh: a case it rounds differently is not measured"
+        )
         lines.append(
-            f"{advice.dtype}: suggested atol = rtol {span} (declared {advice.declared[0]:g}, "
-            f"{advice.declared[1]:g})"
+            f"quantised reference: it rounds floats to integers ({kept + redone} steps); {how}. "
+            "A kernel must round the same values the same way: one rounded the other way on a "
+            "boundary moves its outputs by a whole quantum"
         )
     lines += _chip_lines(result)
     for value, used in result.droppable:

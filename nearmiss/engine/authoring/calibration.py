@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.forensics.compare import tolerance_used as leaf_tolerance_used
-from nearmiss.engine.runner.arrays import float_eps, is_float, load_arrays
+from nearmiss.engine.runner.arrays import float_eps, is_float, load_arrays, restore_dtype
 from nearmiss.engine.runner.sandbox import ChildFailure, Limits
 from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 from nearmiss.engine.runner.spec_sandbox import spec_request, start_spec_child
@@ -67,6 +67,28 @@ class CaseNoise(BaseModel):
     # Each small constant of the reference (an eps) and how much of the tolerance the same
     # computation without it uses: at most 1, and this case cannot tell it from 0.
     constants: list[tuple[float, float]] = []
+    # The reference's output dtypes, and its largest finite output magnitude.
+    outputs: list[str] = []
+    output_max_abs: float = 0.0
+    # Steps that round a float to an integer value (a quantised reference): those whose result
+    # the float64 run keeps from the reference's own precision, and those inside a loop or a
+    # branch, where it cannot (their flipped roundings show as noise).
+    rounding_steps: int = 0
+    rounding_in_loops: int = 0
+
+    @property
+    def integer_outputs(self) -> bool:
+        """Every output is an integer or boolean array: a correct kernel matches exactly."""
+        return bool(self.outputs) and not any(is_float(d) for d in _dtypes(self))
+
+    @property
+    def exact(self) -> bool:
+        """The reference agrees with its float64 run exactly: no rounding noise at all."""
+        return self.noise_max_abs == 0.0
+
+
+def _dtypes(case: CaseNoise) -> list[np.dtype]:
+    return [restore_dtype(name) for name in case.outputs]
 
 
 class DtypeAdvice(BaseModel):
@@ -76,6 +98,11 @@ class DtypeAdvice(BaseModel):
     declared: tuple[float, float]
     at_least: float  # NOISE_MARGIN x the largest noise seen
     at_most: float | None = None  # the bfloat16 run fails by BUG_MARGIN below this
+    # Why: "integer" (every output an integer: exact, atol = rtol = 0), "exact" (the reference
+    # agrees with its float64 run on every case: only its outputs' own rounding), "noise".
+    basis: Literal["integer", "exact", "noise"] = "noise"
+    # The largest error the declared tolerance admits on an integer output (0: none).
+    integer_slack: float = 0.0
 
 
 class SpecNoise(BaseModel):
@@ -160,8 +187,11 @@ def judge_case(
     narrows: list[np.ndarray] | None,
     atol: float,
     rtol: float,
+    rounding_in_loops: int = 0,
 ) -> dict:
-    """The figures and verdict of one case (see the module docstring)."""
+    """The figures and verdict of one case (see the module docstring). ``rounding_in_loops``:
+    steps rounding a float to an integer that the float64 run recomputed (inside a loop or a
+    branch); a difference beyond the tolerance is then flipped roundings, not noise."""
     figures: dict = {}
     floats = [r for r in references if is_float(r.dtype)]
     figures["output_rounding"] = max((float_eps(r.dtype) / 2 for r in floats), default=0.0)
@@ -183,6 +213,9 @@ def judge_case(
             figures["narrow_used"] = max(tolerance_used(n, r, atol, rtol) for n, r in pairs)
             figures["narrow_scaled"] = max(scaled_error(n, r) for n, r in pairs)
     if truths is None:
+        verdict = "uncalibrated"
+    elif figures["noise_used"] > 1 and rounding_in_loops:
+        # Roundings the float64 run could not keep flipped on a boundary: no measure of noise.
         verdict = "uncalibrated"
     elif figures["noise_used"] > 1:
         verdict = "too_tight"
@@ -214,10 +247,33 @@ def advise(cases: list[CaseNoise]) -> list[DtypeAdvice]:
     """Per dtype: the range of atol = rtol that passes the noise and fails the bfloat16 run."""
     advice = []
     for dtype in sorted({case.dtype for case in cases}):
-        mine = [c for c in cases if c.dtype == dtype and c.noise_scaled is not None]
+        # A case whose float64 run rounded to integers differently (inside a loop) measured no
+        # noise: it suggests nothing.
+        mine = [
+            c
+            for c in cases
+            if c.dtype == dtype
+            and c.noise_scaled is not None
+            and not (c.rounding_in_loops and c.verdict == "uncalibrated")
+        ]
         if not mine:
             continue
         # ``mine`` keeps only the cases with a noise_scaled.
+        atol, rtol = mine[0].atol, mine[0].rtol
+        if all(c.integer_outputs for c in mine):
+            # Integers: a correct kernel matches exactly, and any tolerance is slack.
+            largest = max(c.output_max_abs for c in mine)
+            slack = math.floor(atol + rtol * largest) if atol or rtol else 0.0
+            advice.append(
+                DtypeAdvice(
+                    dtype=dtype,
+                    declared=(atol, rtol),
+                    at_least=0.0,
+                    basis="integer",
+                    integer_slack=float(slack),
+                )
+            )
+            continue
         noise = max(max(cast(float, c.noise_scaled), c.output_rounding) for c in mine)
         at_least = _round_up(NOISE_MARGIN * noise)
         narrows = [c.narrow_scaled for c in mine if c.narrow_scaled is not None]
@@ -225,9 +281,10 @@ def advise(cases: list[CaseNoise]) -> list[DtypeAdvice]:
         advice.append(
             DtypeAdvice(
                 dtype=dtype,
-                declared=(mine[0].atol, mine[0].rtol),
+                declared=(atol, rtol),
                 at_least=at_least,
                 at_most=at_most,
+                basis="exact" if all(c.exact for c in mine) else "noise",
             )
         )
     return advice
@@ -287,7 +344,14 @@ def _case(message: dict) -> CaseNoise:
     references = _load(case_dir, "reference.npz") or []
     truths = _load(case_dir, "truth.npz") if message.get("truth") == "ok" else None
     narrows = _load(case_dir, "coarse.npz") if message.get("coarse") == "ok" else None
-    figures = judge_case(references, truths, narrows, atol, rtol)
+    pinned, in_loops = (int(n) for n in message.get("rounding") or (0, 0))
+    figures = judge_case(references, truths, narrows, atol, rtol, rounding_in_loops=in_loops)
+    if in_loops and figures["verdict"] == "uncalibrated" and truths is not None:
+        message["truth"] = (
+            f"it rounds floats to integers inside a loop or a branch ({in_loops} steps), where "
+            "the float64 run rounds some values the other way: its difference "
+            f"({_percent(figures.get('noise_used'))} of the tolerance) is no measure of noise"
+        )
     constants = []
     for value, name in message.get("constants") or []:
         zeroed = _load(case_dir, name)
@@ -319,5 +383,16 @@ def _case(message: dict) -> CaseNoise:
         reference_s=float(message.get("reference_s") or 0.0),
         note="; ".join(notes),
         constants=constants,
+        outputs=[r.dtype.name for r in references],
+        output_max_abs=max(
+            (float(np.abs(r[np.isfinite(r)]).max(initial=0.0)) for r in references if r.size),
+            default=0.0,
+        ),
+        rounding_steps=pinned,
+        rounding_in_loops=in_loops,
         **figures,
     )
+
+
+def _percent(value: float | None) -> str:
+    return "?" if value is None else f"{100 * value:.3g}%"

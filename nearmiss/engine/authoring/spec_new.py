@@ -8,6 +8,11 @@ dims are not multiples of the usual block sizes, and a ``bf16`` case. Structural
 *cases* (their own dims or dtype), never profiles: a profile other than ``normal`` is an
 adversarial value distribution, and a failure confined to one reads as ``unstable``.
 
+Each input may name its dtype (``w=K,N:int8``); an input without one follows the case's dtype
+(float32 unless ``--dtype`` says else), and only those change in the ``bf16`` case. Integer
+inputs draw from a range the spec states (``INTEGER_RANGES``, [low, high)): the whole range of
+an 8-bit type, else [0, 128) — lengths and indices need their real range written there.
+
 The user's file is only parsed here, never run; the engine then measures the new spec in the
 spec's sandbox (``spec check``) and writes the tolerance that measurement supports.
 """
@@ -18,10 +23,14 @@ import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.inputs import parse_source, read_source
-from nearmiss.engine.spec import CATEGORIES
+from nearmiss.engine.spec import CATEGORIES, DEFAULT_TOLERANCES, DTYPES, NOISE_MARGIN
+
+if TYPE_CHECKING:
+    from nearmiss.engine.authoring.calibration import SpecNoise
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names the generated part defines: a reference module that defines them would be overwritten.
@@ -34,18 +43,42 @@ class NewSpec:
     category: str
     reference_file: Path
     function: str
-    inputs: tuple[tuple[str, tuple[str, ...]], ...]  # (name, dim names)
+    # (name, dim names, dtype: None follows the case's dtype)
+    inputs: tuple[tuple[str, tuple[str, ...], str | None], ...]
     dims: dict[str, int]
     dtype: str = "float32"
 
 
-def parse_input(text: str) -> tuple[str, tuple[str, ...]]:
-    """``x=M,N`` -> ("x", ("M", "N")); ``s=`` (a scalar) -> ("s", ())."""
-    name, sep, shape = text.partition("=")
+# An integer input draws from [low, high): the whole range of an 8-bit type (quantised values),
+# else a small non-negative range (lengths, indices, counts), which the user sets to the real one.
+SMALL_INTEGERS = (0, 128)
+
+
+def integer_range(dtype: str) -> tuple[int, int] | None:
+    """[low, high) an integer input of ``dtype`` draws from; None for float and bool inputs."""
+    if dtype in ("int8", "uint8"):
+        return (-128, 128) if dtype == "int8" else (0, 256)
+    if dtype.startswith(("int", "uint")):
+        return SMALL_INTEGERS
+    return None
+
+
+def parse_input(text: str) -> tuple[str, tuple[str, ...], str | None]:
+    """``x=M,N`` -> ("x", ("M", "N"), None); ``w=K,N:int8`` -> ("w", ("K", "N"), "int8");
+    ``s=`` (a scalar) -> ("s", (), None)."""
+    name, sep, rest = text.partition("=")
+    shape, colon, dtype = rest.partition(":")
     dims = tuple(d.strip() for d in shape.split(",") if d.strip())
     if not sep or not _NAME.match(name.strip()) or not all(_NAME.match(d) for d in dims):
-        raise UsageError(f"--input {text!r}: expected NAME=DIM,DIM,... (e.g. x=M,N)")
-    return name.strip(), dims
+        raise UsageError(
+            f"--input {text!r}: expected NAME=DIM,DIM,...[:DTYPE] (e.g. x=M,N or w=K,N:int8)"
+        )
+    if colon and dtype.strip() not in DTYPES:
+        raise UsageError(
+            f"--input {text!r}: unknown dtype {dtype.strip()!r}; expected one of "
+            + ", ".join(DTYPES)
+        )
+    return name.strip(), dims, (dtype.strip() if colon else None)
 
 
 def parse_dims(text: str) -> dict[str, int]:
@@ -106,7 +139,7 @@ def render(new: NewSpec) -> str:
         )
     if not new.inputs:
         raise UsageError("name at least one input (--input x=M,N)")
-    used = {d for _, dims in new.inputs for d in dims}
+    used = {d for _, dims, _ in new.inputs for d in dims}
     missing = sorted(used - set(new.dims))
     if missing:
         raise UsageError(f"--dims gives no size for {', '.join(missing)}")
@@ -119,9 +152,15 @@ def render(new: NewSpec) -> str:
     extended = []
     if uneven != base:
         extended.append(f'        Case("ragged", {uneven!r}),')
-    if new.dtype != "bfloat16":
+    # Only inputs without a dtype of their own follow a case's dtype.
+    if new.dtype != "bfloat16" and any(dtype is None for _, _, dtype in new.inputs):
         extended.append(f'        Case("bf16", {base!r}, dtype="bfloat16"),')
-    inputs = ", ".join(f"({name!r}, {dims!r})" for name, dims in new.inputs)
+    inputs = ", ".join(f"({name!r}, {dims!r}, {dtype!r})" for name, dims, dtype in new.inputs)
+    ranges = {
+        name: integer_range(dtype)
+        for name, _, dtype in new.inputs
+        if dtype and integer_range(dtype)
+    }
     extended_text = "\n".join(extended)
     return f'''{reference}
 
@@ -131,18 +170,32 @@ import jax.numpy as _jnp
 
 from nearmiss.engine.spec import Case, OpSpec
 
-# Each input of {new.function}: its name and the case dims that size it.
+# Each input of {new.function}: its name, the case dims that size it, and its dtype (None: the
+# case's dtype).
 INPUTS = ({inputs},)
+# The values each integer input draws from, [low, high): set a length or an index to its real
+# range (at most the dim it counts along).
+INTEGER_RANGES = {ranges!r}
+
+
+def _draw(key, name, shape, dtype):
+    if dtype == "bool":
+        return _jax.random.bernoulli(key, 0.5, shape)
+    if name in INTEGER_RANGES:
+        low, high = INTEGER_RANGES[name]
+        return _jax.random.randint(key, shape, low, high, _jnp.int32).astype(dtype)
+    return _jax.random.normal(key, shape, _jnp.float32).astype(dtype)
 
 
 def make_inputs(case, key):
-    """Normal values for every input, in the case's dtype. A profile other than "normal" is an
-    adversarial value distribution (large offsets, constant rows...): add one here with
-    `if case.profile == ...` and a Case using it. Sizes and dtypes belong in a case's dims."""
+    """Normal values for every float input, in its dtype (else the case's); integers from
+    INTEGER_RANGES. A profile other than "normal" is an adversarial value distribution (large
+    offsets, constant rows...): add one here with `if case.profile == ...` and a Case using it.
+    Sizes and dtypes belong in a case's dims."""
     keys = _jax.random.split(key, len(INPUTS))
     return tuple(
-        _jax.random.normal(k, tuple(case.dims[d] for d in dims), _jnp.float32).astype(case.dtype)
-        for k, (_, dims) in zip(keys, INPUTS)
+        _draw(k, name, tuple(case.dims[d] for d in dims), dtype or case.dtype)
+        for k, (name, dims, dtype) in zip(keys, INPUTS)
     )
 
 
@@ -164,10 +217,87 @@ SPEC = OpSpec(
 _TOLERANCE_LINE = re.compile(r"^    tolerance=\{.*\},$", re.MULTILINE)
 
 
-def with_tolerance(text: str, tolerance: dict[str, tuple[float, float]]) -> str:
-    """The generated spec with its ``tolerance=`` line set (the one ``render`` wrote)."""
-    value = "{" + ", ".join(f"{d!r}: ({a:g}, {r:g})" for d, (a, r) in tolerance.items()) + "}"
+def with_tolerance(text: str, tolerance: dict[str, tuple[float, float] | None]) -> str:
+    """The generated spec with its ``tolerance=`` line set (the one ``render`` wrote); a dtype
+    whose tolerance is None is left out (the engine default applies)."""
+    pairs = [(d, pair) for d, pair in tolerance.items() if pair is not None]
+    value = "{" + ", ".join(f"{d!r}: ({a:g}, {r:g})" for d, (a, r) in pairs) + "}"
     line = f"    tolerance={value},"
     if len(_TOLERANCE_LINE.findall(text)) != 1:
         raise ValueError("the generated spec has no single tolerance line")
     return _TOLERANCE_LINE.sub(lambda _: line, text)
+
+
+# The largest atol = rtol that rounding in an output's float type plausibly needs: a measured
+# noise above it is no rounding (a quantisation flipped, a discontinuity, a value the float64
+# run cannot follow), and a tolerance that wide would certify kernels wrong by as much.
+SANE_TOLERANCE = {"float64": 1e-8, "float32": 1e-3, "float16": 2e-2, "bfloat16": 1e-1}
+
+
+@dataclass(frozen=True)
+class ChosenTolerance:
+    dtype: str  # the cases' dtype the tolerance is for
+    value: tuple[float, float] | None  # None: nothing measured, the engine default applies
+    reason: str  # one line: why this value
+    warning: str = ""  # one line when the value is above what the output type explains
+
+
+def choose_tolerances(result: SpecNoise) -> list[ChosenTolerance]:
+    """The tolerance ``spec new`` writes for each case dtype, from the reference's outputs and
+    their measured noise, with its reason; a value above ``SANE_TOLERANCE`` for the output's
+    type carries a warning."""
+    chosen = []
+    advised = {advice.dtype for advice in result.advice}
+    for dtype in sorted({c.dtype for c in result.cases} - advised):
+        notes = sorted({c.note for c in result.cases if c.dtype == dtype and c.note})
+        atol, rtol = DEFAULT_TOLERANCES[dtype]
+        chosen.append(
+            ChosenTolerance(
+                dtype,
+                None,
+                f"not measured ({'; '.join(notes) or 'no float64 run'}): the engine default "
+                f"atol={atol:g} rtol={rtol:g} applies",
+            )
+        )
+    for advice in result.advice:
+        cases = [c for c in result.cases if c.dtype == advice.dtype]
+        names = sorted({d for c in cases for d in c.outputs}) or [advice.dtype]
+        outputs = ", ".join(names)
+        if advice.basis == "integer":
+            chosen.append(
+                ChosenTolerance(
+                    advice.dtype,
+                    (0.0, 0.0),
+                    f"every output is an integer array ({outputs}): a correct kernel matches "
+                    "it exactly",
+                )
+            )
+            continue
+        value = advice.at_least
+        if advice.basis == "exact":
+            reason = (
+                f"the reference agrees exactly with float64 on every case; {value:g} covers "
+                f"{NOISE_MARGIN:g}x its {outputs} outputs' own rounding"
+            )
+        else:
+            noise = max((c.noise_scaled or 0.0) for c in cases)
+            reason = (
+                f"{NOISE_MARGIN:g}x the reference's own noise against float64 "
+                f"(max |ref - float64| / (1 + |ref|) = {noise:.2g}, outputs {outputs})"
+            )
+        floats = [n for n in names if n in SANE_TOLERANCE]
+        # The narrowest float output bounds what rounding explains.
+        narrowest = max(floats, key=lambda n: SANE_TOLERANCE[n], default=None)
+        warning = ""
+        if narrowest is not None and value > SANE_TOLERANCE[narrowest]:
+            warning = (
+                f"WARNING: tolerance {value:g} for {advice.dtype} cases is above anything "
+                f"{narrowest} rounding explains (at most {SANE_TOLERANCE[narrowest]:g}): the "
+                "reference differs from its float64 computation by more than rounding (a "
+                "cancellation, a discontinuity, a value float64 cannot follow), and a kernel "
+                "wrong by that much would certify; check the inputs' dtypes "
+                "(--input NAME=DIM,...:DTYPE) and the values make_inputs draws, or set the "
+                "tolerance by hand"
+            )
+        chosen.append(ChosenTolerance(advice.dtype, (value, value), reason, warning))
+    return chosen

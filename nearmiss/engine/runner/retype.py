@@ -167,3 +167,102 @@ def retyped_evaluation(
     else:
         outputs = evaluate(closed, args, dtype, zeroed)
     return [np.asarray(value) for value in outputs]
+
+
+# Steps that round a float to an integer value: a quantised reference's decisions. Where a value
+# sits on a rounding boundary, float64 rounds it the other way from float32 and moves its outputs
+# by a whole quantum: a difference no kernel that quantises as the reference does would show.
+_ROUNDING = frozenset({"round", "floor", "ceil"})
+
+
+def _rounds(eqn: Any) -> bool:
+    """Whether ``eqn`` rounds a float to an integer value (``round``, a float cast to an int)."""
+    name = eqn.primitive.name
+    if name in _ROUNDING:
+        return True
+    if name == "convert_element_type":
+        source = getattr(eqn.invars[0].aval, "dtype", None)
+        target = eqn.params.get("new_dtype")
+        return _is_float(source) and target is not None and np.dtype(target).kind in "iu"
+    return False
+
+
+def rounding_steps(closed: core.ClosedJaxpr | core.Jaxpr) -> tuple[int, int]:
+    """(steps that round a float to an integer value where ``pinned_evaluation`` keeps the
+    reference's own result: at the top or in a call; steps inside a loop or branch, which it
+    cannot)."""
+    jaxpr = closed.jaxpr if isinstance(closed, core.ClosedJaxpr) else closed
+    pinned = nested = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in _CALLS and _CALLS[name] in eqn.params:
+            inner, deeper = rounding_steps(eqn.params[_CALLS[name]])
+            pinned, nested = pinned + inner, nested + deeper
+            continue
+        pinned += _rounds(eqn)
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple) else (param,):
+                if isinstance(sub, core.ClosedJaxpr | core.Jaxpr):
+                    nested += sum(rounding_steps(sub))
+    return pinned, nested
+
+
+def _own_type(var: Any) -> Any:
+    """A jaxpr variable's value at its own type (a literal as the trace typed it)."""
+    value = var.val
+    dtype = getattr(var.aval, "dtype", None)
+    return np.asarray(value, dtype) if dtype is not None else value
+
+
+def _pinned(
+    closed: core.ClosedJaxpr | core.Jaxpr, own: Sequence[Any], wide: Sequence[Any], dtype: Any
+) -> tuple[list, list]:
+    """(outputs at the trace's own types, outputs in ``dtype`` with every rounding step at the
+    top or in a call taken from the own-type evaluation)."""
+    if isinstance(closed, core.ClosedJaxpr):
+        jaxpr, consts = closed.jaxpr, closed.consts
+    else:
+        jaxpr, consts = closed, ()
+    at_own: dict[Any, Any] = {}
+    at_wide: dict[Any, Any] = {}
+
+    def read_own(var: Any) -> Any:
+        return _own_type(var) if isinstance(var, core.Literal) else at_own[var]
+
+    def read_wide(var: Any) -> Any:
+        return _cast(var.val if isinstance(var, core.Literal) else at_wide[var], dtype)
+
+    for var, value in zip(jaxpr.constvars, consts, strict=True):
+        at_own[var] = at_wide[var] = value
+    for var, mine, widened in zip(jaxpr.invars, own, wide, strict=True):
+        at_own[var], at_wide[var] = mine, widened
+    for eqn in jaxpr.eqns:
+        mine = [read_own(v) for v in eqn.invars]
+        widened = [read_wide(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        if name in _CALLS and _CALLS[name] in eqn.params:
+            own_out, wide_out = _pinned(eqn.params[_CALLS[name]], mine, widened, dtype)
+        else:
+            own_out = eqn.primitive.bind(*mine, **eqn.params)
+            params = {k: _retyped_param(v, dtype, frozenset()) for k, v in eqn.params.items()}
+            wide_out = eqn.primitive.bind(*widened, **params)
+            if not eqn.primitive.multiple_results:
+                own_out, wide_out = [own_out], [wide_out]
+            if _rounds(eqn):
+                wide_out = [_cast(value, dtype) for value in own_out]
+        for var, a, b in zip(eqn.outvars, own_out, wide_out, strict=True):
+            if not isinstance(var, core.DropVar):
+                at_own[var], at_wide[var] = a, b
+    return [read_own(v) for v in jaxpr.outvars], [read_wide(v) for v in jaxpr.outvars]
+
+
+def pinned_evaluation(closed: core.ClosedJaxpr, inputs: Sequence[Any], dtype: Any) -> list:
+    """``retyped_evaluation`` of a quantised computation, keeping its own rounding: every step
+    that rounds a float to an integer value (at the top or in a call; not inside a loop or a
+    branch) takes the result the trace's own types give, and the rest is computed in ``dtype``.
+    The difference from the reference is then the noise of the arithmetic around the rounding,
+    not roundings flipped on a boundary."""
+    dtype = np.dtype(dtype)
+    own = [jnp.asarray(value) for value in inputs]
+    wide = [_cast(value, dtype) for value in own]
+    return [np.asarray(value) for value in _pinned(closed, own, wide, dtype)[1]]

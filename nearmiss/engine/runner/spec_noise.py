@@ -9,6 +9,9 @@ scalar above 0 and at most ``SMALL``) ``zeroed-N.npz``, the float64 computation 
 constant read as 0, cast to the output's type (what a kernel that left it out would return), and
 where the reference has float32 dots ``chip.npz``: the same computation with every one of them
 one bfloat16 pass, as a TPU computes a dot at DEFAULT precision (``runner.chip_arithmetic``).
+A quantised reference (one that rounds floats to integer values: ``round``, a float cast to an
+int) keeps its own rounding in ``truth.npz`` (``retype.pinned_evaluation``), and its case says
+how many such steps it has ("rounding": [kept, inside loops or branches]).
 The engine judges them (``nearmiss.engine.authoring.calibration``); this side
 only computes. All cases are drawn and traced before x64 is switched on, so the inputs and the
 traces are exactly the check's.
@@ -41,7 +44,12 @@ def calibrate(channel: Channel, request: dict) -> None:
     from nearmiss.engine.runner.arrays import is_float, save_arrays
     from nearmiss.engine.runner.case_draw import arrays_or_none, case_key
     from nearmiss.engine.runner.chip_arithmetic import DEFAULT_PASSES, on_the_chip
-    from nearmiss.engine.runner.retype import retyped_evaluation, small_constants
+    from nearmiss.engine.runner.retype import (
+        pinned_evaluation,
+        retyped_evaluation,
+        rounding_steps,
+        small_constants,
+    )
     from nearmiss.engine.runner.selection import select_cases
     from nearmiss.engine.spec import SpecError, load_spec
 
@@ -108,8 +116,15 @@ def calibrate(channel: Channel, request: dict) -> None:
             "chip": None,
             "constants": [],
         }
+        # A quantised reference (it rounds floats to integers) keeps its own rounding in the
+        # float64 run: a rounding flipped on a boundary is no noise a faithful kernel shows.
+        pinned, nested = rounding_steps(closed)
+        message["rounding"] = [pinned, nested]
         try:
-            truth = retyped_evaluation(closed, arrays, np.float64)
+            if pinned:
+                truth = pinned_evaluation(closed, arrays, np.float64)
+            else:
+                truth = retyped_evaluation(closed, arrays, np.float64)
             save_arrays(case_dir / "truth.npz", truth)
             message["truth"] = "ok"
         except Exception as exc:
