@@ -1,7 +1,8 @@
 """``nearmiss spec check SPEC`` and ``nearmiss spec new OUT``: writing specs that hold up.
 
 ``check`` exits 0 when every case's tolerance sits between the reference's own noise and a
-bfloat16 computation, 1 when one is too tight or too loose, 2 when the spec does not load or run.
+bfloat16 computation, 1 when one is too tight or too loose, 2 when the spec does not load or run;
+with ``--tell-apart A B``, 0 when a case tells the two kernels apart, 1 when none drawn does.
 ``new`` exits 0 with the spec written and calibrated, 1 when it was written but does not run yet
 or its measured tolerance is above what its outputs' type explains (said on stderr), 2 on bad
 arguments.
@@ -10,6 +11,7 @@ arguments.
 from __future__ import annotations
 
 import argparse
+import json
 import secrets
 import sys
 from pathlib import Path
@@ -43,6 +45,20 @@ def add_parser(commands) -> None:
     check.add_argument("--suite", choices=_SUITES, default="all")
     check.add_argument("--seed", type=int, help="the inputs' seed (default: a fresh one)")
     check.add_argument("--json", action="store_true", help="print one JSON object")
+    check.add_argument(
+        "--tell-apart",
+        nargs=2,
+        type=Path,
+        metavar=("A.py", "B.py"),
+        help="find the case that tells two kernels apart (one passes, the other fails) and "
+        "print it as a Case to add to the spec; exit 1 when no case drawn does",
+    )
+    check.add_argument(
+        "--seeds",
+        type=int,
+        default=4,
+        help="with --tell-apart: how many seeds' hidden cases to try (default 4)",
+    )
     new = actions.add_parser(
         "new",
         help="write a starting spec from a reference function and its input shapes",
@@ -89,12 +105,55 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    if args.tell_apart:
+        return _tell_apart(args)
     from nearmiss.engine.authoring import calibration
 
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     result = calibration.measure(args.spec, args.suite, seed)
     print(result.model_dump_json(indent=2) if args.json else render_noise(result))
     return EXIT_PROBLEM if result.problems else EXIT_OK
+
+
+def _tell_apart(args: argparse.Namespace) -> int:
+    """The first case drawn that one kernel passes and the other fails, as a Case for the
+    spec (``engine.tell_apart``); progress on stderr."""
+    from nearmiss.engine.tell_apart import tell_apart
+
+    if args.seeds < 1:
+        raise UsageError(f"--seeds {args.seeds}: must be at least 1")
+    first, second = args.tell_apart
+    found = tell_apart(
+        args.spec,
+        first,
+        second,
+        seeds=args.seeds,
+        progress=lambda line: print(f"nearmiss: {line}", file=sys.stderr, flush=True),
+    )
+    if args.json:
+        print(
+            json.dumps(
+                None
+                if found is None
+                else {
+                    "seed": found.seed,
+                    "passes": found.passes,
+                    "fails": found.fails,
+                    "case": found.case.model_dump(mode="json"),
+                    "add_to_spec": found.case_line(),
+                },
+                indent=2,
+            )
+        )
+    elif found is None:
+        print(
+            f"no case drawn at seeds 1-{args.seeds} tells {first.name} and {second.name} "
+            "apart: they pass and fail the same cases"
+        )
+    else:
+        print(found.describe())
+        print(f"add to the spec: {found.case_line()}")
+    return EXIT_OK if found else EXIT_PROBLEM
 
 
 def _new(args: argparse.Namespace) -> int:
