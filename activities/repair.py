@@ -7,18 +7,20 @@ Texts travel as blob hashes; each activity loads what it needs and stores what i
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.agent import AgentActivities
 from activities.evidence import evidence_from_report
 from activities.fixers.base import Fixer, FixerError, to_activity_error
 from activities.fixers.registry import make_fixer
 from activities.fixers.replay import recorded_fix
+from activities.fixers.search import OutOfTime, SearchFixer
 from activities.placement import Placement
 from activities.trim import trimmed
 from kb.events import EventStore, NewEvent
@@ -39,8 +41,38 @@ from workflows.models import (
     RetrieveResult,
     is_kind,
 )
+from workflows.retries import DEADLINE_REACHED
 
 HEARTBEAT_S = 5.0
+
+
+def seconds_left() -> float | None:
+    """Seconds until this activity's schedule-to-close timeout, which a repair session sets to
+    the time left until its deadline (workflows.repair); None where it has none."""
+    info = activity.info()
+    if info.schedule_to_close_timeout is None or info.is_local:
+        return None
+    ends = info.scheduled_time.timestamp() + info.schedule_to_close_timeout.total_seconds()
+    return ends - time.time()
+
+
+def deadline_reached(what: str) -> ApplicationError:
+    """The error of an activity the session's deadline leaves no time for: never retried, and
+    the session stops with ``deadline`` (benign: the worker does not log it as a failure)."""
+    return ApplicationError(
+        f"the session's deadline came before {what}",
+        type=DEADLINE_REACHED,
+        non_retryable=True,
+        category=ApplicationErrorCategory.BENIGN,
+    )
+
+
+def require_time(what: str) -> None:
+    """Refuse at once to start work after the session's deadline (its activity was scheduled
+    with a token timeout, ``workflows.repair.LEAST_TIMEOUT_S``)."""
+    left = seconds_left()
+    if left is not None and left <= 0:
+        raise deadline_reached(what)
 
 
 async def stored_outcome(store: EventStore, result: FixResult, model: str) -> FixOutcome:
@@ -94,6 +126,7 @@ class RepairActivities:
 
     @activity.defn(name="check_candidate")
     async def check_candidate(self, request: CheckInput) -> Evidence:
+        require_time("the check")
         if self.placement is not None:
             self.placement.admit(request.targets)
 
@@ -158,17 +191,23 @@ class RepairActivities:
     async def propose_fix(self, request: FixInput) -> FixOutcome:
         if is_kind(request.model, replay=True):  # a recorded session's answers, not a model
             return await recorded_fix(self.store, request)
+        require_time("the fix")
         source = (await self.store.get_blob(request.candidate_hash)).decode()
         patched = await self._learned_patch(request, source)
         if patched is not None:
             return patched
         spec = (await self.store.get_blob(request.spec_hash)).decode()
         fixer = self.fixer_factory(request.model)
+        left = seconds_left()
+        if left is not None and isinstance(fixer, SearchFixer):
+            fixer = fixer.within(left)  # the search screens only while the session has time
         fix_request = FixRequest.of(request, spec, source)
         try:
             result = await with_heartbeats(fixer.propose(fix_request))
         except FixerError as exc:
             raise to_activity_error(exc) from exc
+        except OutOfTime as exc:
+            raise deadline_reached(f"the search found an edit ({exc})") from exc
         return await stored_outcome(self.store, result, request.model)
 
     @activity.defn(name="retrieve_knowledge")

@@ -238,6 +238,14 @@ class RepairLoop:
         """A check no worker of the session's target took in time: stop, saying which target."""
         return self._stop("no_worker", reason, [])
 
+    def on_deadline(self, now: float, during: str) -> Step:
+        """The session's deadline came while ``during`` (a check, a fix) ran: Temporal ended
+        it at the deadline, and the session stops."""
+        s, g = self.state, self.state.guards
+        elapsed = now - s.started_at
+        detail = f"{elapsed:.0f} s elapsed, deadline {g.deadline_s:.0f} s (it ended {during})"
+        return self._stop("deadline", detail, [])
+
     def on_fix(self, outcome: FixOutcome, now: float) -> Step:
         s = self.state
         s.tokens = s.tokens + outcome.tokens

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
     from nearmiss.engine.models import Evidence
@@ -39,7 +39,7 @@ with workflow.unsafe.imports_passed_through():
         has,
     )
     from workflows.recording import record
-    from workflows.retries import infra_retry
+    from workflows.retries import DEADLINE_REACHED, infra_retry
     from workflows.routing import GENERAL_QUEUE, check_options, no_worker_reason, run_here
 
 TASK_QUEUE = GENERAL_QUEUE  # the workflows' queue; checks go to their target's (routing)
@@ -63,6 +63,21 @@ RETRIEVE_OPTIONS: dict[str, Any] = dict(
     start_to_close_timeout=timedelta(seconds=60),
     retry_policy=infra_retry(),
 )
+# The session's deadline bounds every check and fix: each is scheduled with the time left as
+# its schedule-to-close timeout (retries included), so Temporal ends one still running when the
+# deadline comes and the session stops then with ``deadline``, not when the activity is done.
+# At least this long, as Temporal wants a positive timeout: an activity that starts with no time
+# left refuses at once (``DEADLINE_REACHED``, activities.repair).
+LEAST_TIMEOUT_S = 1.0
+
+
+def ran_out_of_time(err: ActivityError) -> bool:
+    """Whether an activity failed because the session's deadline came (its schedule-to-close
+    timeout, or its own refusal to start without time left)."""
+    cause = err.cause
+    if isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_CLOSE:
+        return True
+    return isinstance(cause, ApplicationError) and cause.type == DEADLINE_REACHED
 
 
 class RepairRequest(BaseModel):
@@ -101,6 +116,8 @@ class Progress(BaseModel):
     stop_reason: str | None = None
     events_recorded: int = 0
     tool_calls: int = 0
+    # What the last round's fixer proposed (a recipe's name, a model's summary).
+    last_fix: str = ""
 
 
 @workflow.defn(name="RepairWorkflow")
@@ -125,6 +142,7 @@ class RepairWorkflow:
             stop_reason=state.stop_reason,
             events_recorded=self.version,
             tool_calls=state.tool_calls,
+            last_fix=state.rounds[-1].summary if state.rounds else "",
         )
 
     @workflow.run
@@ -162,8 +180,11 @@ class RepairWorkflow:
                 step = loop.on_retrieved(await self._retrieve(request))
                 continue  # no tokens spent: the search attribute stays as it is
             if action.kind == "fix":
-                outcome, ended = await self._fix(request, action)
-                step = loop.on_fix(outcome, ended)
+                fixed = await self._fix(request, action)
+                if fixed is None:
+                    step = loop.on_deadline(self._now(), f"round {len(state.rounds) + 1}'s fix")
+                else:
+                    step = loop.on_fix(*fixed)
             else:
                 check = CheckInput(
                     spec_hash=request.spec_hash,
@@ -183,14 +204,18 @@ class RepairWorkflow:
                     ),
                 )
                 wait = request.guards.worker_wait_s
+                options = self._bounded(CHECK_OPTIONS, request.guards)
                 try:
                     evidence = await workflow.execute_activity(
                         "check_candidate",
                         check,
                         result_type=Evidence,
-                        **check_options(CHECK_OPTIONS, request.targets, wait),
+                        **check_options(options, request.targets, wait),
                     )
                 except ActivityError as err:
+                    if ran_out_of_time(err):
+                        step = loop.on_deadline(self._now(), f"the {action.kind} check")
+                        continue
                     reason = no_worker_reason(err, request.targets, wait)
                     if reason is None:
                         raise
@@ -227,8 +252,8 @@ class RepairWorkflow:
             **RETRIEVE_OPTIONS,
         )
 
-    async def _fix(self, request: RepairRequest, action: Action) -> tuple[FixOutcome, float]:
-        """The fix's outcome and the time it ended."""
+    async def _fix(self, request: RepairRequest, action: Action) -> tuple[FixOutcome, float] | None:
+        """The fix's outcome and the time it ended; None when the deadline came first."""
         assert self.loop is not None  # run() made it before the first round
         state = self.loop.state
         evidence = state.current_evidence
@@ -248,12 +273,13 @@ class RepairWorkflow:
         guards = request.guards
         if guards.token_budget is not None:  # bounds the model's answers (max_tokens)
             fix.tokens_left = guards.token_budget - state.tokens.total
+        options = self._bounded(FIX_OPTIONS, guards)
         # Sessions from before the agent replay without its tool rounds.
         if action.tool_round and has(AGENT_TOOLS):
             budget = guards.token_budget
-            return await run_agent_round(
+            outcome, ended = await run_agent_round(
                 fix,
-                FIX_OPTIONS,
+                options,
                 check_options({}, request.targets, guards.worker_wait_s),
                 per_round=guards.max_tool_calls_per_round,
                 tools_left=guards.max_tool_calls - state.tool_calls,
@@ -261,11 +287,20 @@ class RepairWorkflow:
                 record=self._record,
                 token_budget=budget,
             )
+            # A model turn the deadline cut short fails the round: the deadline ended it. (By
+            # the time the round ended: a time read after its recording, a local activity,
+            # may be another live than on a replay, workflows.patches.)
+            if outcome.fatal and self._left(guards, ended) <= 0:
+                state.tokens = state.tokens + outcome.tokens
+                return None
+            return outcome, ended
         try:
             outcome = await workflow.execute_activity(
-                "propose_fix", fix, result_type=FixOutcome, **FIX_OPTIONS
+                "propose_fix", fix, result_type=FixOutcome, **options
             )
         except ActivityError as err:  # retries exhausted, or a non-retryable model error
+            if ran_out_of_time(err):
+                return None
             cause = err.cause or err
             reason = f"the fixer failed: {cause}"
             outcome = FixOutcome(fatal=True, reason=reason, model=request.model)
@@ -273,6 +308,19 @@ class RepairWorkflow:
 
     async def _record(self, events: list[PlannedEvent]) -> None:
         self.version = await record(self.version, events)
+
+    def _left(self, guards: Guards, now: float | None = None) -> float:
+        """Seconds left until the session's deadline at ``now`` (default: this workflow task's
+        time); negative once it has passed."""
+        now = self._now() if now is None else now
+        started = self.loop.state.started_at if self.loop is not None else now
+        return guards.deadline_s - (now - started)
+
+    def _bounded(self, options: dict[str, Any], guards: Guards) -> dict[str, Any]:
+        """``options`` with the time left until the deadline as the schedule-to-close timeout
+        (see ``LEAST_TIMEOUT_S``)."""
+        left = max(self._left(guards), LEAST_TIMEOUT_S)
+        return {**options, "schedule_to_close_timeout": timedelta(seconds=left)}
 
     @staticmethod
     def _now() -> float:

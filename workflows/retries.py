@@ -21,6 +21,9 @@ FIRST_RETRY = timedelta(seconds=1)
 BACKOFF = 2.0
 LONGEST_RETRY = timedelta(seconds=30)
 OTHER_ATTEMPTS = 6  # e.g. a model endpoint answering 429 or 503
+# The error type of an activity that starts after its session's deadline: it refuses at once,
+# never retried, and the session stops with ``deadline`` (workflows.repair).
+DEADLINE_REACHED = "DeadlineReached"
 
 
 def wait_after(attempt: int) -> float:

@@ -87,7 +87,8 @@ def add_guard_options(parser: argparse.ArgumentParser) -> None:
         "--deadline",
         type=positive(float),
         default=Guards().deadline_s,
-        help="seconds per session (default %(default)s)",
+        help="seconds per session (default %(default)s): a check or fix still running then is "
+        "ended, and the session stops with `deadline`",
     )
     parser.add_argument(
         "--worker-wait",

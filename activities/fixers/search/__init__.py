@@ -37,6 +37,11 @@ class Edit:
     source: str
 
 
+class OutOfTime(Exception):
+    """A round under a deadline (``SearchFixer.within``) spent its time with edits left to
+    screen and none to propose: the deadline, not the search, ended it."""
+
+
 class SearchFixer:
     """Recipes of the evidence's class first; else a screened search; zero tokens."""
 
@@ -44,6 +49,11 @@ class SearchFixer:
 
     def __init__(self, budget: Budget | None = None) -> None:
         self.budget = budget or Budget()
+
+    def within(self, seconds: float) -> SearchFixer:
+        """This fixer for a round that must end ``seconds`` from now (its session's deadline,
+        ``Budget.within``); such a round that runs out of time with no edit raises OutOfTime."""
+        return SearchFixer(self.budget.within(seconds))
 
     async def propose(self, request: FixRequest) -> FixResult:
         result = playbook_propose(request)
@@ -120,6 +130,8 @@ def search(request: FixRequest, budget: Budget) -> FixResult:
         f"{'more were left' if more else 'none was left'})"
     )
     if found.best is None:
+        if budget.hard and more and found.seconds > budget.seconds:
+            raise OutOfTime(done)
         why = found.why or "none got further than the kernel on the failing suite"
         # Only a round that got through some edits can be resumed: one that screened none (the
         # gate refused the kernel, its baseline failed) would stop at the same place again.
@@ -146,4 +158,4 @@ def search(request: FixRequest, budget: Budget) -> FixResult:
     )
 
 
-__all__ = ["MODEL", "Budget", "SearchFixer", "candidate_edits", "search"]
+__all__ = ["MODEL", "Budget", "OutOfTime", "SearchFixer", "candidate_edits", "search"]

@@ -58,6 +58,20 @@ class Budget:
     case_timeout_s: float = 20.0
     after_pass: int = 16  # edits screened on past the first that passes, to find its rivals
     hidden_checks: int = 4  # passing edits checked again with the hidden cases
+    # The round has a deadline (its session's): ``seconds`` is the most it may take, and no
+    # hidden-case check starts once they are spent (the first passer stays the pick).
+    hard: bool = False
+
+    def within(self, seconds: float) -> Budget:
+        """This budget for a round that must end ``seconds`` from now: it screens until
+        ``RESERVE_S`` before then (a batch under way finishes, as always)."""
+        allowed = max(0.0, min(self.seconds, seconds - RESERVE_S))
+        return dataclasses.replace(self, seconds=allowed, hard=True)
+
+
+# What a round under a deadline leaves for the batch under way to finish and its answer to be
+# stored: it stops screening this long before the deadline.
+RESERVE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -128,7 +142,7 @@ def screen(request: FixRequest, sources: Iterable[str], budget: Budget) -> Scree
         # the whole suite, where the hidden cases are drawn (the screening seed's, not the
         # certifying check's: that one draws its own)
         hidden = _fresh(request, folder, "all", limits, hidden=True)
-        return _told_apart(found, hidden, budget)
+        return _told_apart(found, hidden, budget, started)
 
 
 Judge = Callable[[int | str, str], float]  # (index, source) -> score; 1.0: passes
@@ -164,14 +178,21 @@ def _rank(
     return Screen(screened, seconds, best)
 
 
-def _told_apart(found: Screen, hidden: Judge, budget: Budget) -> Screen:
+def _told_apart(found: Screen, hidden: Judge, budget: Budget, started: float) -> Screen:
     """Several edits pass the screening suite: the first ``budget.hidden_checks`` of them
     checked again with the hidden cases. The first that passes them is proposed, the others
     that do are alike; where none does, the first passer stays the pick (the loop's own check
-    will refuse it) and nothing is said alike."""
-    judged = found.passers[: budget.hidden_checks]
-    passed = [index for index, source in judged if hidden(f"hidden-{index}", source) >= 1.0]
-    refused = tuple(index for index, _ in judged if index not in passed)
+    will refuse it) and nothing is said alike. Under a deadline (``Budget.hard``) only while
+    the budget's seconds last: those not checked by then count as neither."""
+    judged: list[int] = []
+    passed: list[int] = []
+    for index, source in found.passers[: budget.hidden_checks]:
+        if budget.hard and time.perf_counter() - started > budget.seconds:
+            break
+        judged.append(index)
+        if hidden(f"hidden-{index}", source) >= 1.0:
+            passed.append(index)
+    refused = tuple(index for index in judged if index not in passed)
     if not passed:
         return dataclasses.replace(found, told_apart=refused)
     return dataclasses.replace(found, best=passed[0], alike=tuple(passed[1:]), told_apart=refused)
