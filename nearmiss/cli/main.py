@@ -88,15 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
     repair_cmd = commands.add_parser(
         "repair",
         help="repair a near-miss kernel in a durable session (Temporal + PostgreSQL)",
-        description="Exit 0 when the repaired kernel is certified, 1 when not, 2 on bad input. "
-        "Without TEMPORAL_ADDRESS and NEARMISS_DATABASE_URL the embedded dev stack is started "
-        "for the command.",
+        description="Exit 0 when the repaired kernel is certified, 1 when not, 2 on bad input, "
+        "128+N when signal N stopped it (130 Ctrl-C, 143 SIGTERM: what it started is stopped "
+        "first). Without TEMPORAL_ADDRESS and NEARMISS_DATABASE_URL the embedded dev stack is "
+        "started for the command. Progress goes to stderr, also with --json.",
     )
     repair_cmd.add_argument("spec", type=Path, help="spec file defining SPEC")
     repair_cmd.add_argument("candidate", type=Path, help="candidate file defining kernel()")
     add_session_options(repair_cmd)
     repair_cmd.add_argument("--out", type=Path, help="where to write the fixed kernel")
-    repair_cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    repair_cmd.add_argument(
+        "--json", action="store_true", help="print one JSON object (progress stays on stderr)"
+    )
     fleet_cli.add_parsers(commands)
     worker_cmd = commands.add_parser(
         "worker",
@@ -323,4 +326,8 @@ def _dispatch(args) -> int:
         return asyncio.run(kb_cli.run(args))
     from nearmiss.cli.demo import run_demo
 
-    return run_demo(seed=args.seed, everything=args.all)
+    try:
+        return run_demo(seed=args.seed, everything=args.all)
+    except UsageError as exc:  # e.g. a port the embedded stack needs is in use
+        print(f"nearmiss: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE

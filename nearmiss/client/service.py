@@ -42,7 +42,7 @@ from activities.fixers.registry import make_fixer
 from activities.placement import Placement
 from activities.regenerate import RegenerateActivities
 from activities.repair import RepairActivities
-from infra.devstack import SEARCH_ATTRIBUTES, DevStack
+from infra.devstack import SEARCH_ATTRIBUTES, DevStack, port_open
 from kb.events import EventStore
 from kb.knowledge import load_seed
 from nearmiss.client.faults import (
@@ -269,24 +269,53 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-async def _follow(handle: WorkflowHandle, quiet: bool) -> RepairResult:
-    """Print a line whenever the session moves on; return its result."""
+def progress_line(progress: Progress) -> str:
+    """A session's progress in one line: round, phase, what the fixer proposed, the verdict of
+    the last check, tokens."""
+    return (
+        f"round {progress.round} · {progress.phase}"
+        + (f" · fix {progress.last_fix}" if progress.last_fix else "")
+        + (f" · {progress.failure_class}" if progress.failure_class else "")
+        + (f" · score {progress.score:.2f}" if progress.score is not None else "")
+        + f" · tokens {progress.tokens.total}"
+    )
+
+
+async def _follow(handle: WorkflowHandle, quiet: bool = False) -> RepairResult:
+    """Print a line on stderr whenever the session moves on (unless ``quiet``); return its
+    result. Stderr, so that a command's stdout holds its result alone (``--json``)."""
     result_task = asyncio.ensure_future(handle.result())
     last = None
-    while not result_task.done():
-        progress: Progress | None = await progress_or_none(handle, RepairWorkflow.progress)
-        if progress is not None:
-            line = (
-                f"round {progress.round} · {progress.phase}"
-                + (f" · {progress.failure_class}" if progress.failure_class else "")
-                + (f" · score {progress.score:.2f}" if progress.score is not None else "")
-                + f" · tokens {progress.tokens.total}"
-            )
-            if line != last and not quiet:
-                _say(f"  {line}")
-            last = line
-        await asyncio.wait({result_task}, timeout=PROGRESS_POLL_S)
+    try:
+        while not result_task.done():
+            progress: Progress | None = await progress_or_none(handle, RepairWorkflow.progress)
+            if progress is not None:
+                line = progress_line(progress)
+                if line != last and not quiet:
+                    _say(f"  {line}")
+                last = line
+            await asyncio.wait({result_task}, timeout=PROGRESS_POLL_S)
+    finally:
+        result_task.cancel()  # (done by now, unless the command is being stopped)
     return result_task.result()
+
+
+# The setting that moves each embedded service to another port (infra.devstack.StackConfig).
+PORT_SETTINGS = {"temporal": "NEARMISS_TEMPORAL_PORT", "postgres": "NEARMISS_POSTGRES_PORT"}
+
+
+def busy_ports(stack: DevStack) -> str | None:
+    """Why the embedded stack cannot start, in one line, when a port it needs is taken by
+    another process (one of its own services already running there is fine); else None."""
+    for service in stack.services:
+        variable = PORT_SETTINGS[service.name]
+        if service.pid() is None and port_open(service.port):
+            return (
+                f"port {service.port} is in use (the embedded {service.name} needs it): set "
+                f"{variable} to a free port, or TEMPORAL_ADDRESS and NEARMISS_DATABASE_URL "
+                "to use running services"
+            )
+    return None
 
 
 @contextlib.asynccontextmanager
@@ -294,7 +323,12 @@ async def services(settings: Settings, quiet: bool = False):
     """(client, store) with a worker running; the embedded stack when nothing is configured.
     Waits for each service (up to ``settings.reconnect_s``); the worker rides out a Temporal
     restart."""
-    stack = DevStack(settings.stack) if settings.embedded else contextlib.nullcontext()
+    stack: DevStack | contextlib.nullcontext = contextlib.nullcontext()
+    if settings.embedded:
+        stack = DevStack(settings.stack)
+        busy = busy_ports(stack)
+        if busy is not None:
+            raise UsageError(busy)
     if settings.embedded and not quiet:
         _say(f"starting the embedded dev stack (Temporal + PostgreSQL) under {settings.stack.home}")
     with stack:
@@ -358,6 +392,53 @@ async def start_session(
     return await client.start_workflow(RepairWorkflow.run, request, id=sid, task_queue=TASK_QUEUE)
 
 
+class Stopped(Exception):
+    """A command was stopped by a signal; what it started has been stopped (``stop_on_signals``).
+    Its exit status is ``128 + signum``, as a shell reports a process the signal killed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+@contextlib.asynccontextmanager
+async def stop_on_signals(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)):
+    """SIGINT (Ctrl-C) and SIGTERM cancel the task running the block, so that everything it
+    started is stopped on the way out, as when it ends (the worker, the embedded stack's
+    Temporal and PostgreSQL, by their pids), and the block raises ``Stopped``. A second signal
+    while that happens is ignored: stopping the services takes seconds, and a process killed
+    half-way would leave them running."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None  # (a coroutine's code runs in a task)
+    caught: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        if caught:
+            _say(f"nearmiss: still stopping ({signal.Signals(signum).name} ignored)")
+            return
+        caught.append(signum)
+        _say(f"nearmiss: {signal.Signals(signum).name}: stopping what this command started")
+        task.cancel()
+
+    for signum in signals:
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not caught:
+            raise
+        task.uncancel()
+        raise Stopped(caught[0]) from None
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+
+
 async def repair(
     spec: Path,
     candidate: Path,
@@ -371,19 +452,25 @@ async def repair(
     use_kb: bool = True,
     targets: list[str] | None = None,
 ) -> int:
+    """Repair ``candidate`` in a session; the exit status (0 certified, 1 not, 128 + signal
+    when SIGINT or SIGTERM stopped it). Progress goes to stderr as the session moves on, with
+    ``as_json`` too: stdout then holds the one JSON object alone."""
     require_file("spec", spec)
     require_file("candidate", candidate)
     make_fixer(model)  # a bad --model is a usage error before anything starts
-    async with services(settings) as (client, store):
-        handle = await start_session(
-            client, store, spec, candidate, model, guards, seed, use_kb, targets
-        )
-        if not as_json:
+    try:
+        async with stop_on_signals(), services(settings) as (client, store):
+            handle = await start_session(
+                client, store, spec, candidate, model, guards, seed, use_kb, targets
+            )
             _say(f"repair session {handle.id} ({model}) on {candidate}")
-        result = await _follow(handle, quiet=as_json)
-        final = (await store.get_blob(result.final_hash)).decode()
-        # The text the session repaired, as stored: the file may have changed since.
-        original = (await store.get_blob(result.original_hash)).decode()
+            result = await _follow(handle)
+            final = (await store.get_blob(result.final_hash)).decode()
+            # The text the session repaired, as stored: the file may have changed since.
+            original = (await store.get_blob(result.original_hash)).decode()
+    except Stopped as stopped:
+        _say(f"nearmiss: stopped by {stopped}; the services and worker it started are stopped")
+        return stopped.exit_status
     return _report(result, candidate, original, final, out, as_json)
 
 
@@ -404,19 +491,31 @@ def write_replacing(path: Path, text: str) -> None:
         raise
 
 
+UNCERTIFIED_HEADER = "uncertified attempt (not a fix)"
+
+
+def verdict_line(result: RepairResult) -> str:
+    verdict = "CERTIFIED" if result.certified else "NOT CERTIFIED"
+    return f"{verdict} after {result.rounds} round(s): {result.stop_reason}: {result.stop_detail}"
+
+
 def _report(
     result: RepairResult, candidate: Path, original: str, final: str, out, as_json: bool
 ) -> int:
+    """Print the session's result: text, or one JSON object on stdout (the verdict line then
+    goes to stderr). A session that did not certify hands back its best candidate's diff,
+    labelled an uncertified attempt: it is no fix, and nothing is written."""
+    certified = result.certified
     diff = "".join(
         difflib.unified_diff(
             original.splitlines(keepends=True),
             final.splitlines(keepends=True),
             fromfile=str(candidate),
-            tofile=f"{candidate.stem}.fixed.py",
+            tofile=f"{candidate.stem}.{'fixed' if certified else 'uncertified'}.py",
         )
     )
     written = None
-    if result.certified and diff:
+    if certified and diff:
         written = out or candidate.with_name(f"{candidate.stem}.fixed.py")
         write_replacing(written, final)
     if as_json:
@@ -427,24 +526,31 @@ def _report(
                     "tokens": result.tokens.model_dump(),
                     "fixed_path": str(written) if written else None,
                     "diff": diff,
+                    # The diff is a certified fix only when this is true; else the session's
+                    # best attempt, which did not certify.
+                    "diff_certified": bool(diff) and certified,
                 },
                 indent=2,
             )
         )
+        _say(verdict_line(result))
     else:
-        verdict = "CERTIFIED" if result.certified else "NOT CERTIFIED"
-        rounds = f"{result.rounds} round(s)"
-        print(f"{verdict} after {rounds}: {result.stop_reason}: {result.stop_detail}")
+        print(verdict_line(result))
         if result.targets:
             judged = (f"{name} {'ok' if ok else 'FAIL'}" for name, ok in result.targets.items())
             print(f"targets: {', '.join(judged)}")
         t = result.tokens
         print(f"tokens: {t.input} input ({t.cached_input} cached), {t.output} output")
+        if diff and not certified:
+            print(
+                f"{UNCERTIFIED_HEADER}: the best candidate the session reached, which did not "
+                "certify; nothing was written"
+            )
         if diff:
             print(diff, end="" if diff.endswith("\n") else "\n")
         if written:
             print(f"fixed kernel written to {written}")
-    return 0 if result.certified else 1
+    return 0 if certified else 1
 
 
 async def _when_up(what: str, address: str, settings: Settings, attempt, stopping=None):

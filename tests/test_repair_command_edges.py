@@ -1,0 +1,252 @@
+"""`nearmiss repair` at its edges: a busy port, a signal, a deadline, --json's stderr, a diff
+that did not certify."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+from fake_openai import FakeOpenAI, slow
+
+from conftest import OPS, ROOT, private_stack, run_cli
+from infra.devstack import PostgresService, TemporalService, pid_alive, port_open
+from nearmiss.client.service import UNCERTIFIED_HEADER, _report, progress_line
+from workflows.loop import Guards, LoopState, RepairLoop
+from workflows.models import RepairResult, TokenUsage
+from workflows.repair import Progress
+
+SOFTMAX = OPS / "softmax_rows"
+SEARCH = Path(__file__).parent / "search"
+# How long after its deadline a session may end (the server's timer, a workflow task).
+GRACE_S = 5
+
+
+def _embedded_env(config, tmp: Path) -> dict[str, str]:
+    """The environment of a command that starts its own stack, with a temp dir of its own."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TEMPORAL_ADDRESS", "NEARMISS_DATABASE_URL")
+    }
+    tmp.mkdir(exist_ok=True)
+    env.update(
+        NEARMISS_HOME=str(config.home),
+        NEARMISS_TEMPORAL_PORT=str(config.temporal_port),
+        NEARMISS_POSTGRES_PORT=str(config.postgres_port),
+        TMPDIR=str(tmp),
+    )
+    return env
+
+
+@pytest.mark.parametrize(
+    ("service", "variable"),
+    [("temporal", "NEARMISS_TEMPORAL_PORT"), ("postgres", "NEARMISS_POSTGRES_PORT")],
+)
+def test_a_busy_port_is_one_line_naming_the_setting_and_starts_nothing(tmp_path, service, variable):
+    config = private_stack(tmp_path / "state")
+    port = config.temporal_port if service == "temporal" else config.postgres_port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        env = _embedded_env(config, tmp_path / "tmp")
+        result = run_cli("repair", SOFTMAX / "spec.py", SOFTMAX / "golden.py", env=env, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("nearmiss: error:")]
+    assert len(errors) == 1 and f"port {port} is in use" in errors[0], result.stderr
+    assert variable in errors[0]
+    # Nothing was started: neither service has a live process, neither port answers.
+    assert TemporalService(config).pid() is None and PostgresService(config).pid() is None
+    assert not port_open(config.temporal_port) and not port_open(config.postgres_port)
+
+
+def test_sigterm_stops_the_services_and_worker_repair_started(tmp_path):
+    config = private_stack(tmp_path / "state")
+    tmp = tmp_path / "tmp"
+    env = _embedded_env(config, tmp)
+    command = [sys.executable, "-m", "nearmiss.cli", "repair", str(SOFTMAX / "spec.py")]
+    command.append(str(SOFTMAX / "variants" / "floor_grid.py"))
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stderr is not None
+        said = []
+        for line in process.stderr:  # the session has started: both services answer
+            said.append(line)
+            if line.startswith("repair session "):
+                break
+        temporal, postgres = TemporalService(config).pid(), PostgresService(config).pid()
+        assert temporal is not None and postgres is not None, "".join(said)
+        process.send_signal(signal.SIGTERM)
+        _, rest = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        PostgresService(config).stop()
+        TemporalService(config).stop()
+        PostgresService(config).remove_data()
+    assert process.returncode == 128 + signal.SIGTERM, "".join(said) + rest
+    assert "Traceback" not in rest, rest
+    assert "stopped by SIGTERM" in rest
+    assert not pid_alive(temporal) and not pid_alive(postgres)
+    assert not port_open(config.temporal_port) and not port_open(config.postgres_port)
+    assert list(tmp.iterdir()) == []  # no scratch directory left behind
+
+
+def _result(certified: bool) -> RepairResult:
+    return RepairResult(
+        session_id="repair-x",
+        certified=certified,
+        rounds=2,
+        stop_reason="certified" if certified else "no_progress",
+        stop_detail="",
+        tokens=TokenUsage(),
+        original_hash="sha256:a",
+        final_hash="sha256:b",
+    )
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_an_uncertified_diff_is_labelled_as_no_fix(tmp_path, as_json):
+    candidate = tmp_path / "k.py"
+    candidate.write_text("x = 1\n")
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        status = _report(_result(False), candidate, "x = 1\n", "x = 2\n", None, as_json)
+    assert status == 1
+    assert not (tmp_path / "k.fixed.py").exists()  # nothing written
+    if as_json:
+        report = json.loads(out.getvalue())
+        assert report["diff_certified"] is False and "+x = 2" in report["diff"]
+        assert "k.fixed.py" not in report["diff"] and report["fixed_path"] is None
+        assert err.getvalue().startswith("NOT CERTIFIED after 2 round(s)")
+    else:
+        text = out.getvalue()
+        assert f"{UNCERTIFIED_HEADER}:" in text and "+x = 2" in text
+        assert text.index(UNCERTIFIED_HEADER) < text.index("+x = 2")
+        assert "k.fixed.py" not in text and "k.uncertified.py" in text
+    # The same diff, certified, is a fix: written, and not labelled.
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(io.StringIO()):
+        assert _report(_result(True), candidate, "x = 1\n", "x = 2\n", None, as_json) == 0
+    assert UNCERTIFIED_HEADER not in out.getvalue() and "k.fixed.py" in out.getvalue()
+    assert (tmp_path / "k.fixed.py").read_text() == "x = 2\n"
+
+
+def _two_bugs(folder: Path) -> Path:
+    """An axpy kernel with two bugs no recipe knows: the refs in the wrong order, and a quarter
+    of y where half is meant. It fails the compact suite: a repair goes on to a fix."""
+    candidate = folder / "axpy.py"
+    source = (SEARCH / "axpy_swapped_refs.py").read_text()
+    candidate.write_text(source.replace("- 0.5 * y_ref", "- 0.25 * y_ref"))
+    return candidate
+
+
+def test_a_fix_still_running_at_the_deadline_is_ended_there(
+    temporal_address, postgres_dsn, tmp_path
+):
+    # The model takes five minutes to answer: Temporal ends the fix at the session's deadline,
+    # and the session stops then with the deadline as its reason, not when the model answers.
+    candidate = _two_bugs(tmp_path)
+    deadline = 20
+    with FakeOpenAI() as fake:
+        fake.script(slow("no edit", delay_s=300))
+        env = dict(
+            os.environ,
+            TEMPORAL_ADDRESS=temporal_address,
+            NEARMISS_DATABASE_URL=postgres_dsn,
+            OPENAI_BASE_URL=fake.base_url,
+            OPENAI_API_KEY="test-key",
+        )
+        started = time.monotonic()
+        result = run_cli(
+            "repair",
+            SEARCH / "axpy_spec.py",
+            candidate,
+            "--model",
+            "openai:fake",
+            "--tool-calls-per-round",
+            "0",
+            "--deadline",
+            str(deadline),
+            "--json",
+            env=env,
+        )
+        took = time.monotonic() - started
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["stop_reason"] == "deadline", report
+    assert report["stop_detail"].endswith("(it ended round 1's fix)"), report["stop_detail"]
+    elapsed = float(report["stop_detail"].split(" s elapsed")[0])
+    assert deadline <= elapsed <= deadline + GRACE_S, report["stop_detail"]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert took < deadline + 60, (took, result.stderr)  # the command's start included
+
+
+def test_a_search_repair_ends_at_its_deadline(temporal_address, postgres_dsn, tmp_path):
+    # No single-site mutant fixes both bugs, so the search would screen for its whole budget
+    # (minutes a round). The deadline ends the session, in a search's round, and says so.
+    candidate = _two_bugs(tmp_path)
+    env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
+    deadline = 30
+    started = time.monotonic()
+    result = run_cli(
+        "repair",
+        SEARCH / "axpy_spec.py",
+        candidate,
+        "--model",
+        "search",
+        "--deadline",
+        str(deadline),
+        "--json",
+        env=env,
+    )
+    took = time.monotonic() - started
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["certified"] is False and report["stop_reason"] == "deadline"
+    assert "'s fix)" in report["stop_detail"], report["stop_detail"]
+    # --json: stdout held the JSON alone (parsed above); progress went to stderr as it came.
+    lines = result.stderr.splitlines()
+    assert any(line.startswith("repair session repair-axpy-") for line in lines), result.stderr
+    assert any(line.strip().startswith("round 0 · fix · wrong_values") for line in lines)
+    assert lines[-1].startswith("NOT CERTIFIED after "), result.stderr
+    # The session's deadline counts from its start, after the command's own (JAX, the worker):
+    # the grace covers those and the stop, far below the search's minutes.
+    assert took < deadline + 30, (took, result.stderr)
+
+
+def test_the_loop_stops_with_the_deadline_when_it_ends_a_running_step():
+    loop = RepairLoop(LoopState(guards=Guards(deadline_s=30)))
+    loop.begin("sha256:k", now=100.0)
+    step = loop.on_deadline(131.0, "the forensics check")
+    assert step.action.kind == "stop" and step.action.reason == "deadline"
+    assert step.action.detail == "31 s elapsed, deadline 30 s (it ended the forensics check)"
+    assert [e.type for e in step.events] == ["GuardTripped"]
+    result = loop.result("repair-x")
+    assert result.stop_reason == "deadline" and not result.certified
+
+
+def test_a_progress_line_says_the_round_the_fix_and_the_verdict_so_far():
+    progress = Progress(
+        phase="validate",
+        round=2,
+        last_fix="grid_round_up",
+        failure_class="wrong_values",
+        score=0.5,
+        tokens=TokenUsage(input=30, output=12),
+    )
+    line = progress_line(progress)
+    assert line == "round 2 · validate · fix grid_round_up · wrong_values · score 0.50 · tokens 42"
+    assert " · fix " not in progress_line(Progress())  # no round yet, no fix to name
