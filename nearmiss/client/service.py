@@ -425,8 +425,13 @@ async def stop_on_signals(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGT
         _say(f"nearmiss: {signal.Signals(signum).name}: stopping what this command started")
         task.cancel()
 
+    installed = []
     for signum in signals:
-        loop.add_signal_handler(signum, on_signal, signum)
+        try:
+            loop.add_signal_handler(signum, on_signal, signum)
+        except (RuntimeError, ValueError, NotImplementedError):  # not the main thread's loop
+            continue
+        installed.append(signum)
     try:
         yield
     except asyncio.CancelledError:
@@ -435,7 +440,7 @@ async def stop_on_signals(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGT
         task.uncancel()
         raise Stopped(caught[0]) from None
     finally:
-        for signum in signals:
+        for signum in installed:
             loop.remove_signal_handler(signum)
 
 
