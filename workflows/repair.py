@@ -280,7 +280,8 @@ class RepairWorkflow:
             outcome, ended = await run_agent_round(
                 fix,
                 options,
-                check_options({}, request.targets, guards.worker_wait_s),
+                # The experiments too end at the deadline (the model hears the tool failed).
+                check_options(self._bounded({}, guards), request.targets, guards.worker_wait_s),
                 per_round=guards.max_tool_calls_per_round,
                 tools_left=guards.max_tool_calls - state.tool_calls,
                 tokens_left=None if budget is None else budget - state.tokens.total,
