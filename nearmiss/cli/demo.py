@@ -132,7 +132,9 @@ async def run_repairs() -> int:
         )
         await follow(client, handle)
         summary = await fleet_summary(store, handle.id)
-        assert summary is not None  # (the fleet's first act was to record its start)
+        if summary is None:  # cancelled (Ctrl-C, SIGTERM) before its first act
+            print("\nthe demo's fleet was cancelled before it started", flush=True)
+            return 1
         sessions = [r["session_id"] for r in summary["results"]]
         out = settings.stack.home / "reports" / handle.id
         report = await write_fleet_report(store, f"nearmiss demo fleet {handle.id}", sessions, out)
@@ -150,5 +152,6 @@ async def run_repairs() -> int:
         f"({verdict_counts(results)})."
     )
     print(f"fleet report: {report}")
-    print(f"replay a session: nearmiss replay {results[0]['session_id']}")
+    if results:
+        print(f"replay a session: nearmiss replay {results[0]['session_id']}")
     return misses

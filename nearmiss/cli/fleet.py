@@ -111,7 +111,7 @@ async def run_fleet(args: argparse.Namespace) -> int:
 
 
 async def _run_fleet(args, files, settings: Settings, started: list[str]) -> int:
-    from nearmiss.client.fleet import fleet_summary, follow, start_fleet
+    from nearmiss.client.fleet import cancelled_before_start, fleet_summary, follow, start_fleet
     from nearmiss.client.service import services
 
     async with services(settings, quiet=args.json) as (client, store):
@@ -129,8 +129,12 @@ async def _run_fleet(args, files, settings: Settings, started: list[str]) -> int
         _say(f"fleet {handle.id}: {len(files)} kernels, {args.model}, {args.concurrency} at a time")
         await follow(client, handle, quiet=args.json, reconnect_s=settings.reconnect_s)
         summary = await fleet_summary(store, handle.id)
-        assert summary is not None  # (the fleet's first act was to record its start)
-        report = await _write_report(store, summary, _report_dir(settings, handle.id, args.report))
+        if summary is None:  # cancelled before its first act, recording its start
+            summary = cancelled_before_start(handle.id, args.model, len(files))
+            report = None
+        else:
+            out = _report_dir(settings, handle.id, args.report)
+            report = await _write_report(store, summary, out)
     _print_summary(summary, report, args.json)
     return EXIT_DONE if summary["state"] == "finished" else EXIT_NOT_DONE
 

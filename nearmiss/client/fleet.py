@@ -304,7 +304,8 @@ async def wait_for_temporal(client: Client, handle: WorkflowHandle, error, recon
 async def follow(
     client: Client, handle: WorkflowHandle, quiet: bool = False, reconnect_s: float = 300.0
 ) -> FleetResult | None:
-    """Show progress until the fleet ends; the first Ctrl-C cancels it (the rest wait).
+    """Show progress until the fleet ends; the first Ctrl-C or SIGTERM cancels it (the rest
+    wait).
     None when the fleet did not finish (cancelled): its events hold what did. Rides out a
     Temporal restart of up to ``reconnect_s``; TemporalLost beyond."""
     view = LiveView(client)
@@ -324,8 +325,11 @@ async def follow(
             print("\ncancelling the fleet (finished sessions are kept)...", file=sys.stderr)
             asyncio.ensure_future(cancel_fleet())
 
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGINT, cancel)
+    # SIGTERM as Ctrl-C: the fleet is cancelled and the command ends as it does, stopping the
+    # services it started, never killed with them left running.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, cancel)
     try:
         while True:
             result_task = asyncio.ensure_future(handle.result())
@@ -342,8 +346,9 @@ async def follow(
                 return None  # the fleet failed or was cancelled
             await wait_for_temporal(client, handle, error, reconnect_s)
     finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGINT)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(signum)
 
 
 # --- reading fleets back from the event store ---------------------------------------------------
@@ -370,6 +375,22 @@ async def fleet_summary(store: EventStore, fleet_id: str) -> dict | None:
         "tokens": sum(TokenUsage.model_validate(r.tokens).total for r in results),
         "state": state,
         "results": [r.payload() for r in results],
+    }
+
+
+def cancelled_before_start(fleet_id: str, model: str, total: int) -> dict:
+    """The summary of a fleet cancelled (Ctrl-C, SIGTERM) before its first act, recording its
+    start: no event, no member ran."""
+    return {
+        "fleet_id": fleet_id,
+        "started_at": None,
+        "model": model,
+        "total": total,
+        "finished": 0,
+        "certified": 0,
+        "tokens": 0,
+        "state": "cancelled",
+        "results": [],
     }
 
 
