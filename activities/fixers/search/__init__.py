@@ -19,6 +19,7 @@ import itertools
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from activities.fixers.playbook import RECIPES
 from activities.fixers.playbook import propose as playbook_propose
@@ -147,7 +148,8 @@ def search(request: FixRequest, budget: Budget) -> FixResult:
         alike = "; ".join(edits[i].name for i in found.alike)
         verdict += (
             f", hidden cases included, and so do {len(found.alike)} other edit(s): the spec "
-            f"cannot tell these apart: {alike}"
+            f"cannot tell these apart: {alike} (with each as a file, `nearmiss spec check "
+            f"{Path(request.spec_path).name} --tell-apart A.py B.py` looks for a case that can)"
         )
     return FixResult(
         source=edit.source,
