@@ -69,26 +69,29 @@ def test_a_busy_port_is_one_line_naming_the_setting_and_starts_nothing(tmp_path,
     assert not port_open(config.temporal_port) and not port_open(config.postgres_port)
 
 
-def test_sigterm_stops_the_services_and_worker_repair_started(tmp_path):
+def sigterm_once_started(tmp_path: Path, args: list[str], started: str) -> tuple[int, str, str]:
+    """Run ``nearmiss ARGS`` on an embedded stack of its own, send SIGTERM once a stderr line
+    starts with ``started`` (both services answer by then), and return its exit status, stdout
+    and stderr after asserting that nothing it started is left: no Temporal or PostgreSQL
+    process, no port answering, no scratch directory."""
     config = private_stack(tmp_path / "state")
     tmp = tmp_path / "tmp"
     env = _embedded_env(config, tmp)
-    command = [sys.executable, "-m", "nearmiss.cli", "repair", str(SOFTMAX / "spec.py")]
-    command.append(str(SOFTMAX / "variants" / "floor_grid.py"))
+    command = [sys.executable, "-m", "nearmiss.cli", *args]
     process = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
         assert process.stderr is not None
         said = []
-        for line in process.stderr:  # the session has started: both services answer
+        for line in process.stderr:
             said.append(line)
-            if line.startswith("repair session "):
+            if line.startswith(started):
                 break
         temporal, postgres = TemporalService(config).pid(), PostgresService(config).pid()
         assert temporal is not None and postgres is not None, "".join(said)
         process.send_signal(signal.SIGTERM)
-        _, rest = process.communicate(timeout=120)
+        out, rest = process.communicate(timeout=180)
     finally:
         if process.poll() is None:
             process.kill()
@@ -96,12 +99,33 @@ def test_sigterm_stops_the_services_and_worker_repair_started(tmp_path):
         PostgresService(config).stop()
         TemporalService(config).stop()
         PostgresService(config).remove_data()
-    assert process.returncode == 128 + signal.SIGTERM, "".join(said) + rest
-    assert "Traceback" not in rest, rest
-    assert "stopped by SIGTERM" in rest
+    said_all = "".join(said) + rest
+    assert "Traceback" not in rest, said_all
     assert not pid_alive(temporal) and not pid_alive(postgres)
     assert not port_open(config.temporal_port) and not port_open(config.postgres_port)
     assert list(tmp.iterdir()) == []  # no scratch directory left behind
+    return process.returncode, out, said_all
+
+
+def test_sigterm_stops_the_services_and_worker_repair_started(tmp_path):
+    args = ["repair", str(SOFTMAX / "spec.py"), str(SOFTMAX / "variants" / "floor_grid.py")]
+    status, _, said = sigterm_once_started(tmp_path, args, "repair session ")
+    assert status == 128 + signal.SIGTERM, said
+    assert "stopped by SIGTERM" in said
+
+
+def test_sigterm_cancels_a_fleet_and_stops_the_services_it_started(tmp_path):
+    # As Ctrl-C: the fleet is cancelled (what finished is kept), then the command stops its
+    # worker, Temporal and PostgreSQL on its way out, instead of dying with them running.
+    manifest = tmp_path / "fleet.json"
+    member = {
+        "spec": str(SOFTMAX / "spec.py"),
+        "candidate": str(SOFTMAX / "variants" / "floor_grid.py"),
+    }
+    manifest.write_text(json.dumps([member]))
+    status, out, said = sigterm_once_started(tmp_path, ["fleet", str(manifest), "--json"], "fleet ")
+    assert status == 1, said  # the fleet did not run to its end
+    assert json.loads(out)["state"] == "cancelled"
 
 
 def _result(certified: bool) -> RepairResult:
@@ -250,45 +274,3 @@ def test_a_progress_line_says_the_round_the_fix_and_the_verdict_so_far():
     line = progress_line(progress)
     assert line == "round 2 · validate · fix grid_round_up · wrong_values · score 0.50 · tokens 42"
     assert " · fix " not in progress_line(Progress())  # no round yet, no fix to name
-
-
-def test_sigterm_cancels_a_fleet_and_stops_the_services_it_started(tmp_path):
-    # As Ctrl-C: the fleet is cancelled (what finished is kept), then the command stops its
-    # worker, Temporal and PostgreSQL on its way out, instead of dying with them running.
-    config = private_stack(tmp_path / "state")
-    tmp = tmp_path / "tmp"
-    env = _embedded_env(config, tmp)
-    manifest = tmp_path / "fleet.json"
-    member = {
-        "spec": str(SOFTMAX / "spec.py"),
-        "candidate": str(SOFTMAX / "variants" / "floor_grid.py"),
-    }
-    manifest.write_text(json.dumps([member]))
-    command = [sys.executable, "-m", "nearmiss.cli", "fleet", str(manifest), "--json"]
-    process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert process.stderr is not None
-        said = []
-        for line in process.stderr:  # the fleet has started: both services answer
-            said.append(line)
-            if line.startswith("fleet "):
-                break
-        temporal, postgres = TemporalService(config).pid(), PostgresService(config).pid()
-        assert temporal is not None and postgres is not None, "".join(said)
-        process.send_signal(signal.SIGTERM)
-        out, rest = process.communicate(timeout=180)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        PostgresService(config).stop()
-        TemporalService(config).stop()
-        PostgresService(config).remove_data()
-    assert process.returncode == 1, "".join(said) + rest  # the fleet did not run to its end
-    assert "Traceback" not in rest, rest
-    assert json.loads(out)["state"] == "cancelled"
-    assert not pid_alive(temporal) and not pid_alive(postgres)
-    assert not port_open(config.temporal_port) and not port_open(config.postgres_port)
-    assert list(tmp.iterdir()) == []
