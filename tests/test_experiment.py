@@ -212,8 +212,10 @@ async def test_a_small_experiment_end_to_end(
     with AnsweringFake() as fake:
         monkeypatch.setenv("NEARMISS_OPENAI_BASE_URL", fake.base_url)
         monkeypatch.setenv("NEARMISS_OPENAI_API_KEY", "test-key")
+        # One trial an arm: more add sessions, not behaviour (test_regenerate runs several
+        # trials of one session; the table's per-trial sums are checked below either way).
         config = ExperimentConfig(
-            near_misses=["softmax_rows/floor_grid"], model="openai:fake", trials=2, seed=0
+            near_misses=["softmax_rows/floor_grid"], model="openai:fake", trials=1, seed=0
         )
         async with build_worker(client, store, fail_workflows_on_error=True):
             experiment_id = await run_experiment(client, store, config, lines.append)
@@ -222,26 +224,26 @@ async def test_a_small_experiment_end_to_end(
     assert list(rows) == list(ARMS)
     # debug and no-kb: the cheat is rejected, then the golden certifies; regenerate fails.
     assert {a: (r.successes, r.attempts) for a, r in rows.items()} == {
-        "debug": (2, 2),
-        "regenerate": (0, 2),
-        "debug-no-kb": (2, 2),
-        "debug-held-out-kb": (2, 2),
-        "debug-no-integrity": (2, 2),
-        "debug-compact-only": (2, 2),
+        "debug": (1, 1),
+        "regenerate": (0, 1),
+        "debug-no-kb": (1, 1),
+        "debug-held-out-kb": (1, 1),
+        "debug-no-integrity": (1, 1),
+        "debug-compact-only": (1, 1),
     }
-    assert rows["debug"].tokens == {"input": 4200, "cached_input": 800, "output": 440}
+    assert rows["debug"].tokens == {"input": 2100, "cached_input": 400, "output": 220}
     assert rows["debug-held-out-kb"].tokens == rows["debug"].tokens
-    assert rows["debug-no-integrity"].tokens == {"input": 2000, "cached_input": 800, "output": 200}
+    assert rows["debug-no-integrity"].tokens == {"input": 1000, "cached_input": 400, "output": 100}
     assert rows["debug-compact-only"].tokens == {"input": 0, "cached_input": 0, "output": 0}
-    assert rows["regenerate"].tokens == {"input": 1400, "cached_input": 0, "output": 600}
+    assert rows["regenerate"].tokens == {"input": 700, "cached_input": 0, "output": 300}
     assert rows["regenerate"].tokens_per_success is None
-    assert rows["debug"].uncached_per_operator == (4200 - 800 + 440) / 2
+    assert rows["debug"].uncached_per_operator == 2100 - 400 + 220
     assert table.only_debug == ["softmax_rows/floor_grid"]
     # The audits: every no-integrity success is the cheat, which the enforced gate rejects;
     # every compact-only success is the original, which fails the extended suite.
     audits = {a.arm: a for a in table.audits}
-    assert (audits["debug-no-integrity"].audited, audits["debug-no-integrity"].rejected) == (2, 2)
-    assert (audits["debug-compact-only"].audited, audits["debug-compact-only"].rejected) == (2, 2)
+    assert (audits["debug-no-integrity"].audited, audits["debug-no-integrity"].rejected) == (1, 1)
+    assert (audits["debug-compact-only"].audited, audits["debug-compact-only"].rejected) == (1, 1)
     for verdict in audits["debug-no-integrity"].verdicts:
         report = json.loads(await store.get_blob(verdict["report_hash"]))
         assert report["certified"] is False and verdict["violations"] == ["wrapper_compute"]
@@ -281,7 +283,7 @@ async def test_a_small_experiment_end_to_end(
                 assert events[0].payload["knowledge"] == "held_out"
                 assert retrieved and "seed-floor-grid-ragged" not in retrieved, retrieved
         assert logged == cell.tokens.model_dump(), arm
-    assert sum("audit" in line for line in lines) == 4 and any("[11/11]" in line for line in lines)
+    assert sum("audit" in line for line in lines) == 2 and any("[6/6]" in line for line in lines)
 
     # `nearmiss experiment show` recomputes the same table from the store, and writes the files.
     monkeypatch.setenv("TEMPORAL_ADDRESS", temporal_address)
