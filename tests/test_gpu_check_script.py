@@ -170,8 +170,13 @@ def test_predict_only_records_the_engines_own_gpu_verdict_per_case(tmp_path):
     # The softmax golden: Triton refuses its ragged case's (8, 320) block on a GPU; its other
     # cases' blocks divide their arrays. The verdict the device run is held against.
     out = tmp_path / "predictions.json"
-    result = _run("--predict-only", str(out), "--ops", "softmax_rows", timeout=240)
+    result = _run("--predict-only", str(out), "--ops", "softmax_rows,col_sum", timeout=300)
     assert result.returncode == 0, result.stderr
-    cases = json.loads(out.read_text())["ops"]["softmax_rows"]
+    ops = json.loads(out.read_text())["ops"]
+    cases = ops["softmax_rows"]
     assert cases["ragged"]["engine"] == "refused: compile_error"
     assert cases["base"]["engine"] == "certified"
+    # col_sum accumulates across the grid (a TPU kernel): the race is the kernel's, reported
+    # once under its first case, and every case whose own grid races is refused for it.
+    for name, case in ops["col_sum"].items():
+        assert case["race_predicted"] and case["engine"] == "refused: grid_race", (name, case)
