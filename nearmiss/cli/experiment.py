@@ -110,7 +110,7 @@ async def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if getattr(args, "experiment_action", None):
         return await _show(args, settings)
-    from nearmiss.client.service import Stopped, services, stop_on_signals
+    from nearmiss.client.service import services, stop_on_signals
     from nearmiss.experiments.config import ExperimentConfig
     from nearmiss.experiments.outputs import markdown, write_outputs
     from nearmiss.experiments.records import load_table
@@ -129,15 +129,9 @@ async def run(args: argparse.Namespace) -> int:
     )
     near_misses = config.resolve()  # bad input is a usage error before anything starts
     out = args.out or Path(f"experiment-{config.experiment_id}")
-    try:
-        async with stop_on_signals(), services(settings) as (client, store):
-            await run_experiment(client, store, config, say_stderr, near_misses)
-            table = await load_table(store, config.experiment_id)
-    except Stopped as stopped:
-        say_stderr(
-            f"nearmiss: stopped by {stopped}; the services and worker it started are stopped"
-        )
-        return stopped.exit_status
+    async with stop_on_signals(), services(settings) as (client, store):
+        await run_experiment(client, store, config, say_stderr, near_misses)
+        table = await load_table(store, config.experiment_id)
     for path in write_outputs(table, out):
         say_stderr(f"wrote {path}")
     print(markdown(table), end="")

@@ -27,7 +27,7 @@ from nearmiss.cli.options import (
     targets_from,
 )
 from nearmiss.engine.check import SUITES, check
-from nearmiss.engine.errors import UsageError
+from nearmiss.engine.errors import Stopped, UsageError
 from nearmiss.engine.integrity.gate import MODES
 from nearmiss.engine.runner.session import Limits
 from nearmiss.engine.targets.libtpu_env import prepare_environment
@@ -247,6 +247,15 @@ def run_repair(args: argparse.Namespace) -> int:
     except (UsageError, ValueError) as exc:
         print(f"nearmiss: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Stopped as stopped:
+        return _stopped(stopped)
+
+
+def _stopped(stopped: Stopped) -> int:
+    """A command a signal stopped (``client.service.stop_on_signals``): one line, and the exit
+    status a shell gives a process the signal killed."""
+    print(f"nearmiss: stopped by {stopped}; what it started is stopped", file=sys.stderr)
+    return stopped.exit_status
 
 
 def run_worker_command(args: argparse.Namespace) -> int:
@@ -264,7 +273,8 @@ def run_worker_command(args: argparse.Namespace) -> int:
 
 
 def _run_async(command, args: argparse.Namespace) -> int:
-    """Run an async command; bad input (UsageError, ValueError) is exit 2 with the reason."""
+    """Run an async command; bad input (UsageError, ValueError) is exit 2 with the reason, a
+    signal that stopped it (Stopped) 128 + the signal."""
     import asyncio
 
     try:
@@ -272,6 +282,8 @@ def _run_async(command, args: argparse.Namespace) -> int:
     except (UsageError, ValueError) as exc:
         print(f"nearmiss: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Stopped as stopped:
+        return _stopped(stopped)
 
 
 def main(argv: list[str] | None = None) -> int:

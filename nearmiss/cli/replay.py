@@ -24,30 +24,24 @@ def add_parser(commands) -> None:
 
 async def run(args) -> int:
     from nearmiss.client.replay import check_determinism, compare, recorded_request, rerun
-    from nearmiss.client.service import Stopped, services, stop_on_signals
+    from nearmiss.client.service import services, stop_on_signals
     from nearmiss.client.settings import Settings
     from nearmiss.reports import load_session
 
-    try:
-        async with (
-            stop_on_signals(),
-            services(Settings.from_env(), quiet=args.json) as (client, store),
-        ):
-            await recorded_request(store, args.session)  # a clear error before anything runs
-            view = await load_session(store, args.session)
-            determinism = await check_determinism(client, args.session)
-            comparison = None
-            if not args.no_rerun:
-                if not args.json:
-                    print(
-                        f"re-running {args.session} with its recorded answers...", file=sys.stderr
-                    )
-                handle = await rerun(client, store, args.session)
-                await handle.result()
-                comparison = await compare(store, args.session, handle.id)
-    except Stopped as stopped:
-        print(f"nearmiss: stopped by {stopped}; what it started is stopped", file=sys.stderr)
-        return stopped.exit_status
+    async with (
+        stop_on_signals(),
+        services(Settings.from_env(), quiet=args.json) as (client, store),
+    ):
+        await recorded_request(store, args.session)  # a clear error before anything runs
+        view = await load_session(store, args.session)
+        determinism = await check_determinism(client, args.session)
+        comparison = None
+        if not args.no_rerun:
+            if not args.json:
+                print(f"re-running {args.session} with its recorded answers...", file=sys.stderr)
+            handle = await rerun(client, store, args.session)
+            await handle.result()
+            comparison = await compare(store, args.session, handle.id)
     if args.json:
         print(json.dumps(_as_json(view, determinism, comparison), indent=2, default=str))
     else:

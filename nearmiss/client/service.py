@@ -55,7 +55,7 @@ from nearmiss.client.faults import (
 )
 from nearmiss.client.settings import Settings
 from nearmiss.engine.check import require_file
-from nearmiss.engine.errors import UsageError
+from nearmiss.engine.errors import Stopped, UsageError
 from nearmiss.engine.inputs import read_source
 from nearmiss.engine.runner import spares
 from nearmiss.engine.runner.scratch import stop_orphaned_children, sweep_orphans
@@ -392,19 +392,6 @@ async def start_session(
     return await client.start_workflow(RepairWorkflow.run, request, id=sid, task_queue=TASK_QUEUE)
 
 
-class Stopped(Exception):
-    """A command was stopped by a signal; what it started has been stopped (``stop_on_signals``).
-    Its exit status is ``128 + signum``, as a shell reports a process the signal killed."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-    @property
-    def exit_status(self) -> int:
-        return 128 + self.signum
-
-
 @contextlib.asynccontextmanager
 async def stop_on_signals(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)):
     """SIGINT (Ctrl-C) and SIGTERM cancel the task running the block, so that everything it
@@ -457,25 +444,21 @@ async def repair(
     use_kb: bool = True,
     targets: list[str] | None = None,
 ) -> int:
-    """Repair ``candidate`` in a session; the exit status (0 certified, 1 not, 128 + signal
-    when SIGINT or SIGTERM stopped it). Progress goes to stderr as the session moves on, with
-    ``as_json`` too: stdout then holds the one JSON object alone."""
+    """Repair ``candidate`` in a session; the exit status (0 certified, 1 not; SIGINT or
+    SIGTERM raise ``Stopped`` once what it started is stopped). Progress goes to stderr as the
+    session moves on, with ``as_json`` too: stdout then holds the one JSON object alone."""
     require_file("spec", spec)
     require_file("candidate", candidate)
     make_fixer(model)  # a bad --model is a usage error before anything starts
-    try:
-        async with stop_on_signals(), services(settings) as (client, store):
-            handle = await start_session(
-                client, store, spec, candidate, model, guards, seed, use_kb, targets
-            )
-            _say(f"repair session {handle.id} ({model}) on {candidate}")
-            result = await _follow(handle)
-            final = (await store.get_blob(result.final_hash)).decode()
-            # The text the session repaired, as stored: the file may have changed since.
-            original = (await store.get_blob(result.original_hash)).decode()
-    except Stopped as stopped:
-        _say(f"nearmiss: stopped by {stopped}; the services and worker it started are stopped")
-        return stopped.exit_status
+    async with stop_on_signals(), services(settings) as (client, store):
+        handle = await start_session(
+            client, store, spec, candidate, model, guards, seed, use_kb, targets
+        )
+        _say(f"repair session {handle.id} ({model}) on {candidate}")
+        result = await _follow(handle)
+        final = (await store.get_blob(result.final_hash)).decode()
+        # The text the session repaired, as stored: the file may have changed since.
+        original = (await store.get_blob(result.original_hash)).decode()
     return _report(result, candidate, original, final, out, as_json)
 
 

@@ -8,6 +8,22 @@ class UsageError(Exception):
     """The inputs are unusable (bad spec, no kernel...): a one-line reason, exit status 2."""
 
 
+class Stopped(Exception):
+    """A command was stopped by a signal; what it started has been stopped
+    (``nearmiss.client.service.stop_on_signals``). Its exit status is ``128 + signum``, as a
+    shell reports a process the signal killed."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
 # What Python writes above a traceback; a runtime that re-raises a callback's exception (JAX's
 # io_callback, as TPU interpret mode uses) carries that whole text in its own message.
 TRACEBACK_HEADER = "Traceback (most recent call last)"
