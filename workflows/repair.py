@@ -276,7 +276,6 @@ class RepairWorkflow:
         options = self._bounded(FIX_OPTIONS, guards)
         # Sessions from before the agent replay without its tool rounds.
         if action.tool_round and has(AGENT_TOOLS):
-            budget = guards.token_budget
             outcome, ended = await run_agent_round(
                 fix,
                 options,
@@ -284,9 +283,9 @@ class RepairWorkflow:
                 check_options(self._bounded({}, guards), request.targets, guards.worker_wait_s),
                 per_round=guards.max_tool_calls_per_round,
                 tools_left=guards.max_tool_calls - state.tool_calls,
-                tokens_left=None if budget is None else budget - state.tokens.total,
+                tokens_left=fix.tokens_left,
                 record=self._record,
-                token_budget=budget,
+                token_budget=guards.token_budget,
             )
             # A model turn the deadline cut short fails the round: the deadline ended it. (By
             # the time the round ended: a time read after its recording, a local activity,
