@@ -39,12 +39,12 @@ KERNELS = [
     ("softmax_rows", "variants/floor_grid.py"),
 ]
 UNIT = "import jax; jax.block_until_ready(jax.jit(lambda x: x + 1)(1.0))"
-# Checks one after another in one process, executors kept where this tree keeps them.
+# Checks one after another in one process, children kept where this tree keeps them.
 WORKER = """
 import sys
 from nearmiss.engine.check import check
 from nearmiss.engine.runner import spares
-getattr(spares, "keep_executors", lambda: None)()
+getattr(spares, "keep_warm", getattr(spares, "keep_executors", lambda: None))()
 spec, kernel, checks = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for seed in range(checks):
     check(spec, kernel, seed=seed)

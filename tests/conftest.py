@@ -98,9 +98,9 @@ LEAK_GRACE_S = 15.0
 
 def pytest_sessionstart(session) -> None:
     session.config.nearmiss_started = start_time(os.getpid()) or 0
-    # Checks run one after another in each test process, as in a worker: their executors are
-    # kept between checks (``runner.spares.give_back``), and every test runs that way.
-    spares.keep_executors()
+    # Checks run one after another in each test process, as in a worker: their executors and
+    # spec's children are kept between checks (``runner.spares``), and every test runs that way.
+    spares.keep_warm()
 
 
 @pytest.hookimpl(trylast=True)

@@ -79,8 +79,8 @@ def record_handed_out(monkeypatch) -> list[int]:
     taken: list[int] = []
     original = spares.take
 
-    def take(module, limits, platform):
-        child = original(module, limits, platform)
+    def take(module, limits, platform, spec=()):
+        child = original(module, limits, platform, spec)
         if child is not None:
             taken.append(child.process.pid)
         return child
@@ -124,7 +124,7 @@ def handed_out(monkeypatch):
         spares.disable()
 
 
-def test_each_check_gets_children_started_before_it_and_only_executors_serve_two(
+def test_each_check_gets_children_started_before_it_and_only_engine_children_serve_two(
     handed_out, golden
 ):
     homes_before = my_spare_homes()
@@ -139,15 +139,17 @@ def test_each_check_gets_children_started_before_it_and_only_executors_serve_two
 
     second = check(MATMUL / "spec.py", golden, "compact", 2, targets=("tpu-v5e",))
     assert second.certified and second.targets["tpu-v5e"].ok
-    # The second check ran on the children waiting after the first: the spec's child and the
-    # candidate's child started for it, the first check's runs' executor, kept, and a spare...
+    # The second check ran on the children waiting after the first: the candidate's child
+    # started for it, the first check's spec's child and runs' executor, kept, and a spare...
     assert sorted(handed_out) == sorted(pid for pids in waiting.values() for pid in pids)
-    # ...the candidate's and the spec's children and the target judge ended with it; the runs'
-    # executor (it never imports a candidate, runs only vetted XLA) waits again, its home
-    # emptied, beside a new spare.
-    for module in (spares.CANDIDATE_MODULE, spares.REFERENCE_MODULE):
-        assert not any(alive(process) for process in processes[module])
-        assert not set(spares.waiting_pids(module)) & set(waiting[module])
+    # ...the candidate's child and the target judge ended with it; the runs' executor (it never
+    # imports a candidate, runs only vetted XLA) waits again, its home emptied, beside a new
+    # spare, and so does the spec's child (it never sees a candidate), its spec loaded.
+    assert not any(alive(process) for process in processes[spares.CANDIDATE_MODULE])
+    assert not set(spares.waiting_pids(spares.CANDIDATE_MODULE)) & set(
+        waiting[spares.CANDIDATE_MODULE]
+    )
+    assert spares.waiting_pids(spares.REFERENCE_MODULE) == waiting[spares.REFERENCE_MODULE]
     assert len(set(spares.waiting_pids(spares.EXECUTOR_MODULE)) & executors) == 1
     assert sum(alive(process) for process in processes[spares.EXECUTOR_MODULE]) == 1
     assert all(
@@ -208,8 +210,8 @@ def test_a_spare_that_dies_once_handed_out_costs_a_restart_not_a_finding(
     original = spares.take
     killed = []
 
-    def take_and_kill(wanted, limits, platform):
-        child = original(wanted, limits, platform)
+    def take_and_kill(wanted, limits, platform, spec=()):
+        child = original(wanted, limits, platform, spec)
         if child is not None and wanted == module:
             child.kill()
             killed.append(child.process.pid)
@@ -333,7 +335,17 @@ async def test_a_repair_commands_own_worker_keeps_spares_and_closes_them_when_do
             processes.extend(identify([child.process.pid]))
         return kept
 
+    original_keep_spec = spares.keep_spec
+
+    def keep_spec(child, started_under, platform, spec):
+        kept = original_keep_spec(child, started_under, platform, spec)
+        if kept:  # the spec's child its check started, kept for the next of the spec
+            started.append(child.process.pid)
+            processes.extend(identify([child.process.pid]))
+        return kept
+
     monkeypatch.setattr(spares, "give_back", give_back)
+    monkeypatch.setattr(spares, "keep_spec", keep_spec)
     candidate = tmp_path / "floor_grid.py"
     candidate.write_text((OPS / "softmax_rows" / "variants" / "floor_grid.py").read_text())
     settings = Settings.from_env(
@@ -405,3 +417,68 @@ def test_an_executor_that_ran_native_code_is_not_kept(golden):
     assert spares.waiting_pids(spares.EXECUTOR_MODULE) == []
     assert check(MATMUL / "spec.py", golden, "compact", 1).certified
     assert spares.waiting_pids(spares.EXECUTOR_MODULE)  # a plain artifact's executor is kept
+
+
+def kept_spec_pids() -> list[int]:
+    return spares.waiting_pids(spares.REFERENCE_MODULE)
+
+
+def test_a_kept_spec_child_serves_only_the_same_spec(monkeypatch, tmp_path, golden):
+    """The spec's child of a check is kept for the next check of the same spec (its bytes and
+    file name): it serves a check on another seed with the spec still loaded. A spec whose file
+    now says something else — here a reference twice as large, which the golden no longer
+    matches — must be answered by a child that read the new text, never by the one kept with
+    the old: else a kernel would be certified against a spec that is not the user's."""
+    spares.close_all()
+    taken = record_handed_out(monkeypatch)
+    spec = tmp_path / "spec.py"
+    original = (MATMUL / "spec.py").read_text()
+    spec.write_text(original)
+    assert check(spec, golden, "compact", 1).certified
+    kept = kept_spec_pids()
+    assert len(kept) == 1 and all(alive(pid) for pid in kept)
+
+    assert check(spec, golden, "compact", 2).certified
+    assert set(kept) <= set(taken)  # the second check of the spec ran on the kept child
+    assert kept_spec_pids() == kept  # and it waits again
+
+    doubled = "return 2 * jnp.dot(a, b, preferred_element_type=jnp.float32)"
+    spec.write_text(
+        original.replace("return jnp.dot(a, b, preferred_element_type=jnp.float32)", doubled)
+    )
+    taken.clear()
+    report = check(spec, golden, "compact", 2)
+    assert not report.certified and report.failure_class == "wrong_values", report.diagnosis
+    assert not set(kept) & set(taken)  # the new text got a child of its own
+
+
+def test_a_kept_spec_child_carries_no_case_into_the_next_check(monkeypatch, golden):
+    """The kept spec's child answers the next check with that check's own cases: its case
+    folder emptied, a wrong kernel judged on fresh references of its own seed."""
+    spares.close_all()
+    taken = record_handed_out(monkeypatch)
+    assert check(MATMUL / "spec.py", golden, "compact", 3).certified
+    kept = kept_spec_pids()
+    folders = [
+        spares.root(c) / "cases"
+        for cs in spares._spares.values()
+        for c in cs
+        if c.module == spares.REFERENCE_MODULE
+    ]
+    assert kept and folders and not any(any(f.iterdir()) for f in folders)
+    wrong = golden.parent / "missing_init.py"
+    wrong.write_text((MATMUL / "variants" / "missing_init.py").read_text())
+    report = check(MATMUL / "spec.py", wrong, "compact", 4)
+    assert set(kept) <= set(taken)
+    assert not report.certified and report.failure_class is not None
+
+
+def test_a_spec_child_near_its_memory_limit_is_not_kept(monkeypatch, golden):
+    """A kept child's caches grow; one past its share of the limit ends with its check, so a
+    later check's spec can never fail a limit a fresh child would have kept to (a spec's child
+    holds about 200 MB of 4,096: a share of 1 % is passed)."""
+    spares.close_all()
+    monkeypatch.setattr(spares, "MAX_SPEC_MEMORY_SHARE", 0.01)
+    report = check(MATMUL / "spec.py", golden, "compact", 1)
+    assert report.certified, report.diagnosis
+    assert kept_spec_pids() == []

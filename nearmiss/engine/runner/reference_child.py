@@ -9,18 +9,25 @@ Asked to (``controls``), it then stays for one more round: the engine's control 
 (``forensics.controls``), drawn and computed the same way with the spec already loaded. A control
 the spec cannot serve (its ``make_inputs`` or ``reference`` raises on those dims) is reported as
 ``case_unrunnable`` — evidence that the control does not apply, never a spec error.
+
+Then it waits: a worker that keeps it (``runner.spares.keep_spec``) sends the next check's
+``prepare`` of the same spec, which it answers with the spec still loaded and JAX's compiled
+operations still cached (the spec's file is read again and compared: other bytes load afresh).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from nearmiss.engine.runner.case_draw import arrays_or_none, case_key
 from nearmiss.engine.runner.child import Channel, start_child
 from nearmiss.engine.runner.hidden_cases import ServedHidden, serve_hidden
+from nearmiss.engine.runner.protocol import ChannelClosed
 
 # Folded into a case's key to draw the fresh inputs of the input-independence probes.
 PROBE_TAG = 0x5EED
@@ -115,27 +122,49 @@ def _save_inputs(case_dir: Path, parameters: list[str], arrays) -> tuple[Path, l
     return case_dir, names
 
 
-def prepare(channel: Channel, request: dict) -> None:
+# The spec loaded by an earlier request of this child, keyed by what it was loaded from.
+_loaded: dict[tuple[str, str | None, bytes], Any] = {}
+
+
+def _spec_for(request: dict):
+    """The spec the request names: the one already loaded where the file holds the same bytes
+    under the same names (a kept child's next check), else loaded now."""
+    from nearmiss.engine.spec import load_spec
+
+    path, shown = request["spec"], request.get("shown")
+    try:
+        key = (path, shown, Path(path).read_bytes())
+    except OSError:
+        return load_spec(path, shown)  # says what is wrong with it
+    if key not in _loaded:
+        _loaded.clear()  # one spec per child: another's module state is not kept around
+        _loaded[key] = load_spec(path, shown)
+    return _loaded[key]
+
+
+def prepare(channel: Channel, request: dict) -> dict | None:
+    """Answer one check's request; the message that ended its control rounds, if it had any
+    (the next request), else None."""
     import jax
     import numpy as np
 
     from nearmiss.engine.runner.arrays import save_arrays, shapes_of
     from nearmiss.engine.runner.selection import SelectionError, select_cases
-    from nearmiss.engine.spec import SpecError, load_spec
+    from nearmiss.engine.spec import SpecError
 
     if request.get("cache"):
         from nearmiss.engine.runner.compile_cache import enable_persistent_cache
 
         enable_persistent_cache(jax, request["cache"])
     try:
-        spec = load_spec(request["spec"], request.get("shown"))
+        spec = _spec_for(request)
         cases = select_cases(spec, request["suite"], request.get("select"))
     except SelectionError as exc:
         channel.send(event="spec_error", message=f"invalid case request: {exc}")
-        return
+        return None
     except SpecError as exc:
         channel.send(event="spec_error", message=str(exc))
-        return
+        return None
     from nearmiss.engine.hidden import HIDDEN_SUITE, describe, domains
 
     # A certifying check adds the hidden cases; a fixer's run never sees them.
@@ -176,11 +205,10 @@ def prepare(channel: Channel, request: dict) -> None:
     )
     if request.get("describe_only"):
         channel.send(event="done")
-        return
+        return None
     if request.get("controls_only"):  # the suite's answer was kept (``truth_cache``): only the
         channel.send(event="done")  # controls are asked of this child, drawn from their keys
-        control_round(channel, request, spec, parameter_names(spec), cases)
-        return
+        return control_round(channel, request, spec, parameter_names(spec), cases)
     workdir = Path(request["workdir"])
     integrity = bool(request.get("integrity"))
     parameters = parameter_names(spec)  # the signature once; a case may have fewer inputs
@@ -199,7 +227,7 @@ def prepare(channel: Channel, request: dict) -> None:
                 event="spec_error",
                 message=f"make_inputs raised on {label}: {type(exc).__name__}: {exc}",
             )
-            return
+            return None
         arrays = arrays_or_none(jax, np, inputs) if isinstance(inputs, tuple | list) else None
         if arrays is None:
             channel.send(
@@ -207,7 +235,7 @@ def prepare(channel: Channel, request: dict) -> None:
                 message=f"make_inputs must return a tuple of arrays "
                 f"(got {type(inputs).__name__}) on {label}",
             )
-            return
+            return None
         case_dir, names = _save_inputs(workdir / f"{suite}-{case.name}", parameters, arrays)
         channel.send(
             event="case_inputs",
@@ -235,7 +263,7 @@ def prepare(channel: Channel, request: dict) -> None:
                 message=f"reference raised on {label}: "
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
             )
-            return
+            return None
         leaves, treedef = jax.tree_util.tree_flatten(reference)
         ref_arrays = arrays_or_none(jax, np, leaves)
         if ref_arrays is None or not ref_arrays:
@@ -243,7 +271,7 @@ def prepare(channel: Channel, request: dict) -> None:
                 event="spec_error",
                 message=f"reference returned non-array values on {label}: {treedef}",
             )
-            return
+            return None
         save_arrays(case_dir / "reference.npz", ref_arrays, {"treedef": str(treedef)})
         reference_s = time.perf_counter() - started
         work, probes = None, []
@@ -258,7 +286,7 @@ def prepare(channel: Channel, request: dict) -> None:
                         message=f"make_inputs or reference raised on a fresh draw of {label}: "
                         f"{type(exc).__name__}: {exc}",
                     )
-                    return
+                    return None
         channel.send(
             event="case_ready",
             suite=suite,
@@ -271,7 +299,8 @@ def prepare(channel: Channel, request: dict) -> None:
         )
     channel.send(event="done")
     if request.get("controls"):
-        control_round(channel, request, spec, parameters, cases)
+        return control_round(channel, request, spec, parameters, cases)
+    return None
 
 
 def _unrunnable(channel: Channel, name: str, what: str, exc: Exception) -> None:
@@ -284,14 +313,15 @@ def _unrunnable(channel: Channel, name: str, what: str, exc: Exception) -> None:
     )
 
 
-def control_round(channel: Channel, request: dict, spec, parameters: list[str], suite) -> None:
+def control_round(channel: Channel, request: dict, spec, parameters: list[str], suite) -> dict:
     """The engine's control cases, as many rounds as it asks for (``{"cmd": "controls",
-    "cases": [...]}``; anything else ends the child). Every case gets ``case_inputs`` then
-    ``case_ready`` — or ``case_unrunnable`` at the step the spec could not do — in the order
-    asked, then the round ``done``. ``suite``: the run's (suite, case) pairs, which a nudge
-    (``forensics.reach``) redraws."""
+    "cases": [...]}``; anything else ends them and is returned). Every case gets
+    ``case_inputs`` then ``case_ready`` — or ``case_unrunnable`` at the step the spec could not
+    do — in the order asked, then the round ``done``. ``suite``: the run's (suite, case) pairs,
+    which a nudge (``forensics.reach``) redraws."""
     while (asked := channel.receive()).get("cmd") == "controls":
         control_cases(channel, request, spec, parameters, asked.get("cases", []), suite)
+    return asked
 
 
 def _draw(jax, np, spec, request: dict, item: dict, case, suite) -> tuple[tuple, dict]:
@@ -427,7 +457,11 @@ def main() -> None:
 
         calibrate(channel, request)
     else:
-        prepare(channel, request)
+        # One check's request, then (a kept child) the next checks' of the same spec, until
+        # the engine closes the channel or asks for something else.
+        with contextlib.suppress(ChannelClosed):
+            while request.get("cmd") == "prepare":
+                request = prepare(channel, request) or channel.receive()
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown: nothing is left to flush, and JAX's is slow
 

@@ -239,6 +239,14 @@ class _ReferenceFeed:
             if message["event"] in ("done", "spec_error"):
                 return
 
+    def answered_all(self) -> bool:
+        """Whether the child has said everything it was asked, the last word ``done``: it now
+        waits for the next request."""
+        self.thread.join(timeout=0)
+        return (
+            not self.thread.is_alive() and bool(self.answer) and self.answer[-1]["event"] == "done"
+        )
+
     def next(self, expected: str) -> dict[str, Any]:
         message = self.messages.get()
         if message["event"] == "spec_error":
@@ -1117,9 +1125,16 @@ def run_sandboxed(
         hidden=hidden and suite == "all" and select is None,
     )
     key = truth_cache.entry_key(spec_text, {**asked, "shown": str(spec)}, platform, limits)
-    # A kept answer needs no spec child: a waiting spare is left for the next check.
+    # A kept answer needs no spec child: a waiting spare is left for the next check. Else the
+    # child an earlier check of this spec left with the spec loaded, else a spare.
     kept_before = key is not None and truth_cache.has(key)
-    reference = None if kept_before else spares.take(REFERENCE_MODULE, limits, platform)
+    started_under = spares.key(REFERENCE_MODULE, limits, platform)
+    same_spec = spares.spec_identity(spec_text, spec.name)
+    reference = None
+    if not kept_before:
+        reference = spares.take(REFERENCE_MODULE, limits, platform, same_spec) or spares.take(
+            REFERENCE_MODULE, limits, platform
+        )
     workdir = spares.root(reference) if reference is not None else scratch_dir(REFERENCE_PREFIX)
     snapshot = workdir / "candidate" / candidate.name
     shown, candidate = candidate, snapshot
@@ -1131,6 +1146,7 @@ def run_sandboxed(
     if show_at is not None:  # the user's folder, where a checkout's candidate really lives
         runner.shows_code_at = show_at
     feed: _ReferenceFeed | None = None
+    finished = False  # every answer in: the spec's child may be kept (``spares.keep_spec``)
     spares.check_began()
     try:
         snapshot.parent.mkdir()
@@ -1277,6 +1293,7 @@ def run_sandboxed(
             if round_key is not None:
                 feed.thread.join(timeout=30)  # "done" follows the round's last case at once
                 truth_cache.keep(round_key, feed.answer, workdir / "cases")
+        finished = True
         return run
     finally:
         runner.stop()
@@ -1285,7 +1302,15 @@ def run_sandboxed(
             if stage.thread is not None:
                 stage.thread.join(timeout=60)
             stage.release()
-        if feed is not None:
+        keeps_spec = (
+            finished
+            and feed is not None
+            and feed.child is not None
+            and feed.child is reference
+            and feed.answered_all()
+            and spares.keep_spec(reference, started_under, platform, same_spec)
+        )
+        if feed is not None and not keeps_spec:
             # The reference child may still be working (an early return or a usage error). Kill
             # it and let the feed thread see the end of its pipe *before* the pipe is closed:
             # a thread left reading a closed descriptor would read whatever reuses the number.
@@ -1293,10 +1318,11 @@ def run_sandboxed(
                 feed.child.kill()
             feed.thread.join(timeout=30)
             reference = feed.child or reference  # a dead spare replaced; or a child for controls
-        if reference is not None:
+        if reference is not None and not keeps_spec:
             reference.kill()
             reference.close()
-        remove_tree(workdir)
+        if not keeps_spec:
+            remove_tree(workdir)
         spares.refill_after(limits, platform)  # for the next check, if cores are free
 
 

@@ -22,9 +22,9 @@ check). So a check that ends refills only when the checks still running in this 
 check's worth of cores free (``refill_after``): always on a worker with cores to spare, on two
 cores only when no other check runs (a single repair, whose fix step the imports overlap).
 
-Isolation is what it was for the children that hold a candidate's or a spec's code: one of each
-per check, the same sandbox, limits and namespaces, each closed (and its home removed) when its
-check ends; a spare is only started earlier.
+Isolation is what it was for the child that holds a candidate's code: one per check, the same
+sandbox, limits and namespaces, closed (and its home removed) when its check ends; a spare is
+only started earlier. The spec's child is kept for the next check of the same spec (below).
 
 The executor that runs a check's artifacts is kept for the next check on a CPU instead
 (``give_back``): it never imports a candidate; it runs only exported artifacts that passed the
@@ -43,17 +43,37 @@ A kept executor is retired once its log passes ``MAX_KEPT_LOG_BYTES``. One that 
 it waits costs the next check a fresh start, never a finding (``session._Executor``). This
 saves a check the runs' executor's JAX start-up.
 
+The spec's child of a check that ended cleanly (its every answer given, the last ``done``) is
+kept too, on a CPU, for the next check of the same spec (``keep_spec``: the same bytes under the
+same file name, the same limits and inherited variables): a repair, a fleet's kernels of one
+operator and a test session check one spec again and again, each time on a new seed. It never
+sees a candidate: it reads the spec and the engine's requests, and writes inputs and
+references, which the engine reads (a candidate's influence on it is which control cases the
+engine asks for, within the spec's domain, as in a fresh child). What it keeps is the spec's
+module and JAX's compiled operations, which is the saving: its JAX start-up, the spec's import,
+and the compiles of every operation the reference runs eagerly on shapes it has seen (measured:
+1.5 to 2.5 CPU-seconds of a golden's check, most of what its spec's child costs). The spec is
+the user's trusted code, but fallible: a spec that keeps state between calls (a counter, a
+cache that changes its answers) could answer a kept child's later check differently from a
+fresh child, which the spec contract already rules out (``make_inputs`` and ``reference`` are
+functions of the case, the key and the inputs). Its ``cases/`` folder is emptied between
+checks, everything else of the check's work directory removed. It is retired after
+``MAX_SPEC_CHECKS`` checks, or once its resident memory passes ``MAX_SPEC_MEMORY_SHARE`` of its
+limit, so its caches can never make a later check's spec fail a limit a fresh child would have
+kept to. At most ``MAX_KEPT_SPECS`` wait in a process (the least recently kept goes first).
+
 Off unless ``enable()`` is called or ``kept()`` entered (workers: ``nearmiss worker`` and the
 worker a ``repair``/``fleet``/``demo`` command runs for itself; the benchmark): a one-shot
-``nearmiss check`` would only start children nobody uses. ``keep_executors()`` keeps the
-executors between checks without starting spares (a process that runs many checks in a row and
-leaves the cores to them, as a test session does).
+``nearmiss check`` would only start children nobody uses. ``keep_warm()`` keeps the executors
+and spec's children between checks without starting spares (a process that runs many checks in
+a row and leaves the cores to them, as a test session does).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import os
 import threading
 from pathlib import Path
@@ -61,7 +81,7 @@ from pathlib import Path
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.runner.compile_cache import reference_cache_dir
 from nearmiss.engine.runner.environment import UNSAFE_ENV, child_environment
-from nearmiss.engine.runner.sandbox import ChildFailure, Limits, SandboxChild
+from nearmiss.engine.runner.sandbox import ChildFailure, Limits, SandboxChild, resident_mb
 from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 from nearmiss.engine.runner.spec_sandbox import REFERENCE_MODULE, REFERENCE_PREFIX, start_spec_child
 
@@ -77,6 +97,10 @@ PREFIX = {EXECUTOR_MODULE: EXECUTOR_PREFIX, CANDIDATE_MODULE: CANDIDATE_PREFIX}
 # A kept executor's log (its stderr, the engine reads the tail) grows with every check it serves:
 # past this it is retired rather than kept.
 MAX_KEPT_LOG_BYTES = 16 * 1024**2
+# Kept spec's children (``keep_spec``): how many wait in a process, how many checks each serves.
+MAX_KEPT_SPECS = 4
+MAX_SPEC_CHECKS = 64
+MAX_SPEC_MEMORY_SHARE = 0.5  # of its memory limit, resident, past which it is not kept
 
 # About how many cores one check keeps busy: the spec's child and the candidate's side by side.
 CORES_PER_CHECK = 2
@@ -84,7 +108,9 @@ CORES_PER_CHECK = 2
 _lock = threading.Lock()
 _spares: dict[tuple, list[SandboxChild]] = {}
 _enabled = False
-_keep_executors = False  # executors given back after a check even with spares off
+_keep_warm = False  # executors and spec's children kept after a check even with spares off
+_spec_checks: dict[int, int] = {}  # a kept spec's child's pid -> the checks it has served
+_kept_specs: list[SandboxChild] = []  # kept spec's children waiting, least recently kept first
 _running = 0  # checks in flight in this process (between check_began and refill_after)
 
 
@@ -97,13 +123,14 @@ def enable() -> None:
             atexit.register(close_all)
 
 
-def keep_executors() -> None:
-    """Keep healthy CPU executors between checks in this process (closed at exit)."""
-    global _keep_executors
+def keep_warm() -> None:
+    """Keep healthy CPU executors and spec's children between checks in this process (closed
+    at exit)."""
+    global _keep_warm
     with _lock:
-        if not _keep_executors and not _enabled:
+        if not _keep_warm and not _enabled:
             atexit.register(close_all)
-        _keep_executors = True
+        _keep_warm = True
 
 
 def disable() -> None:
@@ -155,14 +182,22 @@ def root(child: SandboxChild) -> Path:
     return child.home.parent if child.module == REFERENCE_MODULE else child.home
 
 
-def take(module: str, limits: Limits, platform: str) -> SandboxChild | None:
+def spec_identity(text: bytes | None, name: str) -> tuple:
+    """What a kept spec's child is kept for (``keep_spec``): its spec's bytes and file name;
+    () for a spec that could not be read (never kept)."""
+    return () if text is None else (hashlib.sha256(text).hexdigest(), name)
+
+
+def take(module: str, limits: Limits, platform: str, spec: tuple = ()) -> SandboxChild | None:
     """A started child of ``module`` for these limits, handed out once; None when there is
-    none."""
+    none. ``spec`` (``spec_identity``): a spec's child kept with that spec loaded."""
     found, dead = None, []
     with _lock:
-        waiting = _spares.get(key(module, limits, platform), [])
+        waiting = _spares.get(key(module, limits, platform) + spec, [])
         while waiting and found is None:
             child = waiting.pop(0)
+            if child in _kept_specs:
+                _kept_specs.remove(child)
             alive = child.process is not None and child.process.poll() is None
             if alive:
                 found = child
@@ -179,7 +214,7 @@ def give_back(child: SandboxChild, started_under: tuple, platform: str) -> bool:
     its home emptied, its log read from here on, asked to ``reset``. False where it is not kept
     (the caller closes it): not kept in this process, not a CPU, dead, its starting thread gone,
     a limit breached, its log grown past ``MAX_KEPT_LOG_BYTES``, or enough waiting."""
-    if child.module != EXECUTOR_MODULE or platform != "cpu" or not (_enabled or _keep_executors):
+    if child.module != EXECUTOR_MODULE or platform != "cpu" or not (_enabled or _keep_warm):
         return False
     if child.process is None or child.process.poll() is not None:
         return False
@@ -200,9 +235,64 @@ def give_back(child: SandboxChild, started_under: tuple, platform: str) -> bool:
         return False
     with _lock:
         waiting = _spares.setdefault(started_under, [])
-        if not (_enabled or _keep_executors) or len(waiting) >= DEPTH[EXECUTOR_MODULE]:
+        if not (_enabled or _keep_warm) or len(waiting) >= DEPTH[EXECUTOR_MODULE]:
             return False
         waiting.append(child)
+    return True
+
+
+def keep_spec(child: SandboxChild, started_under: tuple, platform: str, spec: tuple) -> bool:
+    """Keep the spec's child of a check that ended cleanly for the next check of the same
+    ``spec`` (``spec_identity``; see the module's docstring for why that is safe): its work
+    directory emptied but for the spec and its home, its log read from here on. False where it
+    is not kept (the caller closes it and removes its work directory): not kept in this process,
+    not a CPU, an unreadable spec, dead, its starting thread gone, a limit breached or half its
+    memory used, its log grown past ``MAX_KEPT_LOG_BYTES``, its checks served."""
+    if child.module != REFERENCE_MODULE or platform != "cpu" or not spec:
+        return False
+    if not (_enabled or _keep_warm) or child.process is None or child.process.poll() is not None:
+        return False
+    pid = child.process.pid
+    served = _spec_checks.get(pid, 0) + 1
+    if served >= MAX_SPEC_CHECKS or not child.started_by.is_alive():
+        return False
+    if child.group is not None and child.group.breaches():
+        return False
+    if (
+        resident_mb(pid) > child.limits.memory_mb * MAX_SPEC_MEMORY_SHARE
+        or child.log_size() > MAX_KEPT_LOG_BYTES
+    ):
+        return False
+    workdir = root(child)
+    try:
+        for entry in list(workdir.iterdir()):
+            if entry.name == "cases":  # bound into the child: emptied, never replaced
+                for case in list(entry.iterdir()):
+                    remove_tree(case)
+            elif entry.name not in ("spec", "home"):
+                remove_tree(entry)
+        if any((workdir / "cases").iterdir()):
+            return False
+    except OSError:
+        return False
+    child.forget_log()
+    where = started_under + spec
+    evicted = []
+    with _lock:
+        waiting = _spares.setdefault(where, [])
+        if not (_enabled or _keep_warm) or len(waiting) >= DEPTH[REFERENCE_MODULE] + 1:
+            return False
+        waiting.append(child)
+        _spec_checks[pid] = served
+        _kept_specs.append(child)
+        while len(_kept_specs) > MAX_KEPT_SPECS:
+            oldest = _kept_specs.pop(0)
+            for children in _spares.values():
+                if oldest in children:
+                    children.remove(oldest)
+            evicted.append(oldest)
+    for old in evicted:
+        _discard(old)
     return True
 
 
@@ -214,8 +304,13 @@ def refill(limits: Limits, platform: str) -> None:
         return
     with _lock:
         for module, depth in DEPTH.items():
-            waiting = _spares.setdefault(key(module, limits, platform), [])
-            while len(waiting) < depth:
+            base = key(module, limits, platform)
+            waiting = _spares.setdefault(base, [])
+            # A spec's child kept with its spec loaded stands for the spare (``keep_spec``).
+            kept = sum(
+                len(c) for k, c in _spares.items() if len(k) > len(base) and k[: len(base)] == base
+            )
+            while len(waiting) + kept < depth:
                 try:
                     waiting.append(_start(module, limits, platform))
                 except (UsageError, OSError):
@@ -263,10 +358,13 @@ def close_all() -> None:
     with _lock:
         children = [child for waiting in _spares.values() for child in waiting]
         _spares.clear()
+        _kept_specs.clear()
     for child in children:
         _discard(child)
 
 
 def _discard(child: SandboxChild) -> None:
+    if child.process is not None:
+        _spec_checks.pop(child.process.pid, None)
     child.close()
     remove_tree(root(child))
