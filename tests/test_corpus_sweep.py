@@ -22,7 +22,11 @@ OPERATORS = operators()
 INTEGRITY = integrity_cases()
 
 
-@pytest.mark.parametrize("op", OPERATORS, ids=lambda op: op.name)
+# Each operator's golden in its xdist group, with its variants' tests (``test_playbook``): one
+# test process checks them one after another, on the spec's child the first check kept.
+@pytest.mark.parametrize(
+    "op", [pytest.param(op, id=op.name, marks=pytest.mark.xdist_group(op.name)) for op in OPERATORS]
+)
 def test_golden_certifies(op):
     # On the CPU interpret target and on TPU v5e: compiled by Mosaic (libtpu, compile-only),
     # its grid read for TPU semantics, its cases run again under TPU interpret mode.

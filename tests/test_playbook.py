@@ -1794,9 +1794,17 @@ async def sweep_variant(op, variant, workdir: Path) -> tuple[bool, list[str], Ch
     return report.certified, steps, report
 
 
-@pytest.mark.parametrize(
-    ("op", "variant"), REPRESENTATIVES, ids=[variant_id(op, v) for op, v in REPRESENTATIVES]
-)
+def by_operator(pairs: list) -> list:
+    """Each (op, variant) as a parameter in its operator's xdist group: one test process
+    checks an operator's kernels one after another, on the spec's child the first check kept
+    (``runner.spares.keep_spec``), as ``test_corpus_sweep`` groups its goldens."""
+    return [
+        pytest.param(op, v, id=variant_id(op, v), marks=pytest.mark.xdist_group(op.name))
+        for op, v in pairs
+    ]
+
+
+@pytest.mark.parametrize(("op", "variant"), by_operator(REPRESENTATIVES))
 async def test_playbook_over_the_corpus(op, variant, tmp_path: Path, record_property):
     certified, steps, report = await sweep_variant(op, variant, tmp_path)
     name = variant_id(op, variant)
@@ -1812,9 +1820,7 @@ async def test_playbook_over_the_corpus(op, variant, tmp_path: Path, record_prop
 DIAGNOSED_ONLY = [ov for ov in VARIANTS if ov not in REPRESENTATIVES]
 
 
-@pytest.mark.parametrize(
-    ("op", "variant"), DIAGNOSED_ONLY, ids=[variant_id(op, v) for op, v in DIAGNOSED_ONLY]
-)
+@pytest.mark.parametrize(("op", "variant"), by_operator(DIAGNOSED_ONLY))
 def test_corpus_variant_fails_with_its_label(op, variant):
     # The corpus sweep of verdicts for the variants the suite does not repair: one check each.
     diagnose_variant(op, variant)
