@@ -44,10 +44,12 @@ test-fast: setup
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n 2 -m "not end_to_end" $(FAST_TESTS)
 
-# Capability counts the suite leaves out (it keeps one corpus variant per bug family and target):
-# the zero-token playbook over every corpus variant, repaired against expected.
+# Capability counts the suite leaves out (it keeps one corpus variant per bug family and target,
+# a planted case per class and kind of lead): the zero-token playbook over every corpus variant,
+# repaired against expected, and over every planted set, each diagnosis against its pins.
 bench: setup
 	$(BIN)/python benchmarks/playbook_corpus.py
+	$(BIN)/python benchmarks/held_out.py --sets all --fixers playbook
 
 lint: setup
 	$(BIN)/ruff check .

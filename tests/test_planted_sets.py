@@ -21,7 +21,7 @@ import test_playbook_holdout10
 import test_playbook_holdout11
 import test_playbook_holdout12
 import test_playbook_unseen
-from test_playbook_shipped import HELD_OUT, SEED, SUITE, PlantedSet
+from test_playbook_shipped import HELD_OUT, SEED, SUITE, PlantedSet, lead_kind
 from test_shipped_kernels import SPECS, installed_source
 
 from nearmiss.engine.check import check
@@ -57,6 +57,21 @@ def test_each_set_is_varied_and_its_expectations_are_about_its_own_cases(group):
     assert set(planted.expected_class) == set(planted.cases)
     assert set(planted.cases) >= planted.expected_certified
     assert set(planted.expected_lead) <= set(planted.cases)
+
+
+@pytest.mark.parametrize("group", sorted(PLANTED))
+def test_the_suite_runs_a_case_of_each_class_and_kind_of_lead_of_a_set(group):
+    """The suite's cases of a set (``PlantedSet.in_the_suite``; the benchmark runs them all):
+    every class its diagnoses give, every kind of lead it pins, a repair where it has any."""
+    planted = PLANTED[group]
+    chosen = planted.in_the_suite()
+    assert {planted.expected_class[n] for n in chosen} == set(planted.expected_class.values())
+    kinds = {lead_kind(lead) for lead in planted.expected_lead.values()}
+    assert {
+        lead_kind(planted.expected_lead[n]) for n in chosen if n in planted.expected_lead
+    } == kinds
+    assert bool(set(chosen) & planted.expected_certified) == bool(planted.expected_certified)
+    assert len(chosen) < len(planted.cases) or len(kinds) + 1 >= len(planted.cases)
 
 
 def test_no_two_sets_plant_the_same_site_or_share_a_name():

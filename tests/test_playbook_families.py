@@ -288,6 +288,6 @@ def test_the_family_set_covers_the_corpus_families():
     assert len(set(FAMILY.values())) >= 8
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("name", SET.in_the_suite())
 async def test_playbook_on_a_family_kernel(name, tmp_path: Path, record_property):
     await assert_playbook_outcome(SET, name, tmp_path, record_property)

@@ -170,6 +170,6 @@ EXPECTED_CERTIFIED = set(FRESH) - {"gpu_attention_causal_bound_off_by_one"}
 SET = PlantedSet(FRESH, EXPECTED_CLASS, EXPECTED_CERTIFIED, min_modules=4)
 
 
-@pytest.mark.parametrize("name", sorted(FRESH))
+@pytest.mark.parametrize("name", SET.in_the_suite())
 async def test_playbook_on_a_fresh_kernel(name, tmp_path: Path, record_property):
     await assert_playbook_outcome(SET, name, tmp_path, record_property)

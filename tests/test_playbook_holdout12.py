@@ -376,6 +376,6 @@ SET = PlantedSet(
 )
 
 
-@pytest.mark.parametrize("name", sorted(HOLDOUT12))
+@pytest.mark.parametrize("name", SET.in_the_suite())
 async def test_playbook_on_a_twelfth_held_out_kernel(name, tmp_path: Path, record_property):
     await assert_playbook_outcome(SET, name, tmp_path, record_property)

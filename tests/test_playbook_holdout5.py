@@ -201,6 +201,6 @@ EXPECTED_CERTIFIED = {"matmul_out_index_map_transposed", "rms_norm_x_load_bf16"}
 SET = PlantedSet(HOLDOUT5, EXPECTED_CLASS, EXPECTED_CERTIFIED, min_modules=5)
 
 
-@pytest.mark.parametrize("name", sorted(HOLDOUT5))
+@pytest.mark.parametrize("name", SET.in_the_suite())
 async def test_playbook_on_a_fifth_held_out_kernel(name, tmp_path: Path, record_property):
     await assert_playbook_outcome(SET, name, tmp_path, record_property)

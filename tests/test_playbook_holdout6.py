@@ -237,6 +237,6 @@ EXPECTED_LEAD = {
 SET = PlantedSet(HOLDOUT6, EXPECTED_CLASS, EXPECTED_CERTIFIED, EXPECTED_LEAD, min_modules=6)
 
 
-@pytest.mark.parametrize("name", sorted(HOLDOUT6))
+@pytest.mark.parametrize("name", SET.in_the_suite())
 async def test_playbook_on_a_sixth_held_out_kernel(name, tmp_path: Path, record_property):
     await assert_playbook_outcome(SET, name, tmp_path, record_property)

@@ -205,6 +205,6 @@ EXPECTED_LEAD = {
 SET = PlantedSet(HOLDOUT9, EXPECTED_CLASS, EXPECTED_CERTIFIED, EXPECTED_LEAD, min_modules=6)
 
 
-@pytest.mark.parametrize("name", sorted(HOLDOUT9))
+@pytest.mark.parametrize("name", SET.in_the_suite())
 async def test_playbook_on_a_ninth_held_out_kernel(name, tmp_path: Path, record_property):
     await assert_playbook_outcome(SET, name, tmp_path, record_property)

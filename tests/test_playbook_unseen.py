@@ -168,6 +168,6 @@ EXPECTED_LEAD = {
 SET = PlantedSet(UNSEEN, EXPECTED_CLASS, EXPECTED_CERTIFIED, EXPECTED_LEAD, min_modules=4)
 
 
-@pytest.mark.parametrize("name", sorted(UNSEEN))
+@pytest.mark.parametrize("name", SET.in_the_suite())
 async def test_playbook_on_an_unseen_kernel(name, tmp_path: Path, record_property):
     await assert_playbook_outcome(SET, name, tmp_path, record_property)
