@@ -172,11 +172,21 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(pytest.mark.corpus)
 
 
+def kept_children() -> set[int]:
+    """The processes of children the engine keeps waiting for the next check on purpose
+    (``runner.spares``: executors, spec's children; never one that held a candidate)."""
+    from nearmiss.engine.runner.sandbox import _process_tree
+
+    return {p for pid in spares.waiting_pids() for p in _process_tree(pid)}
+
+
 def processes_under(folder: Path) -> list[int]:
-    """PIDs whose working directory lies under ``folder``."""
+    """PIDs whose working directory lies under ``folder``, but for the children the engine
+    keeps waiting (``kept_children``)."""
     found = []
+    kept = kept_children()
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
+        if entry.isdigit() and int(entry) not in kept:
             try:
                 if os.readlink(f"/proc/{entry}/cwd").startswith(str(folder)):
                     found.append(int(entry))
