@@ -1,5 +1,8 @@
 """The tool-using fix agent: scripted tool-call conversations through the real openai client,
-real Temporal, real PostgreSQL, and real sandboxed experiments on corpus kernels."""
+real Temporal, real PostgreSQL, and real sandboxed experiments — on corpus kernels where the
+experiment's answer is the point (a carry, an accumulator), else on the tiny kernel of
+``tests/tiny/double_rows``: its floor-divided grid fails the session's first check, so the
+session goes straight to the round whose tools the test is about."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from workflows.loop import Guards
 from workflows.repair import RepairWorkflow
 
 CUMSUM = OPS / "cumsum_rows"
-SOFTMAX = OPS / "softmax_rows"
+TINY = ROOT / "tests" / "tiny" / "double_rows"
 CARRY_PROBE = (ROOT / "tests" / "probes" / "cumsum_carry.py").read_text()
 # The carry each (row block, column block) step should start from: the row totals so far.
 CARRY_REFERENCE = "jnp.pad(jnp.cumsum(x, axis=1)[:, 127:-1:128], ((0, 0), (1, 0)))"
@@ -75,7 +78,7 @@ async def test_experiments_locate_a_carry_reset_on_the_wrong_axis_and_the_fix_ce
             client,
             seeded_store,
             fake,
-            CUMSUM / "spec.py",
+            ROOT / "tests" / "tiny" / "cumsum_rows" / "spec.py",
             CUMSUM / "variants" / "reset_once.py",
         )
         requests = fake.requests
@@ -145,7 +148,7 @@ async def test_a_probe_that_breaks_the_integrity_rules_is_refused(client, seeded
             answer(f"Round the grid up.\n{CEIL_GRID}"),
         )
         result, events, *_ = await run_session(
-            client, seeded_store, fake, SOFTMAX / "spec.py", SOFTMAX / "variants" / "floor_grid.py"
+            client, seeded_store, fake, TINY / "spec.py", TINY / "variants" / "floor_grid.py"
         )
         refused = tool_messages(fake.requests[1])[0]
     assert "forbidden_import" in refused
@@ -162,7 +165,7 @@ async def test_a_malformed_tool_call_is_answered_with_an_error_not_a_crash(clien
             answer(f"Round the grid up.\n{CEIL_GRID}"),
         )
         result, events, *_ = await run_session(
-            client, seeded_store, fake, SOFTMAX / "spec.py", SOFTMAX / "variants" / "floor_grid.py"
+            client, seeded_store, fake, TINY / "spec.py", TINY / "variants" / "floor_grid.py"
         )
         second, third = fake.requests[1], fake.requests[2]
     assert result.certified and result.rounds == 1
@@ -187,8 +190,8 @@ async def test_the_per_round_tool_limit_stops_a_looping_model(client, seeded_sto
             client,
             seeded_store,
             fake,
-            SOFTMAX / "spec.py",
-            SOFTMAX / "variants" / "floor_grid.py",
+            TINY / "spec.py",
+            TINY / "variants" / "floor_grid.py",
             guards=Guards(max_rounds=1, max_tool_calls_per_round=2),
         )
         requests = fake.requests
@@ -213,7 +216,7 @@ async def test_an_endpoint_without_tool_calling_gets_the_text_protocol(client, s
             answer(f"Round the grid up.\n{CEIL_GRID}"),
         )
         result, events, *_ = await run_session(
-            client, seeded_store, fake, SOFTMAX / "spec.py", SOFTMAX / "variants" / "floor_grid.py"
+            client, seeded_store, fake, TINY / "spec.py", TINY / "variants" / "floor_grid.py"
         )
         requests = fake.requests
     assert result.certified
@@ -246,8 +249,8 @@ async def test_tool_calls_survive_a_worker_restart_mid_round(
             handle = await start_session(
                 client,
                 store,
-                SOFTMAX / "spec.py",
-                SOFTMAX / "variants" / "floor_grid.py",
+                TINY / "spec.py",
+                TINY / "variants" / "floor_grid.py",
                 MODEL,
                 Guards(),
             )

@@ -1,0 +1,24 @@
+"""Bug (TPU): one row per grid step. Right in interpret mode, but a TPU block's second-to-last
+dim must be a multiple of 8 or the array's whole dim: a (1, C) block is refused by the TPU
+compiler."""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BLOCK_R = 1  # one row per program
+
+
+def _double_body(x_ref, o_ref):
+    o_ref[...] = (x_ref[...].astype(jnp.float32) * 2.0).astype(o_ref.dtype)
+
+
+def kernel(x):
+    rows, cols = x.shape
+    return pl.pallas_call(
+        _double_body,
+        grid=(pl.cdiv(rows, BLOCK_R),),
+        in_specs=[pl.BlockSpec((BLOCK_R, cols), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((BLOCK_R, cols), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x)
