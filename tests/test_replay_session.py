@@ -1,6 +1,8 @@
 """`nearmiss replay`: a recorded model session replays deterministically, re-runs on today's JAX
 with its recorded answers at zero tokens, and its timeline is rendered. Real Temporal, real
-PostgreSQL, the openai client against the fake server for the recording."""
+PostgreSQL, the openai client against the fake server for the recording. The sessions repair
+the tiny kernel of ``tests/tiny/double_rows``: a replay is about a session's steps, not its
+kernel."""
 
 from __future__ import annotations
 
@@ -10,31 +12,28 @@ import os
 from fake_openai import FakeOpenAI, answer
 from sessions import full_file, run_session
 
-from conftest import OPS, run_cli
+from conftest import OPS, ROOT, run_cli
 from nearmiss.client.replay import check_determinism, compare, rerun
 from nearmiss.client.service import build_worker, start_session
 from workflows.loop import Guards
-from workflows.models import FixRequest, FixResult
+from workflows.models import FixRequest, FixResult, RepairResult
 
-SOFTMAX = OPS / "softmax_rows"
+TINY = ROOT / "tests" / "tiny" / "double_rows"
+GOLDEN = (TINY / "golden.py").read_text()
+# Round 1 keys the grid on the compact case's 12 rows: it passes validation and fails
+# certification (the extended case's 24 rows), so round 2 is asked for another answer.
+KEYED_GRID = GOLDEN.replace("grid=(pl.cdiv(rows, BLOCK_R),)", "grid=(2,)")
+assert KEYED_GRID != GOLDEN
 
 
 async def record_two_round_session(client, store):
     with FakeOpenAI() as fake:
         fake.script(
-            answer(
-                full_file((SOFTMAX / "variants" / "no_max_subtraction.py").read_text()),
-                prompt_tokens=1000,
-                completion_tokens=200,
-            ),
-            answer(
-                full_file((SOFTMAX / "golden.py").read_text()),
-                prompt_tokens=1100,
-                completion_tokens=150,
-            ),
+            answer(full_file(KEYED_GRID), prompt_tokens=1000, completion_tokens=200),
+            answer(full_file(GOLDEN), prompt_tokens=1100, completion_tokens=150),
         )
         result, *_ = await run_session(
-            client, store, fake, SOFTMAX / "spec.py", SOFTMAX / "variants" / "floor_grid.py"
+            client, store, fake, TINY / "spec.py", TINY / "variants" / "floor_grid.py"
         )
     assert result.certified and result.rounds == 2 and result.tokens.total == 2450
     return result.session_id
@@ -43,27 +42,12 @@ async def record_two_round_session(client, store):
 async def test_a_recorded_session_replays_and_reruns_without_tokens(
     client, seeded_store, temporal_address, postgres_dsn
 ):
+    """The re-run is the one `nearmiss replay` starts (``rerun``, served by the command's own
+    worker), checked here as well as in the command's output."""
     store = seeded_store
     session = await record_two_round_session(client, store)
-    async with build_worker(client, store, fail_workflows_on_error=True):
-        determinism = await check_determinism(client, session)
-        handle = await rerun(client, store, session)
-        again = await handle.result()
-        comparison = await compare(store, session, handle.id)
+    determinism = await check_determinism(client, session)
     assert determinism.ok and determinism.history_events > 10, determinism.detail
-    assert again.certified and again.rounds == 2 and again.tokens.total == 0
-    assert comparison.same_behaviour, comparison.changes
-    phases = [old.phase for old, _ in comparison.steps]
-    assert phases[0] == "forensics" and phases[-1] == "certify" and "validate" in phases
-    assert all(old.candidate_hash == new.candidate_hash for old, new in comparison.steps)
-    # The re-run reused the recorded answers: its fixes name the recording, and it taught the
-    # knowledge base nothing (no session learns twice from one recording).
-    fixes = [e.payload for e in await store.read_stream(handle.id) if e.type == "FixProposed"]
-    assert [f["model"] for f in fixes] == [f"replay:{session}"] * 2
-    learned = await store.recent_of_type("KnowledgeAdded") + await store.recent_of_type(
-        "KnowledgeConfirmed"
-    )
-    assert handle.id not in {e.payload.get("session_id") for e in learned}
 
     env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
     ran = run_cli("replay", session, "--json", env=env)
@@ -74,6 +58,24 @@ async def test_a_recorded_session_replays_and_reruns_without_tokens(
     events = [row["event"] for row in out["timeline"]]
     assert events[0] == "RepairStarted" and events[-1] == "RepairFinished"
     assert events.count("FixProposed") == 2 and "KnowledgeRetrieved" in events
+
+    rerun_id = out["rerun"]["session_id"]
+    again = await client.get_workflow_handle(rerun_id, result_type=RepairResult).result()
+    comparison = await compare(store, session, rerun_id)
+    assert again.certified and again.rounds == 2 and again.tokens.total == 0
+    assert comparison.same_behaviour, comparison.changes
+    phases = [old.phase for old, _ in comparison.steps]
+    assert phases[0] == "forensics" and phases[-1] == "certify" and "validate" in phases
+    assert all(old.candidate_hash == new.candidate_hash for old, new in comparison.steps)
+    # The re-run reused the recorded answers: its fixes name the recording, and it taught the
+    # knowledge base nothing (no session learns twice from one recording).
+    fixes = [e.payload for e in await store.read_stream(rerun_id) if e.type == "FixProposed"]
+    assert [f["model"] for f in fixes] == [f"replay:{session}"] * 2
+    learned = await store.recent_of_type("KnowledgeAdded") + await store.recent_of_type(
+        "KnowledgeConfirmed"
+    )
+    assert rerun_id not in {e.payload.get("session_id") for e in learned}
+
     text = run_cli("replay", session, "--no-rerun", env=env)
     assert text.returncode == 0 and "determinism check: ok" in text.stdout
     missing = run_cli("replay", "repair-nope", env=env)
@@ -81,16 +83,12 @@ async def test_a_recorded_session_replays_and_reruns_without_tokens(
 
 
 async def test_a_change_in_behaviour_is_named(client, seeded_store):
-    # Control: comparing two sessions that behave differently must report the differences.
+    # Control: comparing two sessions that behave differently must report the differences. The
+    # certified one is a kernel right from the start (its checks, no fix); the other is stuck.
     store = seeded_store
     async with build_worker(client, store, fail_workflows_on_error=True):
         certified = await start_session(
-            client,
-            store,
-            OPS / "matmul" / "spec.py",
-            OPS / "matmul" / "variants" / "missing_init.py",
-            "playbook",
-            Guards(),
+            client, store, TINY / "spec.py", TINY / "golden.py", "playbook", Guards()
         )
         stuck = await start_session(
             client,
@@ -122,8 +120,7 @@ class SpentSearch:
         if request.skip < 10:
             spent = f"search: screened 5 edits after {request.skip} (more were left)"
             return FixResult(model="search", reason=spent, resume_at=request.skip + 5)
-        golden = (SOFTMAX / "golden.py").read_text()
-        return FixResult(model="search", source=golden, summary="mutant:found", reason="found")
+        return FixResult(model="search", source=GOLDEN, summary="mutant:found", reason="found")
 
 
 async def test_a_search_goes_on_across_rounds_through_the_workflow_and_replays(client, store):
@@ -136,8 +133,8 @@ async def test_a_search_goes_on_across_rounds_through_the_workflow_and_replays(c
         handle = await start_session(
             client,
             store,
-            SOFTMAX / "spec.py",
-            SOFTMAX / "variants" / "floor_grid.py",
+            TINY / "spec.py",
+            TINY / "variants" / "floor_grid.py",
             "search",
             Guards(),
         )
