@@ -29,7 +29,7 @@ from nearmiss.engine.errors import UsageError
 from workflows.fleet import FleetWorkflow
 from workflows.loop import Guards
 
-# Quick playbook sessions: one certifies in one round, the other stops with no recipe.
+# Playbook sessions, each certified in one round or stopped with no recipe.
 MATMUL = MemberFile(
     "matmul/missing_init", OPS / "matmul" / "spec.py", OPS / "matmul/variants/missing_init.py"
 )
@@ -42,6 +42,16 @@ LAYER_NORM = MemberFile(
     "layer_norm/f32_output",
     OPS / "layer_norm" / "spec.py",
     OPS / "layer_norm/variants/f32_output.py",
+)
+# The fleets that run to the end repair cheap kernels (fleets are about their members' sessions
+# as a whole, not the kernels): the tiny kernel of tests/tiny/double_rows, and an elementwise one.
+TINY = MemberFile(
+    "double_rows/floor_grid",
+    ROOT / "tests/tiny/double_rows/spec.py",
+    ROOT / "tests/tiny/double_rows/variants/floor_grid.py",
+)
+LEAKY_RELU = MemberFile(
+    "leaky_relu/python_if", OPS / "leaky_relu" / "spec.py", OPS / "leaky_relu/variants/python_if.py"
 )
 
 
@@ -100,6 +110,15 @@ def test_a_malformed_manifest_entry_is_named_not_a_traceback(tmp_path, entry, me
     manifest.write_text(json.dumps([GOOD_ENTRY, entry]))
     with pytest.raises(UsageError, match=re.escape(message)):
         discover(manifest)
+
+
+def test_the_fleet_command_names_a_malformed_entry_in_one_line(tmp_path):
+    """The command reads a manifest with ``discover`` and says its UsageError as it is, whichever
+    entry is malformed (the test above pins each message): one entry stands for them all, the
+    one whose value would break the line if it were printed raw."""
+    manifest = tmp_path / "fleet.json"
+    manifest.write_text(json.dumps([GOOD_ENTRY, {**GOOD_ENTRY, "spec": "a\u0000b"}]))
+    message = "entry 2: spec must be a file path (a string), not 'a\\x00b'"
     ran = run_cli("fleet", manifest, env=dict(os.environ, NEARMISS_HOME=str(tmp_path / "home")))
     assert ran.returncode == 2, ran.stderr
     assert ran.stderr.strip().splitlines() == [f"nearmiss: error: {manifest}: {message}"]
@@ -125,7 +144,7 @@ async def test_a_fleet_runs_every_member_under_its_limit_and_continues_as_new(cl
         handle = await start_fleet(
             client,
             store,
-            [MATMUL, GELU, LAYER_NORM],
+            [TINY, GELU, LEAKY_RELU],
             model="playbook",
             guards=Guards(),
             concurrency=2,
@@ -143,9 +162,9 @@ async def test_a_fleet_runs_every_member_under_its_limit_and_continues_as_new(cl
     assert final.runs == 2 and final.finished == 3
     verdicts = {r.name: r.verdict for r in result.results}
     assert verdicts == {
-        "matmul/missing_init": "certified",
+        "double_rows/floor_grid": "certified",
         "gelu_tanh/wrong_constant": "no_fix",
-        "layer_norm/f32_output": "certified",
+        "leaky_relu/python_if": "certified",
     }
     assert result.certified == 2 and result.tokens.total == 0
     events = await store.read_stream(handle.id)
@@ -165,9 +184,9 @@ async def test_cancelling_a_fleet_cancels_its_sessions_and_records_it(client, se
     store = seeded_store
     async with build_worker(client, store, fail_workflows_on_error=True):
         handle = await start_fleet(
-            client, store, [LAYER_NORM, MATMUL], model="playbook", guards=Guards(), concurrency=1
+            client, store, [TINY, LEAKY_RELU], model="playbook", guards=Guards(), concurrency=1
         )
-        first = f"{handle.id}.00000-layer_norm"
+        first = f"{handle.id}.00000-double_rows"
         await wait_for_event(store, first, "EvidenceCollected", timeout_s=120)
         await handle.cancel()
         with pytest.raises(WorkflowFailureError) as failure:
@@ -192,7 +211,7 @@ async def test_a_worker_killed_mid_fleet_is_replaced_and_every_member_ends_once(
             handle = await start_fleet(
                 client,
                 store,
-                [MATMUL, GELU, LAYER_NORM],
+                [TINY, GELU, LEAKY_RELU],
                 model="playbook",
                 guards=Guards(),
                 concurrency=2,
@@ -217,12 +236,12 @@ def test_the_fleet_command_runs_a_manifest_and_lists_it_later(
 ):
     # Two members on one spec, each with its own target: a fleet can mix them.
     manifest = tmp_path / "fleet.json"
-    misaligned = MATMUL.spec.parent / "variants" / "tpu_misaligned_block.py"
+    one_row = TINY.spec.parent / "variants" / "tpu_one_row_block.py"
     manifest.write_text(
         json.dumps(
             [
-                {"spec": str(MATMUL.spec), "candidate": str(MATMUL.candidate)},
-                {"spec": str(MATMUL.spec), "candidate": str(misaligned), "targets": ["tpu-v5e"]},
+                {"spec": str(TINY.spec), "candidate": str(TINY.candidate)},
+                {"spec": str(TINY.spec), "candidate": str(one_row), "targets": ["tpu-v5e"]},
             ]
         )
     )
@@ -232,12 +251,12 @@ def test_the_fleet_command_runs_a_manifest_and_lists_it_later(
     summary = json.loads(ran.stdout)
     assert summary["state"] == "finished" and summary["certified"] == 2
     first, second = summary["results"]
-    assert first["name"] == "matmul/missing_init" and first["targets"] == {"interpret": True}
+    assert first["name"] == "double_rows/floor_grid" and first["targets"] == {"interpret": True}
     # Certified for the chip: the playbook fixed the tiling the TPU compiler refused.
-    assert second["name"] == "matmul/tpu_misaligned_block" and second["rounds"] >= 1
+    assert second["name"] == "double_rows/tpu_one_row_block" and second["rounds"] >= 1
     assert second["targets"] == {"tpu-v5e": True}
     report = tmp_path / "report" / "index.html"
-    assert summary["report"] == str(report) and "missing_init" in report.read_text()
+    assert summary["report"] == str(report) and "floor_grid" in report.read_text()
     listed = run_cli("fleets", "--json", env=env)
     assert [f["fleet_id"] for f in json.loads(listed.stdout)] == [summary["fleet_id"]]
     shown = run_cli("fleets", summary["fleet_id"], env=env)
@@ -249,12 +268,17 @@ def test_the_fleet_command_runs_a_manifest_and_lists_it_later(
     assert bad.returncode == 2 and "not found" in bad.stderr
 
 
-async def test_a_fleet_certifies_the_same_members_in_either_order(client, seeded_store, tmp_path):
+async def test_a_member_a_learned_patch_breaks_is_reverted_and_still_certifies(
+    client, seeded_store, tmp_path
+):
     """Learning mid-fleet never makes a member that certifies on its own end uncertified. The
     floor-grid softmax teaches a patch (``pl.cdiv``) whose changed line also stands in
     ``softmax_two_bugs.py``, which imports pallas under its own name: run after the teacher, the
     patch breaks its build, is reverted and recorded against that kernel, and the playbook then
-    repairs both its bugs — the same certified set as in the other order."""
+    repairs both its bugs: both members certify, as each does on its own. The other order tries
+    the same revert the other way round (a patch learned from the pupil on the teacher), so one
+    order stands for both; ``benchmarks/fleet_order.py`` runs a whole fleet in both orders, each
+    on a fresh stack."""
     store = seeded_store
     spec = OPS / "softmax_rows" / "spec.py"
     teacher = MemberFile(
@@ -266,20 +290,16 @@ async def test_a_fleet_certifies_the_same_members_in_either_order(client, seeded
         + f"# {uuid.uuid4().hex}\n"
     )
     pupil = MemberFile("softmax_two_bugs", spec, pupil_path)
-    certified = {}
     async with build_worker(client, store, fail_workflows_on_error=True):
-        for order in ([teacher, pupil], [pupil, teacher]):
-            handle = await start_fleet(
-                client, store, order, model="playbook", guards=Guards(), concurrency=1
-            )
-            result = await handle.result()
-            certified[order[0].name] = {r.name for r in result.results if r.certified}
-            if order[0] is teacher:
-                session = await store.read_stream(
-                    next(r.session_id for r in result.results if r.name == pupil.name)
-                )
-                fixes = [e.payload for e in session if e.type == "FixProposed"]
-                judged = [e.payload for e in session if e.type == "CandidateValidated"]
-                assert fixes[0]["model"] == "learned-patch", fixes
-                assert judged[0]["outcome"] == "regression_reverted", judged
-    assert certified[teacher.name] == certified[pupil.name] == {teacher.name, pupil.name}
+        handle = await start_fleet(
+            client, store, [teacher, pupil], model="playbook", guards=Guards(), concurrency=1
+        )
+        result = await handle.result()
+    session = await store.read_stream(
+        next(r.session_id for r in result.results if r.name == pupil.name)
+    )
+    fixes = [e.payload for e in session if e.type == "FixProposed"]
+    judged = [e.payload for e in session if e.type == "CandidateValidated"]
+    assert fixes[0]["model"] == "learned-patch", fixes
+    assert judged[0]["outcome"] == "regression_reverted", judged
+    assert {r.name for r in result.results if r.certified} == {teacher.name, pupil.name}
