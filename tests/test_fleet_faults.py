@@ -29,12 +29,15 @@ from nearmiss.engine.runner.environment import find_sandbox
 from nearmiss.engine.runner.protocol import CHANNEL_ENV
 from nearmiss.engine.runner.scratch import scratch_dir, stop_orphaned_children, sweep_orphans
 
-# Quick playbook sessions, and how each ends undisturbed (tests/test_fleet.py pins three of them).
+# Quick playbook sessions, and how each ends undisturbed (tests/test_fleet.py pins them): two
+# that certify, each fixed after its first check (in flight together when PostgreSQL goes), and
+# one that stops with no recipe, started once one of them has ended (the fleet still runs when
+# Temporal goes).
+TINY = ROOT / "tests" / "tiny"
 MEMBERS = {
-    "matmul/missing_init": ("matmul", "missing_init", "certified"),
-    "layer_norm/f32_output": ("layer_norm", "f32_output", "certified"),
-    "gelu_tanh/wrong_constant": ("gelu_tanh", "wrong_constant", "no_fix"),
-    "softmax_rows/floor_grid": ("softmax_rows", "floor_grid", "certified"),
+    "double_rows/floor_grid": (TINY / "double_rows", "floor_grid", "certified"),
+    "leaky_relu/python_if": (OPS / "leaky_relu", "python_if", "certified"),
+    "gelu_tanh/wrong_constant": (OPS / "gelu_tanh", "wrong_constant", "no_fix"),
 }
 POSTGRES_OUTAGE_S = 18.0
 # Longer than the Temporal client's own RPC retries (temporalio's RetryConfig: up to 10 retries
@@ -46,8 +49,8 @@ TEMPORAL_OUTAGE_S = 16.0
 def _manifest(path: Path, names: list[str]) -> Path:
     entries = []
     for name in names:
-        op, variant, _ = MEMBERS[name]
-        spec, candidate = OPS / op / "spec.py", OPS / op / "variants" / f"{variant}.py"
+        folder, variant, _ = MEMBERS[name]
+        spec, candidate = folder / "spec.py", folder / "variants" / f"{variant}.py"
         entries.append({"spec": str(spec), "candidate": str(candidate), "name": name})
     path.write_text(json.dumps(entries))
     return path
@@ -147,7 +150,7 @@ async def test_a_fleet_rides_out_a_postgres_and_a_temporal_restart(stack, tmp_pa
     )
     try:
         fleet_id = await _fleet_id(store, timeout_s=120)
-        sessions = [f"{fleet_id}.{i:05d}-{MEMBERS[n][0]}" for i, n in enumerate(names)]
+        sessions = [f"{fleet_id}.{i:05d}-{MEMBERS[n][0].name}" for i, n in enumerate(names)]
         await _wait_until(store, sessions[:2], "EvidenceCollected", timeout_s=180)
         postgres.stop(mode="immediate")  # a crash: sessions are mid-check, recording, fixing
         await asyncio.sleep(POSTGRES_OUTAGE_S)
@@ -201,7 +204,7 @@ async def test_the_fleet_command_says_how_to_follow_when_temporal_stays_away(
     )
     store = await EventStore.connect(postgres_dsn)
     command = _fleet_command(
-        _manifest(tmp_path / "fleet.json", ["matmul/missing_init"]), env, tmp_path
+        _manifest(tmp_path / "fleet.json", ["double_rows/floor_grid"]), env, tmp_path
     )
     try:
         fleet_id = await _fleet_id(store, timeout_s=120)
