@@ -11,8 +11,10 @@ SOFTMAX_VARIANTS = OPS / "softmax_rows" / "variants"
 MATMUL_VARIANTS = OPS / "matmul" / "variants"
 
 
-@pytest.mark.parametrize("spec", [SOFTMAX_SPEC, MATMUL_SPEC], ids=["softmax", "matmul"])
-def test_golden_kernels_are_certified(spec):
+def test_a_golden_kernel_is_certified_with_no_failure_class():
+    # One golden stands for all: what a certified report says does not depend on the kernel,
+    # and every corpus golden's certification is the sweep's (test_corpus_sweep.py).
+    spec = SOFTMAX_SPEC
     report = check(spec, spec.parent / "golden.py", "all", seed=11)
     assert report.certified, report.diagnosis
     assert report.failure_class is None and report.failure_classes == []
