@@ -270,7 +270,7 @@ async def test_a_member_a_learned_patch_breaks_is_reverted_and_still_certifies(
     client, seeded_store, tmp_path
 ):
     """Learning mid-fleet never makes a member that certifies on its own end uncertified. The
-    floor-grid softmax teaches a patch (``pl.cdiv``) whose changed line also stands in
+    tiny kernel's floor grid teaches a patch (``pl.cdiv``) whose changed line also stands in
     ``softmax_two_bugs.py``, which imports pallas under its own name: run after the teacher, the
     patch breaks its build, is reverted and recorded against that kernel, and the playbook then
     repairs both its bugs: both members certify, as each does on its own. The other order tries
@@ -278,10 +278,8 @@ async def test_a_member_a_learned_patch_breaks_is_reverted_and_still_certifies(
     order stands for both; ``benchmarks/fleet_order.py`` runs a whole fleet in both orders, each
     on a fresh stack."""
     store = seeded_store
+    teacher = TINY
     spec = OPS / "softmax_rows" / "spec.py"
-    teacher = MemberFile(
-        "softmax_rows/floor_grid", spec, OPS / "softmax_rows/variants/floor_grid.py"
-    )
     pupil_path = tmp_path / "softmax_two_bugs.py"  # a kernel no earlier run recorded anything on
     pupil_path.write_text(
         (ROOT / "tests" / "transfer" / "softmax_two_bugs.py").read_text()
