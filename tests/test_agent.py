@@ -24,6 +24,8 @@ from workflows.loop import Guards
 from workflows.repair import RepairWorkflow
 
 CUMSUM = OPS / "cumsum_rows"
+# The shipped spec cut to two cases, the ragged one compact: the carry bug fails the first check.
+CUMSUM_SPEC = ROOT / "tests" / "tiny" / "cumsum_rows" / "spec.py"
 TINY = ROOT / "tests" / "tiny" / "double_rows"
 CARRY_PROBE = (ROOT / "tests" / "probes" / "cumsum_carry.py").read_text()
 # The carry each (row block, column block) step should start from: the row totals so far.
@@ -78,7 +80,7 @@ async def test_experiments_locate_a_carry_reset_on_the_wrong_axis_and_the_fix_ce
             client,
             seeded_store,
             fake,
-            ROOT / "tests" / "tiny" / "cumsum_rows" / "spec.py",
+            CUMSUM_SPEC,
             CUMSUM / "variants" / "reset_once.py",
         )
         requests = fake.requests
