@@ -208,13 +208,10 @@ def take(module: str, limits: Limits, platform: str, spec: tuple = ()) -> Sandbo
     return found
 
 
-def give_back(child: SandboxChild, started_under: tuple, platform: str) -> bool:
-    """Keep the runs' executor of a check that ended cleanly for the next check (see the
-    module's docstring for why that is safe on a CPU), under the ``key`` it was started with:
-    its home emptied, its log read from here on, asked to ``reset``. False where it is not kept
-    (the caller closes it): not kept in this process, not a CPU, dead, its starting thread gone,
-    a limit breached, its log grown past ``MAX_KEPT_LOG_BYTES``, or enough waiting."""
-    if child.module != EXECUTOR_MODULE or platform != "cpu" or not (_enabled or _keep_warm):
+def _fit_to_keep(child: SandboxChild) -> bool:
+    """What every kept child must be: kept in this process at all, alive, its starting thread
+    alive, no limit breached, its log below ``MAX_KEPT_LOG_BYTES``."""
+    if not (_enabled or _keep_warm):
         return False
     if child.process is None or child.process.poll() is not None:
         return False
@@ -222,7 +219,16 @@ def give_back(child: SandboxChild, started_under: tuple, platform: str) -> bool:
         return False
     if child.group is not None and child.group.breaches():  # its counts only ever rise
         return False
-    if child.log_size() > MAX_KEPT_LOG_BYTES:
+    return child.log_size() <= MAX_KEPT_LOG_BYTES
+
+
+def give_back(child: SandboxChild, started_under: tuple, platform: str) -> bool:
+    """Keep the runs' executor of a check that ended cleanly for the next check (see the
+    module's docstring for why that is safe on a CPU), under the ``key`` it was started with:
+    its home emptied, its log read from here on, asked to ``reset``. False where it is not kept
+    (the caller closes it): not kept in this process, not a CPU, dead, its starting thread gone,
+    a limit breached, its log grown past ``MAX_KEPT_LOG_BYTES``, or enough waiting."""
+    if child.module != EXECUTOR_MODULE or platform != "cpu" or not _fit_to_keep(child):
         return False
     try:
         for entry in list(child.home.iterdir()):
@@ -250,18 +256,14 @@ def keep_spec(child: SandboxChild, started_under: tuple, platform: str, spec: tu
     memory used, its log grown past ``MAX_KEPT_LOG_BYTES``, its checks served."""
     if child.module != REFERENCE_MODULE or platform != "cpu" or not spec:
         return False
-    if not (_enabled or _keep_warm) or child.process is None or child.process.poll() is not None:
+    if not _fit_to_keep(child):
         return False
+    assert child.process is not None  # alive, said _fit_to_keep
     pid = child.process.pid
     served = _spec_checks.get(pid, 0) + 1
-    if served >= MAX_SPEC_CHECKS or not child.started_by.is_alive():
+    if served >= MAX_SPEC_CHECKS:
         return False
-    if child.group is not None and child.group.breaches():
-        return False
-    if (
-        resident_mb(pid) > child.limits.memory_mb * MAX_SPEC_MEMORY_SHARE
-        or child.log_size() > MAX_KEPT_LOG_BYTES
-    ):
+    if resident_mb(pid) > child.limits.memory_mb * MAX_SPEC_MEMORY_SHARE:
         return False
     workdir = root(child)
     try:
