@@ -1,14 +1,18 @@
 """The search's warm screening child (``nearmiss.engine.runner.edit_screen``): many edits of one
 kernel in one sandbox child, compared by the engine against a baseline run's references.
 
-Real children, real sandbox: the fixed edit passes and the broken one fails; an edit that hangs
-costs its timeout and the next edit still runs in a fresh child; an edit that writes outside its
-sandbox leaves no file behind; a child's state does not let a later edit pass.
+Real children, real sandbox: the fixed edit passes and the broken one fails; edits that trace to
+one program run it once, and edits whose programs differ (a number, the input read) each run
+theirs; an edit that hangs, in its trace or in the batch's run, costs its timeout and the others
+of its batch are still judged; an edit that writes outside its sandbox leaves no file behind; a
+child's state does not let a later edit pass.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import numpy as np
 
 from nearmiss.engine.check import case_result, check
 from nearmiss.engine.runner.edit_screen import EditScreen
@@ -36,7 +40,41 @@ def _screen(tmp_path: Path, limits: Limits) -> EditScreen:
 
 
 def _passed(ran) -> list[bool]:
-    return [case_result(raw, "kernel.py").passed for raw in ran]
+    return [case_result(getattr(raw, "raw", raw), "kernel.py").passed for raw in ran]
+
+
+def test_edits_that_trace_to_one_program_run_it_once(tmp_path):
+    """A constant nothing reads, a comment: the program is the same, and only its first edit
+    runs it; the others are answered ``known``, in the batch and in later batches told what
+    the engine judged. An edit that changes a number, or that reads the other input where an
+    edit read one (programs alike but for which input they read), runs its own."""
+    unread = FIXED + "\nUNUSED = 0.25\n"
+    halved = FIXED.replace("0.5 * y_ref", "0.25 * y_ref")
+    reads_x = FIXED + "\n\ndef kernel(x, y):\n    return x * 0.5\n"
+    reads_y = FIXED + "\n\ndef kernel(x, y):\n    return y * 0.5\n"
+    screen = _screen(tmp_path, Limits(case_timeout_s=30))
+    try:
+        batch = [(0, FIXED), (1, unread), (2, halved), (3, reads_x), (4, reads_y)]
+        first = screen.judge_batch(batch, {})
+        assert [[case.known for case in first[index]] for index, _ in batch] == [
+            [False, False],
+            [True, True],
+            [False, False],
+            [False, False],
+            [False, False],
+        ]
+        assert [c.program for c in first[1]] == [c.program for c in first[0]]
+        assert _passed(first[0]) == [True, True] and _passed(first[2]) == [False, False]
+        assert not np.array_equal(first[3][0].raw.outputs[0], first[4][0].raw.outputs[0])
+        alone = screen.judge(5, halved)  # compiled alone, the same numbers as in the batch
+        for raw, batched in zip(alone, first[2], strict=True):
+            assert np.array_equal(raw.outputs[0], batched.raw.outputs[0])
+        known = {case.raw.info.key: {case.program} for case in first[0]}
+        commented = FIXED.replace("BLOCK_ROWS = 32", "BLOCK_ROWS = 32  # a block's rows")
+        assert all(case.known for case in screen.judge_batch([(6, commented)], known)[6])
+        assert not any(case.known for case in screen.judge_batch([(7, halved)], known)[7])
+    finally:
+        screen.stop()
 
 
 def test_edits_share_a_child_and_are_judged_by_the_engine(tmp_path):
@@ -75,14 +113,33 @@ def test_the_lines_a_kernel_runs_are_reported_and_no_others(tmp_path):
     assert lines.index("    return x * 3.0") + 1 not in ran
 
 
-def test_a_hanging_edit_costs_its_timeout_and_the_next_runs_in_a_new_child(tmp_path):
+def test_an_edit_that_hangs_in_its_trace_costs_its_timeout_and_its_batch_goes_on(tmp_path):
     screen = _screen(tmp_path, Limits(case_timeout_s=3, startup_allowance_s=30))
     try:
         hanging = FIXED.replace("def kernel(x, y):", "def kernel(x, y):\n    while True: pass")
-        ran = screen.judge(0, hanging)
-        assert [r.failure for r in ran] == ["timeout", "timeout"]
-        assert screen.child is None
-        assert _passed(screen.judge(1, FIXED)) == [True, True]
+        broken = FIXED.replace("0.5 * y_ref", "0.25 * y_ref")
+        first = screen.child
+        ran = screen.judge_batch([(0, FIXED), (1, hanging), (2, broken)], {})
+        assert [case.raw.failure for case in ran[1]] == ["timeout", "timeout"]
+        assert _passed(ran[0]) == [True, True] and _passed(ran[2]) == [False, False]
+        assert screen.child is not None and screen.child is not first  # a fresh one
+    finally:
+        screen.stop()
+
+
+def test_an_edit_whose_program_never_ends_is_told_apart_from_its_batch(tmp_path):
+    """A loop without end in the compiled program: the batch's run times out, and its edits
+    are screened again one at a time, so the timeout is that edit's alone."""
+    spinning = FIXED.replace(
+        "    o_ref[...] = x_ref[...] - 0.5 * y_ref[...]",
+        "    o_ref[...] = jax.lax.while_loop(lambda v: v[0, 0] == v[0, 0], lambda v: v + 1.0,"
+        " x_ref[...])",
+    )
+    screen = _screen(tmp_path, Limits(case_timeout_s=3, startup_allowance_s=30))
+    try:
+        ran = screen.judge_batch([(0, FIXED), (1, spinning)], {})
+        assert _passed(ran[0]) == [True, True]
+        assert [case.raw.failure for case in ran[1]] == ["timeout", "timeout"]
     finally:
         screen.stop()
 

@@ -8,6 +8,8 @@ named in the wrong order).
 from __future__ import annotations
 
 import ast
+import importlib
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from activities.fixers.playbook import propose as playbook_propose
 from activities.fixers.playbook.source import _apply, _Edit
 from activities.fixers.search import SearchFixer, candidate_edits, suspected_lines
 from activities.fixers.search.mutants import _Statements, mutants, reachable
-from activities.fixers.search.screen import Budget, Screen, _Reached
+from activities.fixers.search.screen import Budget, Screen, _rank, _Reached
 from nearmiss.engine.check import check
 from workflows.models import FixRequest
 
@@ -643,3 +645,57 @@ def test_of_two_edits_that_pass_a_one_case_spec_the_hidden_cases_choose_the_fix(
     deeper = _TMP[0] / "deeper_spec.py"
     deeper.write_text(spec.read_text().replace('{"R": 64, "C": 128}', '{"R": 160, "C": 128}'))
     assert check(deeper, _write(result.source), "compact", 9).certified, result.source
+
+
+def _slow_first(scores: dict[int, float]):
+    """A lane judge whose earlier edits take longer: lanes finish out of the edits' order."""
+
+    def judged(edits):
+        time.sleep(0.05 * (10 - edits[0][0]))
+        return [scores.get(index, 0.1) for index, _ in edits]
+
+    return judged
+
+
+def test_the_ranking_reads_the_lanes_in_the_edits_order_whichever_finishes_first():
+    """Lanes of two edits, the later ones finishing first: the first passer in the edits'
+    order wins, its rivals are those up to ``after_pass`` edits past it; with none passing,
+    the first of the furthest."""
+    edits = [(index, f"edit {index}") for index in range(10)]
+    budget = Budget(lanes=2, after_pass=4, checks=10, seconds=60)
+    found = _rank(edits, budget, 0.3, _slow_first({3: 1.0, 7: 1.0, 9: 1.0}), time.perf_counter(), 2)
+    assert (found.best, found.passed) == (3, True)
+    assert [index for index, _ in found.passers] == [3, 7]  # 9 is five past the first
+    furthest = {1: 0.5, 2: 0.5, 6: 0.4}
+    found = _rank(edits, budget, 0.3, _slow_first(furthest), time.perf_counter(), 2)
+    assert (found.best, found.passed, found.screened) == (1, False, 10)
+
+
+def test_edits_that_trace_to_a_program_already_judged_take_its_verdict_unrun(monkeypatch):
+    """The kernel with a constant added that nothing reads traces to the kernel's own program
+    (judged by the line tracer's run), the fix with a comment to the fix's: neither runs, and
+    each is ranked as its program is. A factor changed is a program of its own."""
+    from nearmiss.engine.runner.edit_screen import EditScreen
+
+    screen_module = importlib.import_module("activities.fixers.search.screen")
+
+    source = SWAPPED.read_text()
+    fixed = source.replace(
+        "def _axpy_body(y_ref, x_ref, o_ref):", "def _axpy_body(x_ref, y_ref, o_ref):"
+    )
+    quarter = fixed.replace("0.5 * y_ref", "0.25 * y_ref")
+    edits = [source + "\nUNREAD = 1\n", quarter, fixed, fixed + "# the fix again\n", quarter]
+    known: dict[int, list[bool]] = {}
+    batch = EditScreen._batch
+
+    def counted(self, *args, **kwargs):
+        found = batch(self, *args, **kwargs)
+        known.update({index: [case.known for case in cases] for index, cases in found.items()})
+        return found
+
+    monkeypatch.setattr(EditScreen, "_batch", counted)
+    budget = Budget(checks=8, lanes=1, hidden_checks=0)
+    found = screen_module.screen(_request(source), edits, budget)
+    assert known == {-1: [False], 0: [True], 1: [False], 2: [False], 3: [True], 4: [True]}
+    assert (found.best, found.passed) == (2, True)
+    assert [index for index, _ in found.passers] == [2, 3]

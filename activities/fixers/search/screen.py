@@ -3,7 +3,10 @@
 Where the kernel's numbers are wrong in interpret mode (the usual case), one baseline run of the
 failing suite files its inputs and references, and the edits are then run on them in warm
 sandbox children (``nearmiss.engine.runner.edit_screen``: JAX imported once per child, not three
-times per edit), ``Budget.lanes`` children at a time; the engine compares each edit's outputs.
+times per edit), ``Budget.lanes`` children at a time, each taking ``Budget.batch`` edits at a
+time and compiling their programs as one; the engine compares each edit's outputs. An edit that
+traces to a program already judged on a case (many mutants do: a branch the suite never takes,
+a value no output reads, the kernel's own program) takes that program's verdict unrun.
 Where the numbers are right and only a target or the gate objects, each edit gets a whole
 sandboxed check instead, with the evidence's targets and the gate enforcing. Either way at a
 fixed seed, without control experiments (they explain failures; screening only ranks), in the
@@ -12,10 +15,11 @@ edits' order, until the budget is spent or a few edits past the first that passe
 several edits pass, the first few are checked again in fresh children with the engine's hidden
 cases (inputs the spec allows but does not list); an edit that fails them is not proposed, and
 those that pass them all are said to be alike ("the spec cannot tell these apart"). Among edits
-that pass, the earlier in the edits' order wins, so the answer does not depend on which
-finished first. In the warm case the kernel itself is run once more with a line tracer, and an edit
-none of whose statement ran is skipped unscreened: code the failing suite never executes (a
-backward pass, the other branch of a block-size dispatch) cannot change what the suite sees.
+that pass, the earlier in the edits' order wins, and the results are read in that order, so the
+answer does not depend on which lane finished first. In the warm case the kernel itself is run
+once more with a line tracer, and an edit none of whose statement ran is skipped unscreened:
+code the failing suite never executes (a backward pass, the other branch of a block-size
+dispatch) cannot change what the suite sees.
 Screening never certifies: the loop's full check, in fresh children, judges the pick.
 """
 
@@ -26,9 +30,10 @@ import dataclasses
 import itertools
 import queue
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +42,8 @@ from nearmiss.engine.check import case_verdict, check
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.inputs import parse_source
 from nearmiss.engine.integrity.gate import blocks_execution, static_violations
-from nearmiss.engine.runner.edit_screen import EditScreen
+from nearmiss.engine.models import CaseResult
+from nearmiss.engine.runner.edit_screen import EditScreen, Screened
 from nearmiss.engine.runner.sandbox import ChildFailure, Limits
 from nearmiss.engine.runner.session import RawRun, run_sandboxed
 from nearmiss.engine.targets.registry import DEFAULT_TARGETS
@@ -57,6 +63,9 @@ class Budget:
     lanes: int = 2
     case_timeout_s: float = 20.0
     after_pass: int = 16  # edits screened on past the first that passes, to find its rivals
+    # Edits a warm child takes at a time, their programs compiled as one (``screen_child``):
+    # a program costs a third as much in a batch of 32 as alone (JAX's layer norm, on CPU).
+    batch: int = 32
     hidden_checks: int = 4  # passing edits checked again with the hidden cases
     # The round has a deadline (its session's): ``seconds`` is the most it may take, and no
     # hidden-case check starts once they are spent (the first passer stays the pick).
@@ -124,7 +133,7 @@ def screen(request: FixRequest, sources: Iterable[str], budget: Budget) -> Scree
             try:
                 reached = _Reached(request.source, warm.lines_run())
                 edits = reached.edits(enumerate(sources))
-                found = _rank(edits, budget, score_cases(cases), warm, started)
+                found = _rank(edits, budget, score_cases(cases), warm, started, budget.batch)
                 found = dataclasses.replace(found, unreached=reached.skipped)
             finally:
                 warm.close()
@@ -136,7 +145,7 @@ def screen(request: FixRequest, sources: Iterable[str], budget: Budget) -> Scree
                     f"the kernel passes the {suite} suite at the screening seed: nothing to rank by"
                 )
                 return Screen(0, time.perf_counter() - started, why=why)
-            found = _rank(enumerate(sources), budget, base, fresh, started)
+            found = _rank(enumerate(sources), budget, base, _one_by_one(fresh), started, 1)
         if len(found.passers) < 2:
             return found
         # the whole suite, where the hidden cases are drawn (the screening seed's, not the
@@ -146,32 +155,75 @@ def screen(request: FixRequest, sources: Iterable[str], budget: Budget) -> Scree
 
 
 Judge = Callable[[int | str, str], float]  # (index, source) -> score; 1.0: passes
+Batches = Callable[[list[tuple[int, str]]], list[float]]  # a lane's edits -> their scores
+
+
+def _one_by_one(judged: Judge) -> Batches:
+    return lambda edits: [judged(index, source) for index, source in edits]
 
 
 def _rank(
-    edits: Iterable[tuple[int, str]], budget: Budget, baseline: float, judged: Judge, started: float
+    edits: Iterable[tuple[int, str]],
+    budget: Budget,
+    baseline: float,
+    judged: Batches,
+    started: float,
+    per_lane: int,
 ) -> Screen:
-    """The edits (index, source) judged in order, ``budget.lanes`` at a time, until the budget
-    is spent or ``budget.after_pass`` edits past the first that passes; the best's index (the
-    edit's own, whatever was skipped before): the first that passes, else the furthest."""
-    best, best_score, screened = None, baseline, 0
-    passers: list[tuple[int, str]] = []
-    stop_at = budget.checks
+    """The edits (index, source) judged in order, ``budget.lanes`` lanes at a time, each lane
+    given up to ``per_lane`` edits as it frees (fewer where fewer are left to screen, or fewer
+    fit in the seconds left at the pace so far), until the budget is spent or
+    ``budget.after_pass`` edits past the first that passes. The results are read in the
+    edits' order, whichever lane finished first: the best's index (the edit's own, whatever
+    was skipped before) is the first that passes, else the first of the furthest; the passers
+    are those up to ``budget.after_pass`` edits past the first (a lane's edits under way when
+    the round stops are screened, and count only there)."""
     wanted = itertools.islice(edits, budget.checks)
+    groups: list[list[tuple[int, str]]] = []  # as handed out, in the edits' order
+    results: dict[int, list[float]] = {}
+    running: dict[Future[list[float]], tuple[int, float]] = {}  # -> (group, when it started)
+    handed, lane_seconds, timed = 0, 0.0, 0  # edits handed out; lanes' seconds on those timed
+    stop_at, read = budget.checks, 0
+    best, best_score, screened, first_pass = None, baseline, 0, None
+    passers: list[tuple[int, str]] = []
     with ThreadPoolExecutor(budget.lanes) as pool:
-        while screened < stop_at and time.perf_counter() - started <= budget.seconds:
-            batch = list(itertools.islice(wanted, min(budget.lanes, stop_at - screened)))
-            if not batch:  # edits made as they are due
+        while True:
+            while len(running) < budget.lanes and handed < stop_at:
+                left = budget.seconds - (time.perf_counter() - started)
+                if left < 0:
+                    break
+                size = min(per_lane, -(-(stop_at - handed) // budget.lanes))
+                if timed:  # no more than fit in the seconds left, at the pace so far
+                    size = max(1, min(size, int(left / (lane_seconds / timed))))
+                group = list(itertools.islice(wanted, size))  # edits made as they are due
+                if not group:
+                    stop_at = handed
+                    break
+                running[pool.submit(judged, group)] = (len(groups), time.perf_counter())
+                groups.append(group)
+                handed += len(group)
+            if not running:
                 break
-            scores = list(pool.map(lambda item: judged(*item), batch))
-            screened += len(scores)
-            for (index, source), value in zip(batch, scores, strict=True):
-                if value >= 1.0:
-                    if not passers:
-                        stop_at = min(stop_at, screened + budget.after_pass)
-                    passers.append((index, source))
-                elif value > best_score:
-                    best, best_score = index, value
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                number, since = running.pop(future)
+                results[number] = future.result()
+                lane_seconds += time.perf_counter() - since
+                timed += len(groups[number])
+            while read in results:  # in the edits' order
+                for (index, source), value in zip(groups[read], results.pop(read), strict=True):
+                    if first_pass is not None and screened > first_pass + budget.after_pass:
+                        screened += 1
+                        continue
+                    if value >= 1.0:
+                        if first_pass is None:
+                            first_pass = screened
+                            stop_at = min(stop_at, screened + 1 + budget.after_pass)
+                        passers.append((index, source))
+                    elif value > best_score:
+                        best, best_score = index, value
+                    screened += 1
+                read += 1
     seconds = time.perf_counter() - started
     if passers:
         return Screen(screened, seconds, passers[0][0], True, passers=tuple(passers))
@@ -199,34 +251,74 @@ def _told_apart(found: Screen, hidden: Judge, budget: Budget, started: float) ->
 
 
 class _Warm:
-    """Each edit run on the baseline's inputs in a warm child, one child per lane at a time
-    (an idle one reused); an edit the gate's static rules refuse scores 0 unrun. ``close``
-    stops the children."""
+    """The edits run on the baseline's inputs in warm children, a lane's edits as one batch in
+    one child (an idle one reused); an edit the gate's static rules refuse scores 0 unrun. The
+    engine's verdict on each case is kept by the program the edit traced to: a later edit that
+    traces to a program already judged on that case takes that verdict unrun (the child never
+    runs it), and so does one that traces to the kernel's own program (the line tracer's run).
+    ``close`` stops the children."""
 
     def __init__(self, request: FixRequest, baseline: RawRun, inputs: Path, limits: Limits):
         self.request, self.baseline, self.inputs, self.limits = request, baseline, inputs, limits
         self.children: list[EditScreen] = []
         self.idle: queue.SimpleQueue[EditScreen] = queue.SimpleQueue()
+        self.verdicts: dict[str, dict[str, CaseResult]] = {}  # case -> program -> verdict
+        self.lock = threading.Lock()
 
-    def __call__(self, index: int | str, source: str) -> float:
+    def __call__(self, edits: list[tuple[int, str]]) -> list[float]:
         name = self.request.candidate_name
-        if static_violations(source, name):
-            return 0.0
+        refused: set[int] = set()
+
+        def admitted() -> Iterator[tuple[int, str]]:  # checked as the child takes them
+            for index, source in edits:
+                if _refused(source, name):
+                    refused.add(index)
+                else:
+                    yield index, source
+
+        screened: dict[int, list[Screened]] | None = None
         child = self._take()
         try:
-            ran = child.judge(int(index), source)
-        except ChildFailure:  # the child did not even start: this edit cannot be ranked
-            return -1.0
+            with self.lock:
+                known = {case: set(programs) for case, programs in self.verdicts.items()}
+            screened = child.judge_batch(admitted(), known)
+        except ChildFailure:  # the child did not even start: these edits cannot be ranked
+            pass
         finally:
             self.idle.put(child)
-        cases = [case_verdict(raw, name) for raw in ran]
-        return 1.0 if cases and all(c.passed for c in cases) else score_cases(cases)
+        return [
+            0.0 if index in refused else -1.0 if screened is None else self._score(screened[index])
+            for index, _ in edits
+        ]
+
+    def _score(self, cases: list[Screened]) -> float:
+        verdicts = [self._verdict(case) for case in cases]
+        return 1.0 if verdicts and all(v.passed for v in verdicts) else score_cases(verdicts)
+
+    def _verdict(self, case: Screened) -> CaseResult:
+        """The engine's verdict on the case, or the one it gave the same program before."""
+        raw = case.raw
+        with self.lock:
+            programs = self.verdicts.setdefault(raw.info.key, {})
+            if case.known and case.program in programs:
+                return programs[case.program]
+        if case.known:  # the child named a program never judged on this case
+            raw.failure, raw.failure_detail = "died", "unusable screening answer"
+        verdict = case_verdict(raw, self.request.candidate_name)
+        if case.program is not None and not case.known and raw.failure is None:
+            with self.lock:
+                programs.setdefault(case.program, verdict)
+        return verdict
 
     def lines_run(self) -> frozenset[int] | None:
-        """The kernel's own lines that its run of the suite executes; None: not known."""
+        """The kernel's own lines that its run of the suite executes; None: not known. The
+        kernel's own programs are judged by the way: an edit that traces to one of them is,
+        to the suite, the kernel."""
         child = self._take()
         try:
-            return child.lines_run(self.request.source)
+            for case in child.judge_alone(-1, self.request.source, {}, lines=True):
+                self._verdict(case)
+            return child.lines
         except ChildFailure:
             return None
         finally:
@@ -243,6 +335,14 @@ class _Warm:
     def close(self) -> None:
         for child in self.children:
             child.stop()
+
+
+def _refused(source: str, name: str) -> bool:
+    """Whether the gate's static rules refuse to run the edit (a rule that fails refuses)."""
+    try:
+        return bool(static_violations(source, name))
+    except Exception:
+        return True
 
 
 class _Reached:
