@@ -113,6 +113,25 @@ def test_the_lines_a_kernel_runs_are_reported_and_no_others(tmp_path):
     assert lines.index("    return x * 3.0") + 1 not in ran
 
 
+def test_a_program_that_fails_in_its_batch_is_told_apart_from_the_others(tmp_path):
+    """One program raises at run time (a host callback that raises): the batch's joint run
+    fails, its halves are tried, and only that edit's cases carry the error."""
+    raising = FIXED.replace(
+        "def kernel(x, y):",
+        "def _no(x):\n    raise ValueError('no')\n\n\ndef kernel(x, y):\n"
+        "    jax.debug.callback(_no, x)",
+    )
+    broken = FIXED.replace("0.5 * y_ref", "0.25 * y_ref")
+    screen = _screen(tmp_path, Limits(case_timeout_s=30))
+    try:
+        ran = screen.judge_batch([(0, FIXED), (1, broken), (2, raising), (3, FIXED + "#")], {})
+        assert _passed(ran[0]) == [True, True] and _passed(ran[1]) == [False, False]
+        assert [case.raw.error["phase"] for case in ran[2]] == ["run", "run"]
+        assert all(case.known for case in ran[3])
+    finally:
+        screen.stop()
+
+
 def test_an_edit_that_hangs_in_its_trace_costs_its_timeout_and_its_batch_goes_on(tmp_path):
     screen = _screen(tmp_path, Limits(case_timeout_s=3, startup_allowance_s=30))
     try:

@@ -26,6 +26,7 @@ Screening never certifies: the loop's full check, in fresh children, judges the 
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import itertools
 import queue
@@ -64,7 +65,7 @@ class Budget:
     case_timeout_s: float = 20.0
     after_pass: int = 16  # edits screened on past the first that passes, to find its rivals
     # Edits a warm child takes at a time, their programs compiled as one (``screen_child``):
-    # a program costs a third as much in a batch of 32 as alone (JAX's layer norm, on CPU).
+    # the compiler's fixed costs, and what the edits share, are paid once a batch.
     batch: int = 32
     hidden_checks: int = 4  # passing edits checked again with the hidden cases
     # The round has a deadline (its session's): ``seconds`` is the most it may take, and no
@@ -131,7 +132,7 @@ def screen(request: FixRequest, sources: Iterable[str], budget: Budget) -> Scree
         if cases and not all(c.passed for c in cases):
             warm = _Warm(request, baseline, inputs, limits)
             try:
-                reached = _Reached(request.source, warm.lines_run())
+                reached = _Reached(request.source, warm.lines_run(budget.lanes))
                 edits = reached.edits(enumerate(sources))
                 found = _rank(edits, budget, score_cases(cases), warm, started, budget.batch)
                 found = dataclasses.replace(found, unreached=reached.skipped)
@@ -310,11 +311,17 @@ class _Warm:
                 programs.setdefault(case.program, verdict)
         return verdict
 
-    def lines_run(self) -> frozenset[int] | None:
+    def lines_run(self, lanes: int) -> frozenset[int] | None:
         """The kernel's own lines that its run of the suite executes; None: not known. The
         kernel's own programs are judged by the way: an edit that traces to one of them is,
-        to the suite, the kernel."""
+        to the suite, the kernel. The other ``lanes``' children start meanwhile."""
         child = self._take()
+        for _ in range(lanes - 1):
+            spare = EditScreen(self.baseline, self.inputs, self.limits)
+            self.children.append(spare)
+            with contextlib.suppress(ChildFailure):  # started again when its lane takes it
+                spare.start(wait=False)
+            self.idle.put(spare)
         try:
             for case in child.judge_alone(-1, self.request.source, {}, lines=True):
                 self._verdict(case)

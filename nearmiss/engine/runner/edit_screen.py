@@ -56,21 +56,34 @@ class EditScreen(_Child):
         self.cases = [c for c in baseline.cases if (inputs / c.info.key / "inputs.npz").exists()]
         self.inputs = inputs
         self.lines: frozenset[int] | None = None  # set by ``lines_run``
+        self.starting = False  # started, its ``ready`` not yet read
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
         """Start the child and file the cases' inputs in its home; a child that does not get
-        ready is stopped and the ChildFailure raised."""
+        ready is stopped and the ChildFailure raised. Without ``wait``, its ``ready`` is read
+        when it is first used: the child imports JAX meanwhile. (Whichever thread starts a
+        child must outlive it: bubblewrap stops a child when the thread that started it ends.)"""
         super().start()
-        assert self.child is not None
+        self.starting = True
         try:
             for raw in self.cases:
                 self.put(self.inputs / raw.info.key / "inputs.npz", raw, "inputs.npz")
+        except BaseException:
+            self.stop()
+            raise
+        if wait:
+            self._ready()
+
+    def _ready(self) -> None:
+        assert self.child is not None
+        try:
             message = self.child.receive(self.limits.import_timeout_s)
             if message.get("event") != "ready":
                 raise ChildFailure(f"the screening child did not start: {message.get('event')!r}")
         except BaseException:
             self.stop()
             raise
+        self.starting = False
 
     def lines_run(self, source: str) -> frozenset[int] | None:
         """The lines of ``source`` that ran (its import, every case); None where the child
@@ -121,6 +134,8 @@ class EditScreen(_Child):
             return {}
         if self.child is None:
             self.start()
+        elif self.starting:
+            self._ready()
         assert self.child is not None
         home = self.child.home
         screened: dict[int, list[Screened]] = {}
