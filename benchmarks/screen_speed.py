@@ -1,98 +1,164 @@
-"""How much faster is screening edits in warm children than checking each in fresh ones?
+"""How many edits a second does the search's screening get through? This tree beside a baseline
+revision, in one run.
 
 The search fixer screens a round's edits of a kernel (``activities/fixers/search/screen.py``).
-This runs the same first N mutants of one planted kernel (JAX's own modules, a bug of the
-held-out sets) both ways, side by side, in the same lanes: each edit a whole sandboxed check in
-fresh children (three interpreters importing JAX), and each edit run in a warm child on the
-baseline's inputs. Prints edits per second each way and the ratio.
+This screens the same first N mutants of planted kernels (JAX's own modules, bugs of the
+held-out sets) with ``screen`` of this tree and of ``--baseline`` (a temporary git worktree,
+the same virtual environment), each in a process of its own, alternated so both see the same
+load, and prints edits per second each way: the ranking alone (the edits screened over the
+seconds spent ranking them) and the whole round (its baseline run and the kernel's traced run
+included). Every edit is screened: no stop past a passer, no hidden-case checks. Each tree's
+pick is printed (the first passer, else the furthest): the same for both, or the line says
+they differ. Medians of ``--repeat``.
 
-    .venv/bin/python benchmarks/screen_speed.py [--case SET:NAME] [--edits 24]
+    .venv/bin/python benchmarks/screen_speed.py --baseline REV [--case SET:NAME,...]
+        [--edits 128] [--lanes 2] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent.parent / "tests"
-sys.path.insert(0, str(TESTS))
-sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+from throwaway import ROOT, baseline_worktree
+
+sys.path.insert(0, str(ROOT / "tests"))
+
+CASES = (
+    "holdout5:layer_norm_variance_unsquared,holdout5:splash_l_curr_broadcast_lanes,"
+    "holdout6:flash_logits_divided_by_scale"
+)
+# Runs in the tree under test (first on PYTHONPATH): one round of its screening, timed.
+ROUND = """
+import importlib, json, sys, time
+from workflows.models import FixRequest
+
+module = importlib.import_module("activities.fixers.search.screen")
+
+request = FixRequest.model_validate_json(open(sys.argv[1]).read())
+edits = json.load(open(sys.argv[2]))
+ranking = []
+rank = module._rank
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--case", default="holdout5:layer_norm_variance_unsquared")
-    parser.add_argument("--edits", type=int, default=24)
-    parser.add_argument("--lanes", type=int, default=2)
-    args = parser.parse_args()
+def timed(*args, **kwargs):
+    started = time.perf_counter()
+    try:
+        return rank(*args, **kwargs)
+    finally:
+        ranking.append(time.perf_counter() - started)
 
+
+module._rank = timed
+budget = module.Budget(
+    checks=len(edits), seconds=1e9, after_pass=len(edits), hidden_checks=0, lanes=int(sys.argv[3])
+)
+started = time.perf_counter()
+found = module.screen(request, edits, budget)
+print(json.dumps({
+    "screened": found.screened, "unreached": found.unreached, "rank_s": sum(ranking),
+    "round_s": time.perf_counter() - started, "best": found.best, "passed": found.passed,
+}))
+"""
+
+
+def _request(case_name: str, edits: int, folder: Path) -> tuple[Path, Path]:
+    """The planted kernel's fix request (its check at the screening seed) and its first
+    ``edits`` mutants, as files."""
     from held_out import SETS
     from test_playbook_shipped import SPECS, planted
 
-    from activities.evidence import evidence_from_report, score_cases
+    from activities.evidence import evidence_from_report
     from activities.fixers.search.mutants import mutants
-    from activities.fixers.search.screen import SEED, Budget, _fresh, _rank, _Warm
-    from nearmiss.engine.check import case_result, check
-    from nearmiss.engine.runner.sandbox import Limits
-    from nearmiss.engine.runner.session import run_sandboxed
-    from nearmiss.engine.targets.registry import DEFAULT_TARGETS
+    from activities.fixers.search.screen import SEED
+    from nearmiss.engine.check import check
     from workflows.models import FixRequest
 
-    set_name, name = args.case.split(":")
+    set_name, name = case_name.split(":")
     module, attribute = SETS[set_name]
     case = getattr(importlib.import_module(module), attribute)[name]
     spec = SPECS / f"{case.spec}_spec.py"
     source = planted(case)
-    edits = [m.source for _, m in zip(range(args.edits), mutants(source), strict=False)]
-    budget = Budget(checks=len(edits), seconds=10_000, lanes=args.lanes)
-    limits = Limits(case_timeout_s=budget.case_timeout_s)
-    with tempfile.TemporaryDirectory(prefix="nearmiss-bench-") as scratch:
-        folder = Path(scratch)
-        (folder / "spec.py").write_text(spec.read_text())
-        kernel = folder / "baseline" / "kernel.py"
-        kernel.parent.mkdir()
-        kernel.write_text(source)
-        report = check(folder / "spec.py", kernel, "compact", SEED, limits, controls=False)
-        request = FixRequest(
-            spec_path=str(spec),
-            spec_source=spec.read_text(),
-            source=source,
-            candidate_name="kernel.py",
-            evidence=evidence_from_report(report, "sha256:x", ""),
-            round=1,
-        )
-        started = time.perf_counter()
-        fresh = _rank(edits, budget, 2.0, _fresh(request, folder, "compact", limits), started)
-        fresh_s = time.perf_counter() - started
+    kernel = folder / "kernel.py"
+    kernel.write_text(source)
+    report = check(spec, kernel, "compact", SEED, controls=False)
+    request = FixRequest(
+        spec_path=str(spec),
+        spec_source=spec.read_text(),
+        source=source,
+        candidate_name="kernel.py",
+        evidence=evidence_from_report(report, "sha256:x", ""),
+        round=1,
+    )
+    sources = [m.source for _, m in zip(range(edits), mutants(source), strict=False)]
+    (folder / "request.json").write_text(request.model_dump_json())
+    (folder / "edits.json").write_text(json.dumps(sources))
+    return folder / "request.json", folder / "edits.json"
 
-        started = time.perf_counter()
-        baseline = run_sandboxed(
-            folder / "spec.py",
-            kernel,
-            "compact",
-            SEED,
-            limits,
-            audit=False,
-            targets=DEFAULT_TARGETS,
-            inputs_to=folder / "inputs",
-        )
-        base = score_cases([case_result(r, "kernel.py") for r in baseline.cases])
-        warm = _Warm(request, baseline, folder / "inputs", limits)
-        try:
-            hot = _rank(edits, budget, 2.0, warm, started)
-        finally:
-            warm.close()
-        warm_s = time.perf_counter() - started
-    print(f"{args.case}: {len(edits)} edits, {args.lanes} lanes (baseline score {base:.3f})")
-    for label, found, seconds in (("fresh checks", fresh, fresh_s), ("warm children", hot, warm_s)):
-        rate = found.screened / seconds
-        print(f"  {label:13s}: {found.screened} edits in {seconds:6.1f} s = {rate:5.2f} edits/s")
-    print("  (the warm figure includes its baseline run)")
-    print(f"  warm / fresh : {fresh_s / warm_s:.1f}x faster")
+
+def _round(tree: Path, request: Path, edits: Path, lanes: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree), "NEARMISS_CACHE_DIR": "off"}
+    done = subprocess.run(
+        [sys.executable, "-c", ROUND, str(request), str(edits), str(lanes)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"screen_speed: the round in {tree} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", required=True, help="git revision to compare against")
+    parser.add_argument("--case", default=CASES, help="comma list of SET:NAME (held_out.py)")
+    parser.add_argument("--edits", type=int, default=128)
+    parser.add_argument("--lanes", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory(prefix="nearmiss-bench-") as scratch,
+        baseline_worktree(args.baseline, Path(scratch) / "baseline") as baseline,
+    ):
+        trees = {"this tree": ROOT, args.baseline: baseline}
+        lines = []
+        for number, case_name in enumerate(c for c in args.case.split(",") if c):
+            folder = Path(scratch) / f"case{number}"
+            folder.mkdir()
+            request, edits = _request(case_name, args.edits, folder)
+            runs: dict[str, list[dict]] = {name: [] for name in trees}
+            for attempt in range(args.repeat):
+                for name, tree in trees.items():
+                    runs[name].append(_round(tree, request, edits, args.lanes))
+                print(f"  {case_name}: run {attempt + 1} of {args.repeat}", file=sys.stderr)
+            rates, picked = {}, {}
+            lines.append(f"{case_name}: first {args.edits} mutants, {args.lanes} lanes")
+            for name, found in runs.items():
+                screened = found[0]["screened"]
+                rank_s = statistics.median(f["rank_s"] for f in found)
+                round_s = statistics.median(f["round_s"] for f in found)
+                rates[name] = screened / rank_s
+                picks = picked[name] = {(f["best"], f["passed"]) for f in found}
+                lines.append(
+                    f"  {name[:12]:12}: {screened} screened ({found[0]['unreached']} unreached) "
+                    f"ranked in {rank_s:6.1f} s = {rates[name]:5.2f} edits/s; whole round "
+                    f"{round_s:6.1f} s = {screened / round_s:5.2f} edits/s; proposes {picks}"
+                )
+            mine, old = rates["this tree"], rates[args.baseline]
+            lines.append(f"  this tree / {args.baseline}: {mine / old:.2f}x the edits per second")
+            if len(set().union(*picked.values())) > 1:
+                lines.append(f"  the trees propose different edits: {picked}")
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":
