@@ -12,8 +12,9 @@ not run again, and its verdict is the caller's to reuse (``Screened.known``).
 
 An edit that hangs or kills the child costs its timeout, as it would alone, and the child is
 replaced: a trace that hangs is known to be its edit's (the child reports each edit as it is
-traced); a batch that fails after its traces is screened again one edit at a time, so that each
-failure is its own edit's. The sandbox, limits and namespaces are those of every child.
+traced); a batch that fails otherwise (its joint run hangs, the child dies while edits are
+still being sent) is screened again one edit at a time, so that each failure is its own
+edit's. The sandbox, limits and namespaces are those of every child.
 ``lines_run`` runs the kernel itself with a line tracer, for the lines the suite reaches.
 """
 
