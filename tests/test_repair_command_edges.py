@@ -177,6 +177,26 @@ def _two_bugs(folder: Path) -> Path:
     return candidate
 
 
+def _two_bugs_and_a_thousand_mutants(folder: Path) -> Path:
+    """The two-bug axpy kernel whose body also runs a hundred steps that leave its value as it
+    is (``out * 1.0 + 0.0 * x``): about a thousand single-site mutants, none of which fixes
+    both bugs, so the search has far more to screen than a short deadline allows."""
+    candidate = _two_bugs(folder)
+    source = candidate.read_text()
+    steps = "".join(f"    out = out * 1.0 + 0.0 * x  # step {i}\n" for i in range(100))
+    body = (
+        "def _axpy_body(y_ref, x_ref, o_ref):\n"
+        "    x = x_ref[...]\n"
+        "    out = x - 0.25 * y_ref[...]\n" + steps + "    o_ref[...] = out\n"
+    )
+    one_line = (
+        "def _axpy_body(y_ref, x_ref, o_ref):\n    o_ref[...] = x_ref[...] - 0.25 * y_ref[...]\n"
+    )
+    assert one_line in source
+    candidate.write_text(source.replace(one_line, body))
+    return candidate
+
+
 def test_a_fix_still_running_at_the_deadline_is_ended_there(
     temporal_address, postgres_dsn, tmp_path
 ):
@@ -219,9 +239,10 @@ def test_a_fix_still_running_at_the_deadline_is_ended_there(
 
 
 def test_a_search_repair_ends_at_its_deadline(temporal_address, postgres_dsn, tmp_path):
-    # No single-site mutant fixes both bugs, so the search would screen for its whole budget
-    # (minutes a round). The deadline ends the session, in a search's round, and says so.
-    candidate = _two_bugs(tmp_path)
+    # No single-site mutant fixes both bugs, and there are about a thousand to screen, so the
+    # search would screen for minutes. The deadline ends the session, in a search's round, and
+    # says so.
+    candidate = _two_bugs_and_a_thousand_mutants(tmp_path)
     env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
     deadline = 30
     started = time.monotonic()
