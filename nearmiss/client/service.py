@@ -28,7 +28,7 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError
 from temporalio.worker import (
@@ -117,6 +117,20 @@ class _ClassifiedFailures(ActivityInboundInterceptor):
     async def execute_activity(self, input: ExecuteActivityInput):
         try:
             return await self.next.execute_activity(input)
+        except asyncio.CancelledError:
+            details = activity.cancellation_details()
+            if details is None or not (details.not_found or details.worker_shutdown):
+                raise  # cancelled by its workflow: Temporal records it as cancelled, quietly
+            # No one waits for this activity any more (its workflow ended, e.g. at the session's
+            # deadline) or this worker is stopping (the server tries it again elsewhere, as it
+            # would after the cancellation). Temporal would log either as a failure, with a
+            # traceback, on the user's terminal; benign, it says nothing of it.
+            raise ApplicationError(
+                "the activity was abandoned: "
+                + ("its workflow ended" if details.not_found else "its worker stopped"),
+                type="Abandoned",
+                category=ApplicationErrorCategory.BENIGN,
+            ) from None
         except Exception as exc:
             info = activity.info()
             failure = as_activity_error(exc, info.attempt)
