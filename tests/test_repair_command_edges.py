@@ -283,6 +283,17 @@ def test_the_loop_stops_with_the_deadline_when_it_ends_a_running_step():
     assert result.stop_reason == "deadline" and not result.certified
 
 
+def test_the_tokens_of_a_fix_the_deadline_cut_short_count_in_the_session():
+    # An agent round's model turns had answered before the deadline ended the round: the
+    # session's total (its budget, its result) includes what they took.
+    loop = RepairLoop(LoopState(guards=Guards(deadline_s=30)))
+    loop.begin("sha256:k", now=100.0)
+    spent = TokenUsage(input=120, output=30)
+    step = loop.on_deadline(131.0, "round 1's fix", spent=spent)
+    assert step.action.kind == "stop" and step.action.reason == "deadline"
+    assert loop.result("repair-x").tokens == spent
+
+
 def test_a_progress_line_says_the_round_the_fix_and_the_verdict_so_far():
     progress = Progress(
         phase="validate",

@@ -238,10 +238,13 @@ class RepairLoop:
         """A check no worker of the session's target took in time: stop, saying which target."""
         return self._stop("no_worker", reason, [])
 
-    def on_deadline(self, now: float, during: str) -> Step:
+    def on_deadline(self, now: float, during: str, spent: TokenUsage | None = None) -> Step:
         """The session's deadline came while ``during`` (a check, a fix) ran: Temporal ended
-        it at the deadline, and the session stops."""
+        it at the deadline, and the session stops. ``spent``: the tokens of the model turns
+        the cut-short fix had already taken (an agent round's), counted in the session's."""
         s, g = self.state, self.state.guards
+        if spent is not None:
+            s.tokens = s.tokens + spent
         elapsed = now - s.started_at
         detail = f"{elapsed:.0f} s elapsed, deadline {g.deadline_s:.0f} s (it ended {during})"
         return self._stop("deadline", detail, [])

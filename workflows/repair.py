@@ -9,7 +9,7 @@ Activities are referenced by name: this module imports nothing with I/O.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
@@ -120,6 +120,12 @@ class Progress(BaseModel):
     last_fix: str = ""
 
 
+class CutShort(NamedTuple):
+    """A fix the session's deadline ended, with the tokens its model turns had already taken."""
+
+    tokens: TokenUsage
+
+
 @workflow.defn(name="RepairWorkflow")
 class RepairWorkflow:
     def __init__(self) -> None:
@@ -181,8 +187,9 @@ class RepairWorkflow:
                 continue  # no tokens spent: the search attribute stays as it is
             if action.kind == "fix":
                 fixed = await self._fix(request, action)
-                if fixed is None:
-                    step = loop.on_deadline(self._now(), f"round {len(state.rounds) + 1}'s fix")
+                if isinstance(fixed, CutShort):
+                    during = f"round {len(state.rounds) + 1}'s fix"
+                    step = loop.on_deadline(self._now(), during, spent=fixed.tokens)
                 else:
                     step = loop.on_fix(*fixed)
             else:
@@ -252,8 +259,10 @@ class RepairWorkflow:
             **RETRIEVE_OPTIONS,
         )
 
-    async def _fix(self, request: RepairRequest, action: Action) -> tuple[FixOutcome, float] | None:
-        """The fix's outcome and the time it ended; None when the deadline came first."""
+    async def _fix(
+        self, request: RepairRequest, action: Action
+    ) -> tuple[FixOutcome, float] | CutShort:
+        """The fix's outcome and the time it ended; ``CutShort`` when the deadline came first."""
         assert self.loop is not None  # run() made it before the first round
         state = self.loop.state
         evidence = state.current_evidence
@@ -291,8 +300,7 @@ class RepairWorkflow:
             # the time the round ended: a time read after its recording, a local activity,
             # may be another live than on a replay, workflows.patches.)
             if outcome.fatal and self._left(guards, ended) <= 0:
-                state.tokens = state.tokens + outcome.tokens
-                return None
+                return CutShort(outcome.tokens)
             return outcome, ended
         try:
             outcome = await workflow.execute_activity(
@@ -300,7 +308,7 @@ class RepairWorkflow:
             )
         except ActivityError as err:  # retries exhausted, or a non-retryable model error
             if ran_out_of_time(err):
-                return None
+                return CutShort(TokenUsage())
             cause = err.cause or err
             reason = f"the fixer failed: {cause}"
             outcome = FixOutcome(fatal=True, reason=reason, model=request.model)
