@@ -71,12 +71,26 @@ SWEEP_KINDS = {
 # One cache (the spec's compiled programs and kept answers) for the whole run, shared by its
 # xdist workers and removed at its end: tests neither read nor fill the user's ~/.cache.
 def pytest_configure(config) -> None:
+    _interrupt_on_sigterm()
     given = getattr(config, "workerinput", {}).get(CACHE_ENV)
     if given is not None:  # an xdist worker: its controller's cache
         os.environ[CACHE_ENV] = given
     elif CACHE_ENV not in os.environ:
         config.nearmiss_cache = tempfile.mkdtemp(prefix="nearmiss-test-cache-")
         os.environ[CACHE_ENV] = config.nearmiss_cache
+
+
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM (a CI job's timeout, ``kill``) unwinds a test process as Ctrl-C does, so the
+    fixtures' finalizers stop the servers it started (PostgreSQL, Temporal) and its children;
+    Python's default would end it at once and leave them running."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        with contextlib.suppress(ValueError):  # not the main thread: leave it as it is
+            signal.signal(signal.SIGTERM, interrupt)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import asyncpg
 import pytest
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
-from conftest import private_stack, run_cli
+from conftest import ROOT, private_stack, run_cli
 from infra.devstack import (
     DevStack,
     PostgresService,
@@ -19,6 +24,7 @@ from infra.devstack import (
     TemporalService,
     database_password,
     pid_alive,
+    port_open,
 )
 
 
@@ -168,3 +174,64 @@ def test_a_cluster_made_with_trust_auth_is_put_under_the_password(tmp_path):
     finally:
         postgres.stop()
         postgres.remove_data()
+
+
+def test_a_test_run_ended_by_sigterm_stops_the_servers_it_started(tmp_path):
+    # A test that holds the session's Temporal server; its run is sent SIGTERM (a CI job's
+    # timeout): the server must not outlive the run.
+    started = tmp_path / "address"
+    (tmp_path / "test_holds_the_server.py").write_text(
+        "import time\nfrom pathlib import Path\n\n\n"
+        "def test_hold(temporal_address):\n"
+        f"    Path({str(started)!r}).write_text(temporal_address)\n"
+        "    time.sleep(300)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "tests"))
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "conftest",
+            "-p",
+            "no:randomly",
+            "-n",
+            "0",
+            "-o",
+            "addopts=",
+            str(tmp_path / "test_holds_the_server.py"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < deadline and run.poll() is None:
+            time.sleep(0.2)
+        assert started.exists(), run.communicate(timeout=30)[0].decode()[-2000:]
+        port = int(started.read_text().rsplit(":", 1)[1])
+        assert port_open(port)
+        run.send_signal(signal.SIGTERM)
+        output = run.communicate(timeout=60)[0].decode()
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode != 0, output  # interrupted, not passed
+    left = not port_open(port) or _kill_the_server_on(port)
+    assert left is True, output
+
+
+def _kill_the_server_on(port: int) -> str:
+    """A test's leaked dev server on ``port``, killed (the run's own cleanup failed)."""
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if f"--port {port} " in command and "temporal" in command:
+                os.kill(int(proc.name), signal.SIGKILL)
+                return f"a server still ran on {port}: {command[:200]}"
+    return f"something still listens on {port}"
