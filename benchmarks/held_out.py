@@ -46,6 +46,7 @@ SETS = {  # set name -> (test module, the dict of planted cases in it)
     "holdout10": ("test_playbook_holdout10", "HOLDOUT10"),
     "holdout11": ("test_playbook_holdout11", "HOLDOUT11"),
     "holdout12": ("test_playbook_holdout12", "HOLDOUT12"),
+    "holdout13": ("test_playbook_holdout13", "HOLDOUT13"),
     "families": ("test_playbook_families", "FAMILIES"),
 }
 

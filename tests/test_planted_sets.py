@@ -20,6 +20,7 @@ import test_playbook_holdout9
 import test_playbook_holdout10
 import test_playbook_holdout11
 import test_playbook_holdout12
+import test_playbook_holdout13
 import test_playbook_unseen
 from test_playbook_shipped import HELD_OUT, SEED, SUITE, PlantedSet, lead_kind
 from test_shipped_kernels import SPECS, installed_source
@@ -41,6 +42,7 @@ PLANTED: dict[str, PlantedSet] = {
     "holdout10": test_playbook_holdout10.SET,
     "holdout11": test_playbook_holdout11.SET,
     "holdout12": test_playbook_holdout12.SET,
+    "holdout13": test_playbook_holdout13.SET,
     "families": test_playbook_families.SET,
 }
 SETS = {"shipped": HELD_OUT} | {group: planted.cases for group, planted in PLANTED.items()}
