@@ -371,3 +371,94 @@ def test_a_cheat_labelled_with_a_dynamic_rule_is_still_executed():
         path = root / entry["file"]
         rules = {v.rule for v in static_violations(path.read_text(), path.name)}
         assert "forbidden_import" not in rules, path
+
+
+# Edits the search makes of a module are small and many: ``EditScan`` scans each where it
+# differs. Its findings must be the whole scan's, for honest edits and for edits that bring in
+# what the rules refuse (a forbidden name, a callback, the config, an import, a try).
+_INSERTS = [
+    "__import__('os')",
+    "getattr(jnp, 'exp')",
+    "jax.config",
+    "jax.pure_callback",
+    "eval",
+    "x.__class__",
+    "jax.numpy",
+    "0.5",
+]
+
+
+def _edits(source: str, rng) -> list[str]:
+    """Single-site text edits of ``source``: a name, an attribute or a constant replaced by
+    one of ``_INSERTS``; a statement joined by ``; import os``; a line added; a try put in."""
+    import ast
+
+    lines = source.splitlines(keepends=True)
+    nodes = [
+        n
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Name | ast.Attribute | ast.Constant) and n.lineno == n.end_lineno
+    ]
+    edits = []
+    for node in rng.sample(nodes, min(40, len(nodes))):
+        line = lines[node.lineno - 1]
+        insert = rng.choice(_INSERTS)
+        edited = line[: node.col_offset] + insert + line[node.end_col_offset :]
+        edits.append("".join(lines[: node.lineno - 1] + [edited] + lines[node.lineno :]))
+    for number in rng.sample(range(len(lines)), min(12, len(lines))):
+        line = lines[number].rstrip("\n")
+        joined = line + "; import os\n" if line.strip() else line + "\n"
+        added = lines[number] + " " * (len(line) - len(line.lstrip())) + "y = eval\n"
+        indent = line[: len(line) - len(line.lstrip())]
+        tried = f"{indent}try:\n{indent}    pass\n{indent}except Exception:\n{indent}    pass\n"
+        for replacement in (joined, added, tried if line.strip() else lines[number]):
+            edits.append("".join(lines[:number] + [replacement] + lines[number + 1 :]))
+    return edits
+
+
+@pytest.mark.parametrize("op", ["softmax_rows", "flash_attention", "matmul"])
+def test_an_edit_scanned_where_it_differs_gets_the_findings_of_the_whole_scan(op):
+    import random
+
+    from nearmiss.engine.integrity.static import EditScan
+
+    path = OPS / op / "golden.py"
+    source = path.read_text()
+    scan = EditScan(source, path.name)
+    assert scan.segments, "the golden parses: its statements are known"
+    refused = 0
+    for edited in _edits(source, random.Random(op)):
+        expected = static_violations(edited, path.name)
+        assert scan.violations(edited) == expected, edited
+        refused += bool(expected)
+    assert refused >= 20  # the edits did bring in what the rules refuse
+
+
+def test_an_edit_of_a_module_that_does_not_parse_is_scanned_whole():
+    from nearmiss.engine.integrity.static import EditScan
+
+    scan = EditScan("def kernel(x:\n    return x\n", "k.py")
+    edited = "import os\ndef kernel(x):\n    return os.environ\n"
+    assert scan.violations(edited) == static_violations(edited, "k.py") != []
+
+
+def test_an_edit_that_removes_a_finding_or_adds_an_import_name_is_scanned_as_a_whole_would():
+    from nearmiss.engine.integrity.static import EditScan
+
+    source = (
+        "import jax.numpy as jnp\n\n\n"
+        "def helper(x):\n    return getattr(x, 'T')\n\n\n"
+        "def kernel(x):\n    return lib.config\n"
+    )
+    scan = EditScan(source, "k.py")
+    assert [v.rule for v in scan.violations(source)] == ["forbidden_import"]
+    # The finding's own statement edited away: gone; another statement edited: it stays.
+    fixed = source.replace("getattr(x, 'T')", "x.T")
+    assert scan.violations(fixed) == static_violations(fixed, "k.py") == []
+    elsewhere = source.replace("return lib.config", "return lib.configs")
+    assert scan.violations(elsewhere) == static_violations(elsewhere, "k.py") != []
+    # An import put into one statement names a module the other statements read.
+    imported = source.replace("    return getattr(x, 'T')", "    import jax as lib; return x.T")
+    expected = static_violations(imported, "k.py")
+    assert "config_tamper" in {v.rule for v in expected}
+    assert scan.violations(imported) == expected

@@ -42,7 +42,7 @@ from activities.evidence import score, score_cases
 from nearmiss.engine.check import case_verdict, check
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.inputs import parse_source
-from nearmiss.engine.integrity.gate import blocks_execution, static_violations
+from nearmiss.engine.integrity.gate import EditScan, blocks_execution, static_violations
 from nearmiss.engine.models import CaseResult
 from nearmiss.engine.runner.edit_screen import EditScreen, Screened
 from nearmiss.engine.runner.sandbox import ChildFailure, Limits
@@ -265,14 +265,15 @@ class _Warm:
         self.idle: queue.SimpleQueue[EditScreen] = queue.SimpleQueue()
         self.verdicts: dict[str, dict[str, CaseResult]] = {}  # case -> program -> verdict
         self.lock = threading.Lock()
+        # The gate's static rules, each edit scanned where it differs from the kernel.
+        self.gate = EditScan(request.source, request.candidate_name)
 
     def __call__(self, edits: list[tuple[int, str]]) -> list[float]:
-        name = self.request.candidate_name
         refused: set[int] = set()
 
         def admitted() -> Iterator[tuple[int, str]]:  # checked as the child takes them
             for index, source in edits:
-                if _refused(source, name):
+                if _refused(source, self.gate):
                     refused.add(index)
                 else:
                     yield index, source
@@ -344,10 +345,10 @@ class _Warm:
             child.stop()
 
 
-def _refused(source: str, name: str) -> bool:
+def _refused(source: str, gate: EditScan) -> bool:
     """Whether the gate's static rules refuse to run the edit (a rule that fails refuses)."""
     try:
-        return bool(static_violations(source, name))
+        return bool(gate.violations(source))
     except Exception:
         return True
 

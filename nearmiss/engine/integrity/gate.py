@@ -26,7 +26,7 @@ from nearmiss.engine.integrity.dynamic import (
     mutation_violations,
     probe_violations,
 )
-from nearmiss.engine.integrity.static import STATIC_RULES, static_violations
+from nearmiss.engine.integrity.static import STATIC_RULES, EditScan, static_violations
 from nearmiss.engine.models import IntegrityReport, Violation
 
 RULES = tuple(dict.fromkeys(STATIC_RULES + DYNAMIC_RULES))  # host_callback is in both
@@ -105,4 +105,12 @@ def blocks_execution(static: list[Violation], mode: str) -> bool:
     return mode == "enforce" and any(v.rule in BLOCKS_EXECUTION for v in static)
 
 
-__all__ = ["MODES", "RULES", "CaseEvidence", "blocks_execution", "judge", "static_violations"]
+__all__ = [
+    "MODES",
+    "RULES",
+    "CaseEvidence",
+    "EditScan",
+    "blocks_execution",
+    "judge",
+    "static_violations",
+]
