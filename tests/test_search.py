@@ -357,10 +357,14 @@ def _body(q_ref, k_ref, o_ref, m_ref, *, sm_scale):
 
 
 def kernel(q, k):
+    def o_map(b, o, i):
+        return (b, b, 0)
+
     return pl.pallas_call(
         _body,
         grid=(2, 3, 4),
         in_specs=[pl.BlockSpec((8, 8), lambda b, o, i: (0, b)), None],
+        out_specs=pl.BlockSpec((8, 8, 8), o_map),
         out_shape=q,
     )(q, k)
 """
@@ -373,6 +377,7 @@ def kernel(q, k):
         ("sibling", "jnp.ones_like(p)", "jnp.zeros_like(p)"),
         ("fill", "jnp.where(s > 0, s, 0.0)", "jnp.where(s > 0, s, -jnp.inf)"),
         ("index_map_name", "lambda b, o, i: (0, b)", "lambda b, o, i: (0, o)"),
+        ("index_map_name", "return (b, b, 0)", "return (b, o, 0)"),
         ("axis", "pl.program_id(1) == 0", "pl.program_id(2) == 0"),
         ("dot_dimensions", "(((1,), (1,)), ((), ()))", "(((1,), (0,)), ((), ()))"),
         ("dot_dimensions", "jnp.dot(q_ref[...], k_ref[...])", "jnp.dot(q_ref[...], k_ref[...].T)"),
@@ -557,6 +562,25 @@ def test_only_edits_of_statements_that_ran_are_kept():
     assert not reached.reached(source.replace("return 3", "return 5"))
     assert reached.reached(source.replace("def g():", "def g(y=0):"))  # a def runs at import
     assert _Reached(source, None).reached(source.replace("return 3", "return 5"))  # not known
+    # A module-level constant runs at import, before the tracer starts: its edits are kept.
+    constant = "N = 1\n\n\n" + source
+    assert _Reached(constant, frozenset({4, 5, 7})).reached(constant.replace("N = 1", "N = 2"))
+
+
+def test_a_module_level_constant_the_kernel_reads_is_mutated_after_its_functions():
+    source = (
+        "import jax\n\n"
+        "DIMS = (((0,), (1,)), ((), ()))\n"
+        "UNUSED = (((0,), (1,)), ((), ()))\n\n\n"
+        "def kernel(q, k):\n"
+        "    return jax.lax.dot_general(q, k, DIMS) + 1\n"
+    )
+    found = list(mutants(source))
+    fixed = [m for m in found if "DIMS = (((1,), (1,)), ((), ()))" in m.source]
+    assert fixed and fixed[0].operator == "dot_dimensions"
+    assert not any("UNUSED = (((1,)" in m.source for m in found)  # no function reads it
+    on_constant = [m.line == 3 for m in found]
+    assert on_constant == sorted(on_constant)  # the function's own edits first
 
 
 async def test_edits_of_code_the_suite_never_runs_are_skipped_unscreened():

@@ -81,6 +81,27 @@ def reachable(tree: ast.Module, entry: str = ENTRY) -> list[ast.FunctionDef]:
     return functions[1:] + functions[:1]  # the entry (the user's glue) last
 
 
+def constants_read(tree: ast.Module, functions: list[ast.FunctionDef]) -> list[ast.Assign]:
+    """Module-level assignments of names those functions read (``TRANS_B_DIM_NUMBERS = (((1,),
+    (1,)), ((), ()))``, ``NUM_LANES = 128``): a constant the kernel uses is part of the kernel,
+    and its value can be the bug. Not the ones that bind a function (``reachable`` has those)."""
+    read = {
+        n.id
+        for fn in functions
+        for n in walk(fn)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    }
+    found = []
+    for node in tree.body:
+        if not isinstance(node, ast.Assign) or not all(
+            isinstance(t, ast.Name) for t in node.targets
+        ):
+            continue
+        if any(t.id in read for t in node.targets if isinstance(t, ast.Name)):
+            found.append(node)
+    return found
+
+
 # ----------------------------------------------------------------------------------------------
 # The operators: each yields (node, replacement text) pairs for one family of edits.
 
@@ -600,15 +621,23 @@ def _is_minus_infinity(source: str, node: ast.AST) -> bool:
 def _index_map_names(source: str, fn: ast.AST) -> Iterator[Site]:
     """A grid index read from the wrong parameter of an index map: in a ``lambda`` of plain
     parameters (a BlockSpec's index map), a parameter read where a sibling was meant
-    (``lambda b, o, i: (0, b)`` -> ``(0, o)``)."""
+    (``lambda b, o, i: (0, b)`` -> ``(0, o)``); in a ``def`` of plain parameters that returns
+    a tuple (an index map written out: ``def o_map(b, h, q, k): return (b, h, q, 0)``), a
+    parameter the tuple names where a sibling was meant."""
     for node in walk(fn):
-        if not isinstance(node, ast.Lambda) or node.args.vararg or node.args.kwarg:
+        if not isinstance(node, ast.Lambda | ast.FunctionDef) or node.args.vararg:
             continue
         params = [a.arg for a in node.args.args]
-        if not 2 <= len(params) <= 5:
+        if node.args.kwarg or not 2 <= len(params) <= 5:
             continue
-        for name in walk(node.body):
-            if isinstance(name, ast.Name) and name.id in params:
+        if isinstance(node, ast.Lambda):
+            read = [n for n in walk(node.body) if isinstance(n, ast.Name)]
+        else:
+            returned = [r.value for r in walk(node) if isinstance(r, ast.Return)]
+            tuples = [t for t in returned if isinstance(t, ast.Tuple)]
+            read = [n for t in tuples for n in t.elts if isinstance(n, ast.Name)]
+        for name in read:
+            if name.id in params:
                 for other in params:
                     if other != name.id:
                         yield name, other
@@ -616,11 +645,14 @@ def _index_map_names(source: str, fn: ast.AST) -> Iterator[Site]:
 
 def _dot_dimensions(source: str, fn: ast.AST) -> Iterator[Site]:
     """A matrix product contracted over the wrong axis: a ``dot_general``'s contracting
-    dimensions (written out as a literal) each moved to the operand's other matrix axis, and
-    an operand of a ``dot``/``matmul``/``@`` transposed (``q @ k`` for ``q @ k.T``)."""
+    dimensions (written out as a literal, or bound to a name: ``NT_DIMS = (((1,), (1,)), ((),
+    ()))``) each moved to the operand's other matrix axis, and an operand of a
+    ``dot``/``matmul``/``@`` transposed (``q @ k`` for ``q @ k.T``)."""
     for node in walk(fn):
         if isinstance(node, ast.Call) and _called(node) == "dot_general" and len(node.args) >= 3:
             yield from _contracting_alternatives(node.args[2])
+        elif isinstance(node, ast.Assign) and _dimension_numbers(node.value):
+            yield from _contracting_alternatives(node.value)
         operands: list[ast.expr] = []
         if isinstance(node, ast.Call) and _called(node) in ("dot", "matmul") and node.args:
             operands = node.args[:2]
@@ -632,6 +664,20 @@ def _dot_dimensions(source: str, fn: ast.AST) -> Iterator[Site]:
             text = _text(source, operand)
             atom = isinstance(operand, ast.Name | ast.Attribute | ast.Subscript | ast.Call)
             yield operand, f"{text if atom else f'({text})'}.T"
+
+
+def _dimension_numbers(value: ast.expr) -> bool:
+    """Whether ``value`` is written as a ``dot_general``'s dimension numbers: ``((contracting,
+    contracting), (batch, batch))``, each a tuple of ints."""
+    if not (isinstance(value, ast.Tuple) and len(value.elts) == 2):
+        return False
+    pairs = [p for p in value.elts if isinstance(p, ast.Tuple) and len(p.elts) == 2]
+    sides = [side for pair in pairs for side in pair.elts if isinstance(side, ast.Tuple)]
+    return (
+        len(pairs) == 2
+        and len(sides) == 4
+        and all(_int_value(axis) is not None for side in sides for axis in side.elts)
+    )
 
 
 def _contracting_alternatives(numbers: ast.expr) -> Iterator[Site]:
@@ -704,7 +750,8 @@ def mutants(
     """Every single-site mutant of the code ``entry`` reaches, each distinct source once; none
     when the source does not parse. Ordered by where, then by what: the kernel bodies (and the
     functions they call) first, then the functions that build the pallas_calls (grids, block
-    specs, index maps, output shapes), then the rest; within each, operator by operator in the
+    specs, index maps, output shapes), then the rest, then the module-level constants they read
+    (``constants_read``); within each, operator by operator in the
     order of ``OPERATORS``. Edits of a guard's test (an ``if`` that only raises, an ``assert``)
     come after all others: turning a check off makes a failing call pass on the suite while
     breaking the calls the check let through (a plausible patch, not a fix).
@@ -720,7 +767,8 @@ def mutants(
     bodies = [f for f in _kernel_functions(mod) if f in functions] if mod.pl else []
     builders = [c.scope for c in _pallas_calls(mod)] if mod.pl else []
     builders = [f for f in functions if f in builders and f not in bodies]
-    tiers = [bodies, builders, [f for f in functions if f not in bodies + builders]]
+    rest = [f for f in functions if f not in bodies + builders]
+    tiers: list[list] = [bodies, builders, rest, constants_read(mod.tree, functions)]
     guarded = {id(n) for fn in functions for test in _guard_tests(fn) for n in walk(test)}
     lines = source.split("\n")  # as ast numbers them (splitlines also splits at \f)
     planned: list[tuple[int, str, ast.AST | _Span, str]] = []  # (rank, operator, site, text)

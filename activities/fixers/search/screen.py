@@ -356,7 +356,9 @@ def _refused(source: str, gate: EditScan) -> bool:
 class _Reached:
     """Which edits touch code the kernel's run executed: an edit is kept when a line of the
     smallest statement holding its change ran (a compound statement's header counts for its
-    body, a function's ``def`` for its parameters). Where the lines are not known, all are."""
+    body, a function's ``def`` for its parameters). A module-level statement other than a
+    definition (a constant the kernel reads) runs at import, before the tracer starts: it is
+    always kept. Where the lines are not known, all are."""
 
     def __init__(self, source: str, lines: frozenset[int] | None) -> None:
         self.original = source.splitlines()
@@ -368,6 +370,12 @@ class _Reached:
         for node in sorted(statements, key=lambda n: n.lineno - (n.end_lineno or n.lineno)):
             for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
                 self.statement[line] = (node.lineno, node.end_lineno or node.lineno)
+        definitions = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+        self.at_import = {
+            (n.lineno, n.end_lineno or n.lineno)
+            for n in (tree.body if tree else [])
+            if not isinstance(n, definitions)
+        }
 
     def edits(self, edits: Iterable[tuple[int, str]]) -> Iterator[tuple[int, str]]:
         for index, source in edits:
@@ -383,6 +391,8 @@ class _Reached:
         if last < first or first not in self.statement:  # lines only added: keep it
             return True
         start, end = self.statement[first]
+        if (start, end) in self.at_import:
+            return True
         return any(line in self.lines for line in range(start, max(end, last) + 1))
 
 
