@@ -112,7 +112,7 @@ class FixProposed(Event):
     response_hash: str = ""
     tokens: JSON = {}
     tool_calls: int = 0
-    resume_at: int = 0  # a search to go on in the next round; absent on every other fix
+    resume_at: int = 0  # where a search of base_hash goes on; absent on every other fix
 
 
 class CandidateValidated(Event):

@@ -203,6 +203,59 @@ def test_a_search_that_spent_its_round_goes_on_in_the_next_until_nothing_is_left
     assert step.action.reason == "max_rounds"
 
 
+def test_a_search_keeps_the_unedited_kernel_in_its_beam_beside_an_edit_that_got_further():
+    """An edit that only gets further may be a step aside: fixes then alternate between it and
+    the unedited kernel, whose search goes on where it stopped, from its own evidence; the
+    events name the kernel each fix edited. Once the unedited kernel has no edit left, the
+    best goes on alone; with neither left, a deterministic fixer stops."""
+    state = LoopState(guards=Guards(max_rounds=9), deterministic_fixer=True, keep_unedited=True)
+    loop = RepairLoop(state)
+    step = loop.begin("h0", 0)
+    step = loop.on_evidence(step.action, ev("h0", 0.2, "a"), 1)
+    step = loop.on_fix(fix("h1", resume_at=40), 2)  # got further, 40 of h0's edits screened
+    step = loop.on_evidence(step.action, ev("h1", 0.5, "b"), 3)
+    assert step.action.kind == "fix" and step.action.candidate_hash == "h0"
+    assert loop.evidence_of("h0").signature == "a" and loop.state.searched == {"h0": 40}
+    step = loop.on_fix(fix(None, summary="", resume_at=80), 4)  # none in h0's next 40
+    assert step.action.candidate_hash == "h1" and loop.state.searched == {"h0": 80}
+    assert step.events[0].payload["base_hash"] == "h0"
+    step = loop.on_fix(fix("h2"), 5)  # from h1: worse, reverted; h0's turn again
+    step = loop.on_evidence(step.action, ev("h2", 0.3, "c"), 6)
+    assert step.action.candidate_hash == "h0"
+    step = loop.on_fix(fix("h3", resume_at=120), 7)  # from h0: better than h1, the new best
+    assert step.events[0].payload["base_hash"] == "h0"
+    step = loop.on_evidence(step.action, ev("h3", 0.7, "d"), 8)
+    assert step.action.candidate_hash == "h0" and loop.state.best_hash == "h3"
+    assert [r.base_hash for r in loop.state.rounds] == ["h0", "h0", "h1", "h0"]
+    step = loop.on_fix(fix(None, summary="", resume_at=0), 9)  # h0 has none left
+    assert step.action.candidate_hash == "h3"
+    step = loop.on_fix(fix(None, summary="", resume_at=0), 10)  # nor has h3
+    assert step.action.reason == "no_fix"
+
+
+def test_only_a_search_keeps_the_unedited_kernel_and_each_of_the_two_goes_on_alone():
+    """Another fixer (a model, the playbook) builds on the best, as before. With a search, an
+    answer that says nothing of where it stopped (a recipe's) still brings the unedited kernel
+    back, its search from the start; once the best has no edit left, the other goes on alone."""
+    for keep in (False, True):
+        loop = RepairLoop(LoopState(guards=Guards(), keep_unedited=keep))
+        step = loop.on_evidence(loop.begin("h0", 0).action, ev("h0", 0.2, "a"), 1)
+        step = loop.on_fix(fix("h1"), 2)
+        step = loop.on_evidence(step.action, ev("h1", 0.2, "a"), 3)  # the same: kept
+        assert step.action.candidate_hash == ("h0" if keep else "h1")
+        assert loop.state.searched == {}
+    guards = Guards(no_progress_rounds=5)  # rounds without an edit keep h1's failure
+    loop = RepairLoop(LoopState(guards=guards, deterministic_fixer=True, keep_unedited=True))
+    step = loop.on_evidence(loop.begin("h0", 0).action, ev("h0", 0.2, "a"), 1)
+    step = loop.on_fix(fix("h1", resume_at=40), 2)
+    step = loop.on_evidence(step.action, ev("h1", 0.5, "b"), 3)
+    step = loop.on_fix(fix(None, summary="", resume_at=60), 4)  # h0's turn: 20 more, none
+    step = loop.on_fix(fix(None, summary="", resume_at=0), 5)  # h1's: none left at all
+    assert step.action.candidate_hash == "h0" and "h1" in loop.state.exhausted
+    step = loop.on_fix(fix(None, summary="", resume_at=90), 6)
+    assert step.action.candidate_hash == "h0"  # h1 has nothing left: h0 goes on alone
+
+
 def test_integrity_violations_are_their_own_event():
     loop, step = start()
     bad = ev("h0", 0.0, violations=[{"rule": "wrapper_compute", "detail": "80%"}])

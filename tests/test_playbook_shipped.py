@@ -247,39 +247,55 @@ def diagnose_planted(spec: Path, source: str, candidate: Path) -> CheckReport:
 async def repair_planted(spec: Path, source: str, candidate: Path, fixer=None):
     """Check the planted kernel, then let the playbook (or ``fixer``, another zero-token one)
     repair it for up to ROUNDS rounds from the engine's evidence, as the repair loop does (a
-    regression is reverted, the next edit starts from the best candidate; a search that spent
-    its round without an edit goes on in the next from where it stopped): (first report, last
-    report, steps)."""
+    regression is reverted, the next edit starts from the best candidate; a search goes on in
+    a later round on a kernel from where it stopped, and keeps the unedited kernel in its beam
+    beside an edit that only got further): (first report, last report, steps)."""
     report = diagnose_planted(spec, source, candidate)
     first, tried, steps = report, [], [f"diagnosed {report.failure_class}"]
+    original = (source, report)
     best = (score(report), source, report)
-    searched: dict[str, int] = {}  # source -> edits of it screened in rounds that found none
+    searched: dict[str, int] = {}  # source -> how far a search has got through its edits
+    exhausted: set[str] = set()  # sources a search has no edit left of
+    had_its_turn = False  # the last round edited the unedited kernel and did not move the best
     fixer = fixer or PlaybookFixer()
     for round_ in range(1, ROUNDS + 1):
+        in_beam = fixer.kind.screens and source != original[0] and original[0] not in exhausted
+        if in_beam and (not had_its_turn or source in exhausted):
+            base, evidence = original
+        else:
+            base, evidence = source, report
         result = await fixer.propose(
             FixRequest(
                 spec_path=str(spec),
                 spec_source=spec.read_text(),
-                source=source,
+                source=base,
                 candidate_name=candidate.name,
-                evidence=evidence_from_report(report, "sha256:x", ""),
+                evidence=evidence_from_report(evidence, "sha256:x", ""),
                 round=round_,
                 tried=tried,
-                skip=searched.get(source, 0),
+                skip=searched.get(base, 0),
             )
         )
         assert result.tokens.total == 0 and result.model == fixer.kind.name
+        if base != source:
+            steps.append("from the unedited kernel:")
+        further = result.resume_at > searched.get(base, 0)
+        if further:
+            searched[base] = result.resume_at
+        had_its_turn = base == original[0]
         if result.source is None:
             steps.append("no recipe" if fixer.kind.name == "playbook" else result.reason)
-            if result.resume_at > searched.get(source, 0):
-                searched[source] = result.resume_at
+            if further:
                 continue
+            if in_beam:
+                exhausted.add(base)
+                if base == source or source not in exhausted:
+                    continue
             break
         assert result.summary in RECIPES or result.summary.startswith("mutant:")
         assert result.summary not in tried
         tried.append(result.summary)
-        source = result.source
-        candidate.write_text(source)
+        candidate.write_text(result.source)
         report = check(spec, candidate, SUITE, SEED)
         steps.append(f"{result.summary} -> {report.failure_class or 'certified'}")
         if report.certified:
@@ -289,6 +305,7 @@ async def repair_planted(spec: Path, source: str, candidate: Path, fixer=None):
             _, source, report = best
             candidate.write_text(source)
         else:
+            source, had_its_turn = result.source, False
             best = (score(report), source, report)
     return first, report, steps
 

@@ -147,3 +147,61 @@ async def test_a_search_goes_on_across_rounds_through_the_workflow_and_replays(c
         again = await (await rerun(client, store, handle.id)).result()
     assert determinism.ok, determinism.detail
     assert again.certified and again.rounds == 3  # the recorded spent rounds go on too
+
+
+class StepAsideSearch:
+    """A search whose first round finds only an edit that gets further (here: one that keeps
+    the score, a comment added), with edits of the kernel left; asked again of the unedited
+    kernel from where it stopped, it finds the fix. Records what each round was asked to edit
+    and from where (``request.source``, ``request.skip``)."""
+
+    name = "search"
+
+    def __init__(self, original: str) -> None:
+        self.original = original
+        self.asked: list[tuple[str, int]] = []
+
+    async def propose(self, request: FixRequest) -> FixResult:
+        base = "unedited" if request.source == self.original else "edited"
+        self.asked.append((base, request.skip))
+        if base == "edited":
+            return FixResult(model="search", reason="search: none was left")
+        if request.skip < 7:
+            aside = self.original + "# a step aside\n"
+            return FixResult(
+                model="search",
+                source=aside,
+                summary="mutant:aside",
+                reason="got further",
+                resume_at=7,
+            )
+        return FixResult(model="search", source=GOLDEN, summary="mutant:fix", reason="found")
+
+
+async def test_a_search_session_comes_back_to_the_unedited_kernel_and_replays(client, store):
+    """After a search's edit that only got further, the next round edits the unedited kernel
+    again, from where its search stopped, with the kernel's own evidence: the fix is found
+    there, as one edit of the original. The event log names the kernel each round edited, and
+    the session replays deterministically."""
+    original = (TINY / "variants" / "floor_grid.py").read_text()
+    search = StepAsideSearch(original)
+    async with build_worker(client, store, lambda model: search, fail_workflows_on_error=True):
+        handle = await start_session(
+            client,
+            store,
+            TINY / "spec.py",
+            TINY / "variants" / "floor_grid.py",
+            "search",
+            Guards(),
+        )
+        result = await handle.result()
+        events = await store.read_stream(handle.id)
+        determinism = await check_determinism(client, handle.id)
+    fixes = [e.payload for e in events if e.type == "FixProposed"]
+    judged = [e.payload for e in events if e.type == "CandidateValidated"]
+    assert search.asked == [("unedited", 0), ("unedited", 7)]
+    assert result.certified and result.rounds == 2
+    assert [f["base_hash"] for f in fixes] == [result.original_hash] * 2
+    assert [f.get("resume_at") for f in fixes] == [7, None]
+    assert judged[0]["outcome"] == "same" and judged[0]["best_hash"] != result.original_hash
+    assert determinism.ok, determinism.detail

@@ -532,6 +532,30 @@ def test_a_search_that_spent_its_round_goes_on_where_it_stopped(monkeypatch):
     assert "(after 3 in earlier rounds; more were left)" in second.reason
     last = search_module.search(request.model_copy(update={"skip": len(order) - 2}), Budget())
     assert screened[-1] == order[-2:] and last.resume_at == 0 and "none was left" in last.reason
+    # An edit proposed from the first round (the loop built on it, then came back to this
+    # kernel) is tried now: the edits after it keep their places, none is passed over, and
+    # a later one tried is not screened again.
+    names = [e.name for e in candidate_edits(request)]
+    again = request.model_copy(update={"skip": 3, "tried": [names[1], names[4]]})
+    assert search_module.search(again, Budget()).resume_at == 7
+    assert screened[-1] == [order[3], order[5], order[6]]
+
+
+def test_an_edit_that_only_got_further_says_where_the_search_of_its_kernel_goes_on(monkeypatch):
+    """The loop may come back to the unedited kernel after building on an edit that got further
+    (``workflows.loop``): the answer says how far the search got, as a round with no edit does."""
+    import activities.fixers.search as search_module
+
+    def second_gets_further(request, sources, budget):
+        list(zip(range(3), sources, strict=False))
+        return Screen(3, 1.0, best=1)
+
+    monkeypatch.setattr(search_module, "screen", second_gets_further)
+    request = _request(SWAPPED.read_text())
+    order = [e.source for e in candidate_edits(request)]
+    answer = search_module.search(request.model_copy(update={"skip": 2}), Budget())
+    assert answer.source == order[3] and "gets further than the kernel" in answer.reason
+    assert answer.resume_at == 5
 
 
 # A second body behind a dispatch the suite never takes (inputs of over a million rows), full of

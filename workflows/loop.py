@@ -20,6 +20,14 @@ Guards, checked before every fix: the wall-clock deadline, max rounds, the token
 and uncached), no progress (the same failure signature ``no_progress_rounds`` rounds running).
 After a fix: a candidate seen before is a cycle. Validation keeps the best candidate so far; a
 regression is reverted (the next fix starts from the best). Every stop has a reason.
+
+The unedited kernel stays in the beam while a search has edits of it left: an edit that only
+"gets further" may be a step aside (``.sum`` for ``.mean`` where a reciprocal was dropped), and a
+session that built only on it would never screen the kernel's own one-site fix. So with a
+search (``FixerKind.screens``), once the best candidate is an edit, the unedited kernel's
+remaining edits come first (its search going on where it stopped, ``FixOutcome.resume_at``),
+then fixes alternate between the two until the unedited kernel has none left. Every other
+fixer builds on the best.
 """
 
 from __future__ import annotations
@@ -124,10 +132,14 @@ class LoopState(BaseModel):
     use_kb: bool = False  # retrieve from the knowledge base before each fix
     tool_rounds: bool = False  # each fix is a tool-using round (a chat model with tools allowed)
     learn: bool = False  # the knowledge base learns from the session once it has ended
+    # The fixer screens (a search): the unedited kernel stays in the beam beside the best.
+    keep_unedited: bool = False
     started_at: float = 0.0
     original_hash: str = ""
+    original_evidence: Evidence | None = None  # its first check's: what a fix of it starts from
     current_hash: str = ""
     current_evidence: Evidence | None = None
+    fixing: str = ""  # the candidate the fix under way edits: the current one, or the original
     best_hash: str = ""
     best_rank: tuple[float, float] = (-1.0, -1.0)
     seen: list[str] = Field(default_factory=list)
@@ -136,9 +148,10 @@ class LoopState(BaseModel):
     tokens: TokenUsage = Field(default_factory=TokenUsage)
     tool_calls: int = 0  # the fixer's experiments, all rounds
     tried: list[str] = Field(default_factory=list)
-    # Per candidate (hash): how many candidate edits of it a search has screened in rounds
-    # that found none (``FixResult.resume_at``); the next round's search goes on from there.
+    # Per candidate (hash): how far through its candidate edits a search has got
+    # (``FixResult.resume_at``); the next round's search of it goes on from there.
     searched: dict[str, int] = Field(default_factory=dict)
+    exhausted: list[str] = Field(default_factory=list)  # candidates a search has no edit left of
     pending_rank: float = 0.0  # compact score of the candidate being certified
     stop_reason: str | None = None
     stop_detail: str = ""
@@ -207,7 +220,7 @@ class RepairLoop:
         if action.kind == "validate":
             events.append(self._judge_validation(evidence))
         else:
-            s.current_evidence = evidence
+            s.current_evidence = s.original_evidence = evidence
             s.best_rank = (evidence.score, -1.0)
         if evidence.compact_passed and evidence.integrity_ok:
             s.pending_rank = evidence.score
@@ -254,6 +267,10 @@ class RepairLoop:
         s.tokens = s.tokens + outcome.tokens
         s.tool_calls += outcome.tool_calls
         number = len(s.rounds) + 1
+        base = s.fixing or s.current_hash
+        further = outcome.resume_at > s.searched.get(base, 0)  # a search with edits of it left
+        if further:
+            s.searched[base] = outcome.resume_at
         if outcome.summary:
             s.tried.append(outcome.summary)
         proposed = FixProposed(
@@ -261,7 +278,7 @@ class RepairLoop:
             model=outcome.model,
             summary=outcome.summary,
             reason=outcome.reason,
-            base_hash=s.current_hash,
+            base_hash=base,
             candidate_hash=outcome.candidate_hash,
             prompt_hash=outcome.prompt_hash,
             response_hash=outcome.response_hash,
@@ -272,14 +289,14 @@ class RepairLoop:
             **({"resume_at": outcome.resume_at} if outcome.resume_at else {}),
         )
         events = [PlannedEvent.of(proposed)]
-        base = s.current_evidence
-        aimed_at = f"{base.failure_class}|{base.category}" if base else ""
+        aimed = self.evidence_of(base)
+        aimed_at = f"{aimed.failure_class}|{aimed.category}" if aimed else ""
         round_ = Round(
             number=number,
             summary=outcome.summary,
             tokens=outcome.tokens,
             aimed_at=aimed_at,
-            base_hash=s.current_hash,
+            base_hash=base,
             stats=RoundStats(
                 round=number,
                 model_requests=outcome.model_requests,
@@ -294,14 +311,18 @@ class RepairLoop:
         if outcome.candidate_hash is None:
             round_.outcome = "no_edit"
             s.signatures.append(self._signature())
-            if outcome.resume_at > s.searched.get(s.current_hash, 0):
+            if further:
                 # A search that ran out of budget, not of edits: the next round goes on (and
                 # asks again even of a deterministic fixer, which now answers differently).
-                s.searched[s.current_hash] = outcome.resume_at
                 return self._next_fix(now, events)
+            if self._in_beam():
+                # No edit left of one of the beam's two: the other goes on alone, if it has any.
+                s.exhausted.append(base)
+                if base == s.current_hash or s.current_hash not in s.exhausted:
+                    return self._next_fix(now, events)
             if s.deterministic_fixer:
                 # Right numbers, refused by the integrity gate: say so, not just "no fix".
-                blocked = base is not None and not base.integrity_ok and not base.failure_class
+                blocked = aimed is not None and not aimed.integrity_ok and not aimed.failure_class
                 return self._stop("integrity" if blocked else "no_fix", outcome.reason, events)
             return self._next_fix(now, events)
         round_.candidate_hash = outcome.candidate_hash
@@ -313,6 +334,14 @@ class RepairLoop:
             action=Action(kind="validate", candidate_hash=outcome.candidate_hash, suite="compact"),
             events=events,
         )
+
+    def evidence_of(self, candidate_hash: str) -> Evidence | None:
+        """The evidence a fix of ``candidate_hash`` (the current candidate's, or the unedited
+        kernel's) starts from."""
+        s = self.state
+        if candidate_hash == s.current_hash:
+            return s.current_evidence
+        return s.original_evidence if candidate_hash == s.original_hash else None
 
     def result(self, session_id: str) -> RepairResult:
         """What the session came to, once the loop has stopped."""
@@ -342,13 +371,37 @@ class RepairLoop:
 
     def _fix_action(self, knowledge: list[str] | None = None, patches: list | None = None):
         s = self.state
+        s.fixing = self._next_base()
         return Action(
             kind="fix",
-            candidate_hash=s.current_hash,
+            candidate_hash=s.fixing,
             tool_round=s.tool_rounds,
             knowledge=knowledge or [],
             patches=patches or [],
         )
+
+    def _in_beam(self) -> bool:
+        """Whether the unedited kernel is in the beam beside the best candidate: the fixer is a
+        search, the best is an edit, and the search has edits of the unedited kernel left."""
+        s = self.state
+        return (
+            s.keep_unedited
+            and s.current_hash != s.original_hash
+            and s.original_hash not in s.exhausted
+        )
+
+    def _next_base(self) -> str:
+        """What the next fix edits: the best candidate, or, while the beam holds both, the
+        unedited kernel first (its remaining edits are screened before anything is built on an
+        edit of it that only got further), then the two in turn."""
+        s = self.state
+        if not self._in_beam():
+            return s.current_hash
+        last = s.rounds[-1]
+        had_its_turn = last.base_hash == s.original_hash and last.candidate_hash != s.current_hash
+        if had_its_turn and s.current_hash not in s.exhausted:
+            return s.current_hash
+        return s.original_hash
 
     def _signature(self) -> str:
         evidence = self.state.current_evidence

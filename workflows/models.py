@@ -29,6 +29,9 @@ class FixerKind(BaseModel, frozen=True):
     chat: bool = False
     # The recorded answers of a past session (``nearmiss replay``), not a fixer at all.
     replay: bool = False
+    # Screens a kernel's candidate edits, going on where it stopped when asked again
+    # (``FixRequest.skip``): the loop keeps the unedited kernel in its beam (workflows.loop).
+    screens: bool = False
 
 
 FIXER_KINDS = {
@@ -36,7 +39,7 @@ FIXER_KINDS = {
     for kind in (
         # The playbook's recipes, and the playbook followed by a screened mutation search.
         FixerKind(name="playbook", zero_token=True, deterministic=True),
-        FixerKind(name="search", zero_token=True, deterministic=True),
+        FixerKind(name="search", zero_token=True, deterministic=True, screens=True),
         FixerKind(name="openai", takes_argument=True, chat=True),
         FixerKind(name="replay", takes_argument=True, deterministic=True, replay=True),
     )
@@ -181,9 +184,10 @@ class FixResult(BaseModel):
     tokens: TokenUsage = Field(default_factory=TokenUsage)
     prompt: str = ""
     response: str = ""
-    # No edit yet, but more to try: a search that spent its round's budget before its candidate
-    # edits ran out says how many of them it has screened (with those of earlier rounds), so
-    # asking again with ``FixRequest.skip`` set to it goes on where it stopped; 0: nothing left.
+    # More to try: a search that spent its round's budget before its candidate edits ran out
+    # says how far through them it got (with earlier rounds), so asking again with
+    # ``FixRequest.skip`` set to it goes on where it stopped; 0: nothing left. With no edit,
+    # the next round goes on; with one, the loop comes back to it from the unedited kernel.
     resume_at: int = 0
     model_requests: int = 0  # chat requests this answer took (0: no model asked)
     model_s: float = 0.0  # their wall time

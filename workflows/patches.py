@@ -46,7 +46,9 @@ TODAYS_CODE = "decided-at-start"
 # (``decide_at_start``): a session recorded before one has TODAYS_CODE's marker but not its own.
 # ... before an agent round ran no tool of a reply that spent the token budget.
 TOOLS_WITHIN_BUDGET = "tools-within-budget"
-LATER_CHANGES = (TOOLS_WITHIN_BUDGET,)
+# ... before a search session kept the unedited kernel beside an edit that only got further.
+UNEDITED_IN_BEAM = "unedited-in-beam"
+LATER_CHANGES = (TOOLS_WITHIN_BUDGET, UNEDITED_IN_BEAM)
 
 # The runs that have decided (weakly held: the worker drops finished runs).
 _decided: weakref.WeakSet = weakref.WeakSet()

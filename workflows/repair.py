@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         AGENT_TOOLS,
         LEARN_FROM_SESSION,
         RETRIEVE_KNOWLEDGE,
+        UNEDITED_IN_BEAM,
         decide_at_start,
         has,
     )
@@ -168,6 +169,7 @@ class RepairWorkflow:
                 is_kind(request.model, chat=True) and request.guards.max_tool_calls_per_round > 0
             ),
             learn=request.learn,
+            keep_unedited=has(UNEDITED_IN_BEAM) and is_kind(request.model, screens=True),
         )
         self.loop = loop = RepairLoop(state)
         workflow.upsert_search_attributes(
@@ -265,7 +267,7 @@ class RepairWorkflow:
         """The fix's outcome and the time it ended; ``CutShort`` when the deadline came first."""
         assert self.loop is not None  # run() made it before the first round
         state = self.loop.state
-        evidence = state.current_evidence
+        evidence = self.loop.evidence_of(action.candidate_hash)
         assert evidence is not None  # a fix always follows a check
         fix = FixInput(
             spec_hash=request.spec_hash,
@@ -277,7 +279,7 @@ class RepairWorkflow:
             tried=list(state.tried),
             knowledge=action.knowledge,
             patches=action.patches,
-            skip=state.searched.get(state.current_hash, 0),
+            skip=state.searched.get(action.candidate_hash, 0),
         )
         guards = request.guards
         if guards.token_budget is not None:  # bounds the model's answers (max_tokens)

@@ -69,10 +69,16 @@ def candidate_edits(request: FixRequest) -> Iterator[Edit]:
     """What the search screens, in order, each distinct source once: each recipe's edit not yet
     tried (the evidence's classes found none, so these are the other classes'), then the
     single-site mutants. Lazy: a large module has thousands of mutants, a round screens few."""
+    return (edit for _, edit in _numbered(request))
+
+
+def _numbered(request: FixRequest) -> Iterator[tuple[int, Edit]]:
+    """``candidate_edits`` with each edit's position among all of the source's distinct edits,
+    the tried ones counted: a round that resumes a source (``FixRequest.skip``) after an edit
+    of it was tried in between (the unedited kernel's own rounds, ``workflows.loop``) finds
+    every unscreened edit where it was."""
     edits = []
     for name, recipe in RECIPES.items():
-        if name in request.tried:
-            continue
         try:
             edited = recipe.apply(request.source, request.evidence)
         except Exception:  # a recipe's bug costs its candidate, not the search
@@ -82,10 +88,13 @@ def candidate_edits(request: FixRequest) -> Iterator[Edit]:
     first = suspected_lines(request.evidence.failure_class)
     mutated = (Edit(mutant_name(m), m.source) for m in mutants(request.source, first=first))
     seen: set[str] = set()
+    tried = set(request.tried)
     for edit in itertools.chain(edits, mutated):
-        if edit.source not in seen and edit.name not in request.tried:
-            seen.add(edit.source)
-            yield edit
+        if edit.source in seen:
+            continue
+        seen.add(edit.source)
+        if edit.name not in tried:
+            yield len(seen) - 1, edit
 
 
 # Where a NaN or an Inf is born: an exponential or a logarithm, a root, a power, a division, an
@@ -114,11 +123,14 @@ def search(request: FixRequest, budget: Budget) -> FixResult:
     spent. With no edit to propose and more left, ``resume_at`` says where the next round
     goes on."""
     edits: list[Edit] = []
-    pending = itertools.islice(candidate_edits(request), request.skip, None)
+    pending = itertools.dropwhile(lambda numbered: numbered[0] < request.skip, _numbered(request))
+    resume_at = request.skip  # the position after the last edit taken
 
     def sources() -> Iterator[str]:  # lazy: a large module's mutants are made as screened
-        for edit in pending:
+        nonlocal resume_at
+        for position, edit in pending:
             edits.append(edit)
+            resume_at = position + 1
             yield edit.source
 
     found: Screen = screen(request, sources(), budget)
@@ -136,9 +148,9 @@ def search(request: FixRequest, budget: Budget) -> FixResult:
         why = found.why or "none got further than the kernel on the failing suite"
         # Only a round that got through some edits can be resumed: one that screened none (the
         # gate refused the kernel, its baseline failed) would stop at the same place again.
-        resume_at = request.skip + len(edits) if more and edits else 0
         reason = f"search: {done}; {why}"
-        return FixResult(model=MODEL, reason=reason, tokens=TokenUsage(), resume_at=resume_at)
+        resume = resume_at if more and edits else 0
+        return FixResult(model=MODEL, reason=reason, tokens=TokenUsage(), resume_at=resume)
     edit = edits[found.best]
     verdict = "passes the screening suite" if found.passed else "gets further than the kernel"
     if found.told_apart:
@@ -157,6 +169,10 @@ def search(request: FixRequest, budget: Budget) -> FixResult:
         reason=f"search: {done}; {edit.name} {verdict}",
         model=MODEL,
         tokens=TokenUsage(),
+        # Where a search of this kernel goes on if the loop comes back to it: an edit that gets
+        # further may be a step aside, not towards the fix (workflows.loop keeps the unedited
+        # kernel in its beam).
+        resume_at=resume_at if more else 0,
     )
 
 
