@@ -42,7 +42,12 @@ from activities.evidence import score, score_cases
 from nearmiss.engine.check import case_verdict, check
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.inputs import parse_source
-from nearmiss.engine.integrity.gate import EditScan, blocks_execution, static_violations
+from nearmiss.engine.integrity.gate import (
+    EditScan,
+    blocks_execution,
+    changed_lines,
+    static_violations,
+)
 from nearmiss.engine.models import CaseResult
 from nearmiss.engine.runner.edit_screen import EditScreen, Screened
 from nearmiss.engine.runner.sandbox import ChildFailure, Limits
@@ -387,23 +392,13 @@ class _Reached:
     def reached(self, edited: str) -> bool:
         if not self.lines:
             return True
-        first, last = _changed(self.original, edited.splitlines())
+        first, last = changed_lines(self.original, edited.splitlines())
         if last < first or first not in self.statement:  # lines only added: keep it
             return True
         start, end = self.statement[first]
         if (start, end) in self.at_import:
             return True
         return any(line in self.lines for line in range(start, max(end, last) + 1))
-
-
-def _changed(original: list[str], edited: list[str]) -> tuple[int, int]:
-    """The first and last lines (1-based) of ``original`` that ``edited`` changes."""
-    shortest = min(len(original), len(edited))
-    head = next((i for i in range(shortest) if original[i] != edited[i]), shortest)
-    tail = next(
-        (i for i in range(shortest - head) if original[-1 - i] != edited[-1 - i]), shortest - head
-    )
-    return head + 1, len(original) - tail
 
 
 def _fresh(

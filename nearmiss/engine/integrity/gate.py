@@ -26,7 +26,12 @@ from nearmiss.engine.integrity.dynamic import (
     mutation_violations,
     probe_violations,
 )
-from nearmiss.engine.integrity.static import STATIC_RULES, EditScan, static_violations
+from nearmiss.engine.integrity.static import (
+    STATIC_RULES,
+    EditScan,
+    changed_lines,
+    static_violations,
+)
 from nearmiss.engine.models import IntegrityReport, Violation
 
 RULES = tuple(dict.fromkeys(STATIC_RULES + DYNAMIC_RULES))  # host_callback is in both
@@ -111,6 +116,7 @@ __all__ = [
     "CaseEvidence",
     "EditScan",
     "blocks_execution",
+    "changed_lines",
     "judge",
     "static_violations",
 ]

@@ -1102,10 +1102,21 @@ class EditScan:
         """The lines of the one import-free top-level statement ``lines`` changes, or None."""
         if len(lines) != len(self.lines) or not self.segments:
             return None
-        changed = [i + 1 for i, (a, b) in enumerate(zip(self.lines, lines, strict=True)) if a != b]
-        if not changed:
+        first, last = changed_lines(self.lines, lines)
+        if last < first:
             return None
         for start, end, imports in self.segments:
-            if start <= changed[0] and changed[-1] <= end:
+            if start <= first and last <= end:
                 return None if imports else (start, end)
         return None
+
+
+def changed_lines(original: list[str], edited: list[str]) -> tuple[int, int]:
+    """The first and last lines (1-based) of ``original`` that ``edited`` changes, from the
+    longest common head and tail; first > last where it only adds lines (or none)."""
+    shortest = min(len(original), len(edited))
+    head = next((i for i in range(shortest) if original[i] != edited[i]), shortest)
+    tail = next(
+        (i for i in range(shortest - head) if original[-1 - i] != edited[-1 - i]), shortest - head
+    )
+    return head + 1, len(original) - tail
