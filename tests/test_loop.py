@@ -208,7 +208,8 @@ def test_a_search_keeps_the_unedited_kernel_in_its_beam_beside_an_edit_that_got_
     the unedited kernel, whose search goes on where it stopped, from its own evidence; the
     events name the kernel each fix edited. Once the unedited kernel has no edit left, the
     best goes on alone; with neither left, a deterministic fixer stops."""
-    state = LoopState(guards=Guards(max_rounds=9), deterministic_fixer=True, keep_unedited=True)
+    guards = Guards(max_rounds=12, no_progress_rounds=5)
+    state = LoopState(guards=guards, deterministic_fixer=True, keep_unedited=True)
     loop = RepairLoop(state)
     step = loop.begin("h0", 0)
     step = loop.on_evidence(step.action, ev("h0", 0.2, "a"), 1)
@@ -222,11 +223,17 @@ def test_a_search_keeps_the_unedited_kernel_in_its_beam_beside_an_edit_that_got_
     step = loop.on_fix(fix("h2"), 5)  # from h1: worse, reverted; h0's turn again
     step = loop.on_evidence(step.action, ev("h2", 0.3, "c"), 6)
     assert step.action.candidate_hash == "h0"
+    step = loop.on_fix(fix("h4", resume_at=100), 7)  # from h0: as good as h1, which stays
+    step = loop.on_evidence(step.action, ev("h4", 0.5, "e"), 8)
+    assert loop.state.rounds[-1].outcome == "same" and loop.state.best_hash == "h1"
+    assert step.action.candidate_hash == "h1"
+    step = loop.on_fix(fix(None, summary="", resume_at=0), 9)  # h1 has none left: h0's turn
+    assert step.action.candidate_hash == "h0"
     step = loop.on_fix(fix("h3", resume_at=120), 7)  # from h0: better than h1, the new best
     assert step.events[0].payload["base_hash"] == "h0"
     step = loop.on_evidence(step.action, ev("h3", 0.7, "d"), 8)
     assert step.action.candidate_hash == "h0" and loop.state.best_hash == "h3"
-    assert [r.base_hash for r in loop.state.rounds] == ["h0", "h0", "h1", "h0"]
+    assert [r.base_hash for r in loop.state.rounds] == ["h0", "h0", "h1", "h0", "h1", "h0"]
     step = loop.on_fix(fix(None, summary="", resume_at=0), 9)  # h0 has none left
     assert step.action.candidate_hash == "h3"
     step = loop.on_fix(fix(None, summary="", resume_at=0), 10)  # nor has h3

@@ -304,6 +304,10 @@ async def repair_planted(spec: Path, source: str, candidate: Path, fixer=None):
             steps[-1] += " (reverted)"
             _, source, report = best
             candidate.write_text(source)
+        elif score(report) == best[0] and base != source:
+            steps[-1] += " (no better than the best, which stays)"
+            _, source, report = best
+            candidate.write_text(source)
         else:
             source, had_its_turn = result.source, False
             best = (score(report), source, report)

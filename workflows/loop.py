@@ -453,6 +453,8 @@ class RepairLoop:
             round_.outcome = "regression_reverted"
             return
         round_.outcome = "improved" if rank > s.best_rank else "same"
+        if rank == s.best_rank and round_.base_hash != s.current_hash:
+            return  # an edit of the unedited kernel no better than the best: the best stays
         s.best_rank, s.best_hash = rank, evidence.candidate_hash
         s.current_hash, s.current_evidence = evidence.candidate_hash, evidence
 
