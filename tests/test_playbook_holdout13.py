@@ -130,7 +130,14 @@ grid recipe's harmless edit), none failing a hidden case. Still missed: the cont
 numbers (three rounds went to axis edits that got further on the failing suite and were reverted,
 so the constants were never reached), both dropped reciprocals (an edit that got further, ``.sum``
 -> ``.mean``, was kept and the search went on from it), the decode's double buffer (two recipe
-rounds, then a comparison edit that got further), the dropped terms."""
+rounds, then a comparison edit that got further), the dropped terms.
+
+With the unedited kernel kept in the search's beam (``workflows.loop``: after an edit that only
+got further, the next round screens the unedited kernel's remaining edits, then the two take
+turns), the same command, 2026-12-07, 410 s of search: ``search`` **7 of 12**, six the author's fix
+(``prefill_output_times_denominator`` by ``out_ref[...] * l`` -> ``/ l`` in the unedited
+kernel's second round; ``flash_o_index_map_q_block_from_head`` now by its index-map fix alone)
+and one equivalent (``decode_padded_logits_zero``), none failing a hidden case."""
 
 from __future__ import annotations
 
