@@ -21,6 +21,7 @@ from activities.fixers.search import SearchFixer, candidate_edits, suspected_lin
 from activities.fixers.search.mutants import _Statements, mutants, reachable
 from activities.fixers.search.screen import Budget, Screen, _rank, _Reached
 from nearmiss.engine.check import check
+from nearmiss.engine.forensics.classify import CONSTANT_FACTOR_LEAD, ROW_FACTOR_LEAD
 from workflows.models import FixRequest
 
 HERE = Path(__file__).parent / "search"
@@ -290,6 +291,22 @@ def test_for_a_nan_the_lines_that_can_make_one_are_edited_first():
     assert suspected_lines("wrong_values") is None
     assert first("p = jnp.exp(x - m)") and first("m = -float('inf')") and first("a / b")
     assert not first("acc += x  # exp later")
+
+
+def test_for_outputs_off_by_a_factor_the_lines_that_scale_or_normalise_are_edited_first():
+    """Where the diagnosis says the outputs are the reference times a wrong factor (by row, or
+    one for all), products, quotients and normalising reductions come first; a diagnosis that
+    says only "values are wrong" sets no preference."""
+    for lead in (f"{ROW_FACTOR_LEAD} (1 to 1009, rows", f"{CONSTANT_FACTOR_LEAD} 0.5 of the"):
+        first = suspected_lines("wrong_values", f"{lead} ...) ... ")
+        assert first("p /= l") and first("out = acc * l") and first("s = p.sum(axis=-1)")
+        assert not first("i = pl.program_id(0)") and not first("o_ref[...] = acc  # / l")
+    assert suspected_lines("wrong_values", "Values are wrong. 12/16 elements ...") is None
+    first = suspected_lines("wrong_values", f"{ROW_FACTOR_LEAD} (0.5 to 2, rows ...)")
+    lines = REBOUND.splitlines()
+    ordered = list(mutants(REBOUND, first=first))
+    suspect = [first(lines[m.line - 1]) for m in ordered]
+    assert any(suspect) and not all(suspect) and suspect == sorted(suspect, reverse=True)
 
 
 STARTS = """

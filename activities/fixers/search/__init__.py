@@ -25,6 +25,7 @@ from activities.fixers.playbook import RECIPES
 from activities.fixers.playbook import propose as playbook_propose
 from activities.fixers.search.mutants import Mutant, mutants
 from activities.fixers.search.screen import Budget, Screen, screen
+from nearmiss.engine.forensics.classify import CONSTANT_FACTOR_LEAD, ROW_FACTOR_LEAD
 from workflows.models import FIXER_KINDS, FixRequest, FixResult, TokenUsage
 
 MODEL = "search"
@@ -85,7 +86,7 @@ def _numbered(request: FixRequest) -> Iterator[tuple[int, Edit]]:
             continue
         if edited is not None and edited != request.source:
             edits.append(Edit(name, edited))
-    first = suspected_lines(request.evidence.failure_class)
+    first = suspected_lines(request.evidence.failure_class, request.evidence.diagnosis)
     mutated = (Edit(mutant_name(m), m.source) for m in mutants(request.source, first=first))
     seen: set[str] = set()
     tried = set(request.tried)
@@ -104,13 +105,27 @@ _NAN_SOURCE = re.compile(
 )
 
 
-def suspected_lines(failure_class: str | None) -> Callable[[str], bool] | None:
+# Where a wrong factor is made: a product or a quotient (a reciprocal dropped, a scale applied
+# the wrong way), a reduction that normalises (a sum, a mean, a max, a count), a root, an
+# exponential (softmax's numerators and rescales).
+_FACTOR_SOURCE = re.compile(r"\*|/|\b(sum|mean|max|min|count|sqrt|rsqrt|reciprocal|exp2?)\b")
+
+
+def suspected_lines(failure_class: str | None, diagnosis: str = "") -> Callable[[str], bool] | None:
     """Which source lines the evidence points the search at first, or None for no preference:
-    for NaN/Inf where the reference is finite, the lines that can make one. In JAX's decode
-    attention the reversed rescale exponent moves from the 492nd mutant to the 32nd."""
-    if failure_class != "nan_inf":
+    for NaN/Inf where the reference is finite, the lines that can make one (in JAX's decode
+    attention the reversed rescale exponent moves from the 492nd mutant to the 32nd); for
+    outputs that are the reference times a wrong factor, by row or for all, the lines that
+    scale or normalise."""
+    if failure_class == "nan_inf":
+        pattern = _NAN_SOURCE
+    elif failure_class == "wrong_values" and (
+        ROW_FACTOR_LEAD in diagnosis or CONSTANT_FACTOR_LEAD in diagnosis
+    ):
+        pattern = _FACTOR_SOURCE
+    else:
         return None
-    return lambda line: _NAN_SOURCE.search(line.split("#")[0]) is not None
+    return lambda line: pattern.search(line.split("#")[0]) is not None
 
 
 def mutant_name(mutant: Mutant) -> str:

@@ -32,6 +32,10 @@ PRECISION_EPS_MULTIPLE = 8
 ROUNDING_ULPS = 4
 NUMERIC_CLASSES = ("nan_inf", "wrong_values", "precision")
 COMPILE_PHASES = ("import", "trace", "compile")
+# How a diagnosis starts when the outputs are the reference times a wrong factor (per row, or
+# one for all): a fixer that reads the evidence looks for these words.
+ROW_FACTOR_LEAD = "Outputs are the reference times a factor that differs by row"
+CONSTANT_FACTOR_LEAD = "Outputs are a constant factor"
 
 
 def error_class(error: ErrorInfo) -> FailureClass:
@@ -186,14 +190,14 @@ def describe_numeric(
         elif stats.row_scale_range is not None:
             low, high = stats.row_scale_range
             lead = (
-                f"Outputs are the reference times a factor that differs by row ({low:.4g} to "
+                f"{ROW_FACTOR_LEAD} ({low:.4g} to "
                 f"{high:.4g}, rows along the last axis): each row's own normalisation is wrong — "
                 "a sum, max or count that takes padded lanes, misses an element (a mask off by "
                 "one) or takes the wrong ones."
             )
         elif stats.scale_fit is not None:
             lead = (
-                f"Outputs are a constant factor {stats.scale_fit:.6g} of the reference "
+                f"{CONSTANT_FACTOR_LEAD} {stats.scale_fit:.6g} of the reference "
                 "(wrong scale or normalisation constant)."
             )
         elif stats.offset_fit is not None:
