@@ -47,6 +47,7 @@ SETS = {  # set name -> (test module, the dict of planted cases in it)
     "holdout11": ("test_playbook_holdout11", "HOLDOUT11"),
     "holdout12": ("test_playbook_holdout12", "HOLDOUT12"),
     "holdout13": ("test_playbook_holdout13", "HOLDOUT13"),
+    "holdout14": ("test_playbook_holdout14", "HOLDOUT14"),
     "families": ("test_playbook_families", "FAMILIES"),
 }
 

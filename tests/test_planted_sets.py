@@ -21,6 +21,7 @@ import test_playbook_holdout10
 import test_playbook_holdout11
 import test_playbook_holdout12
 import test_playbook_holdout13
+import test_playbook_holdout14
 import test_playbook_unseen
 from test_playbook_shipped import HELD_OUT, SEED, SUITE, PlantedSet, lead_kind
 from test_shipped_kernels import SPECS, installed_source
@@ -43,6 +44,7 @@ PLANTED: dict[str, PlantedSet] = {
     "holdout11": test_playbook_holdout11.SET,
     "holdout12": test_playbook_holdout12.SET,
     "holdout13": test_playbook_holdout13.SET,
+    "holdout14": test_playbook_holdout14.SET,
     "families": test_playbook_families.SET,
 }
 SETS = {"shipped": HELD_OUT} | {group: planted.cases for group, planted in PLANTED.items()}
