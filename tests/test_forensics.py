@@ -121,6 +121,12 @@ def test_nan_everywhere_is_nan_inf():
     assert klass == "nan_inf" and stats.nan_count == REF.size
     said = describe_numeric(klass, stats, loc)
     assert f"Every element is non-finite ({REF.size} NaN and 0 Inf" in said  # a start value
+    assert "never written" in said  # or memory nothing wrote: fresh memory reads as NaN
+    overflowed = np.full_like(REF, np.nan)
+    overflowed[::2] = np.inf  # an Inf comes from arithmetic, not from unwritten memory
+    klass, stats, loc = classify(overflowed)
+    said = describe_numeric(klass, stats, loc)
+    assert "Every element is non-finite" in said and "never written" not in said
     out = REF.copy()
     out[3, 7] = np.nan  # one bad element is local: no claim about every element
     klass, stats, loc = classify(out)

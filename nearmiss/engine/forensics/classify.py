@@ -221,13 +221,22 @@ def _non_finite_lead(stats: LeafStats) -> str:
     counts = f"{stats.nan_count} NaN and {stats.inf_count} Inf where the reference is finite"
     if stats.nan_count + stats.inf_count == stats.total:
         # Nothing local (an edge, a block, a few extreme inputs) spoils every element: it is a
-        # value every element's computation goes through.
+        # value every element's computation goes through, or memory nothing wrote (fresh
+        # memory reads as NaN: an output whose index map sends every block elsewhere is all
+        # NaN, with no Inf, as a NaN start value is).
+        unwritten = ""
+        if not stats.inf_count:
+            unwritten = (
+                " Or the output was never written: fresh memory reads as NaN here, so an "
+                "output block index map that sends the blocks elsewhere, or a store that never "
+                "runs, leaves all of it NaN."
+            )
         return (
             f"Every element is non-finite ({counts}), at every position: not an edge or a few "
             "extreme inputs but a value every element goes through: a running max or sum "
             "started at +inf or NaN (inf - inf, 0 * inf), a rescale exp(a - b) with its "
             "difference reversed (it overflows), or 0/0. Look at the start values of loop "
-            "carries and scratch, and at each exp, log and division."
+            f"carries and scratch, and at each exp, log and division.{unwritten}"
         )
     return (
         f"{counts} (uninitialised outputs or accumulators read as NaN in interpret mode; "
