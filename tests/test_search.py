@@ -22,6 +22,7 @@ from activities.fixers.search.mutants import _Statements, mutants, reachable
 from activities.fixers.search.screen import Budget, Screen, _rank, _Reached
 from nearmiss.engine.check import check
 from nearmiss.engine.forensics.classify import CONSTANT_FACTOR_LEAD, ROW_FACTOR_LEAD
+from nearmiss.engine.models import Evidence
 from workflows.models import FixRequest
 
 HERE = Path(__file__).parent / "search"
@@ -513,6 +514,48 @@ async def test_the_search_repairs_a_bug_no_recipe_knows_with_zero_tokens(tmp_pat
     assert result.summary.startswith("mutant:swap:"), result.reason
     assert "passes the screening suite" in result.reason
     assert check(SPEC, _write(result.source), "all", 5).certified  # the full suite agrees
+
+
+async def test_a_recipe_for_the_class_is_screened_first_and_answered_unscreened_only_if_none_can_be(
+    monkeypatch,
+):
+    """The recipe for the evidence's class (a grid that rounds down, for NaN evidence) is the
+    first edit screened, judged like the others: where a mutant passes and the recipe does not,
+    the mutant is the answer. Only where screening cannot run (the gate refuses the kernel) is
+    the recipe answered unscreened, as the playbook would."""
+    import activities.fixers.search as search_module
+
+    evidence = Evidence(
+        candidate_hash="sha256:x", suite="compact", certified=False, failure_class="nan_inf"
+    )
+    request = FixRequest(
+        spec_path=str(SPEC),
+        spec_source=SPEC.read_text(),
+        source=REBOUND,
+        candidate_name="kernel.py",
+        evidence=evidence,
+        round=1,
+    )
+    recipe = playbook_propose(request)
+    assert recipe.summary == "ceil_div_grid" and not recipe.reason  # the class's recipe applies
+    screened: list[str] = []
+
+    def third_passes(request, sources, budget):
+        screened.extend(source for _, source in zip(range(3), sources, strict=False))
+        return Screen(3, 1.0, best=2, passed=True)
+
+    monkeypatch.setattr(search_module, "screen", third_passes)
+    answer = await SearchFixer().propose(request)
+    assert screened[0] == recipe.source and answer.source == screened[2] != recipe.source
+    assert answer.summary.startswith("mutant:") and answer.model == "search"
+
+    def refused(request, sources, budget):
+        return Screen(0, 0.1, why="the integrity gate refuses to run the kernel")
+
+    monkeypatch.setattr(search_module, "screen", refused)
+    answer = await SearchFixer().propose(request)
+    assert answer.source == recipe.source and answer.summary == "ceil_div_grid"
+    assert "unscreened" in answer.reason and answer.model == "search"
 
 
 async def test_a_spent_budget_says_what_it_screened_and_proposes_nothing_worse():

@@ -43,6 +43,23 @@ class PlaybookFixer:
         return propose(request)
 
 
+def addressed_recipes(evidence: Evidence) -> list[str]:
+    """The recipes for the evidence's failure classes, the primary class's first."""
+    classes = _classes(evidence)
+    return list(dict.fromkeys(r.name for c in classes for r in RECIPES.values() if c in r.classes))
+
+
+def recipe_order(evidence: Evidence) -> list[str]:
+    """Every recipe, in the order the playbook tries them: those for the evidence's classes
+    (``addressed_recipes``), then the others whose pattern is in the source. A bug shows up as
+    whichever class its numbers give (a mask one lane too wide is nan_inf where the extra lane
+    is uninitialised, wrong_values where it is zero), and a recipe outside the class costs zero
+    tokens too, is validated by the engine like any edit, and is reverted by the loop if it
+    makes things worse."""
+    addressed = addressed_recipes(evidence)
+    return addressed + [name for name in RECIPES if name not in addressed]
+
+
 def _classes(evidence: Evidence) -> list[str]:
     ordered = [evidence.failure_class, *evidence.failure_classes]
     return [c for i, c in enumerate(ordered) if c and c not in ordered[:i]]
@@ -74,18 +91,9 @@ def propose(request: FixRequest) -> FixResult:
     if not classes:
         return FixResult(model="playbook", reason=_unaddressed(request.evidence))
     target = ", ".join(classes)
-    # The recipes for these classes first, the primary class's first. Then the others whose
-    # pattern is in the source: a bug shows up as whichever class its numbers give (a mask one
-    # lane too wide is nan_inf where the extra lane is uninitialised, wrong_values where it is
-    # zero), and a recipe outside the class costs zero tokens too, is validated by the engine
-    # like any edit, and is reverted by the loop if it makes things worse.
-    addressed = list(
-        dict.fromkeys(r.name for c in classes for r in RECIPES.values() if c in r.classes)
-    )
-    others = [name for name in RECIPES if name not in addressed]
-    seen = set(addressed)
+    seen = set(addressed_recipes(request.evidence))
     tried, not_found, failed = [], [], []
-    for name in addressed + others:
+    for name in recipe_order(request.evidence):
         recipe = RECIPES[name]
         if name in request.tried:
             tried += [name] if name in seen else []
@@ -114,4 +122,4 @@ def propose(request: FixRequest) -> FixResult:
     return FixResult(model="playbook", reason=reason, tokens=TokenUsage())
 
 
-__all__ = ["RECIPES", "PlaybookFixer", "Recipe", "propose"]
+__all__ = ["RECIPES", "PlaybookFixer", "Recipe", "addressed_recipes", "propose", "recipe_order"]

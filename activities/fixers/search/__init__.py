@@ -1,15 +1,16 @@
-"""The ``search`` fixer: the playbook's recipes, then a bounded search over single-site mutants.
+"""The ``search`` fixer: a bounded, screened search over the playbook's recipes and the kernel's
+single-site mutants.
 
-When a recipe of the evidence's failure class applies, its edit is the answer, as with
-``playbook``. When none does, the fixer stops guessing and asks the engine: it screens, in
-order, the edits of the recipes of other classes whose pattern is present and then the kernel's
-single-site mutants (``mutants``), each with a sandboxed check of the failing suite
+It asks the engine instead of guessing: it screens, in order, the edits of the recipes for the
+evidence's failure class, then those of the other recipes whose pattern is present, then the
+kernel's single-site mutants (``mutants``), each with a sandboxed check of the failing suite
 (``screen``), and answers with the first that passes that suite and the engine's hidden cases
-— else the one that got furthest, when it got further than the kernel itself. Zero tokens,
-always; a bounded number of checks per round (``Budget``). Where several edits pass, the
-hidden cases choose among the first few and the answer names those it could not tell apart.
-The loop then checks the answer on the full suite like any other edit: screening only decides
-what to propose, never what certifies.
+— else the one that got furthest, when it got further than the kernel itself. A recipe of the
+class is answered unscreened only where screening cannot run (the gate refuses the kernel, its
+baseline fails, it passes the screening suite). Zero tokens, always; a bounded number of checks
+per round (``Budget``). Where several edits pass, the hidden cases choose among the first few
+and the answer names those it could not tell apart. The loop then checks the answer on the
+full suite like any other edit: screening only decides what to propose, never what certifies.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from activities.fixers.playbook import RECIPES
+from activities.fixers.playbook import RECIPES, recipe_order
 from activities.fixers.playbook import propose as playbook_propose
 from activities.fixers.search.mutants import Mutant, mutants
 from activities.fixers.search.screen import Budget, Screen, screen
@@ -58,17 +59,18 @@ class SearchFixer:
         return SearchFixer(self.budget.within(seconds))
 
     async def propose(self, request: FixRequest) -> FixResult:
-        result = playbook_propose(request)
-        if result.source is not None and not result.reason:  # a recipe of the class applies
-            return result.model_copy(update={"model": MODEL})
+        result = playbook_propose(request).model_copy(update={"model": MODEL})
         if not request.evidence.failure_class:  # nothing numeric to search for
-            return result.model_copy(update={"model": MODEL})
-        return await asyncio.to_thread(search, request, self.budget)
+            return result
+        # A recipe of the class is screened with the rest: one that leaves the score as it
+        # was would cost a round, and the loop would build on it.
+        unscreened = result if result.source is not None and not result.reason else None
+        return await asyncio.to_thread(search, request, self.budget, unscreened)
 
 
 def candidate_edits(request: FixRequest) -> Iterator[Edit]:
     """What the search screens, in order, each distinct source once: each recipe's edit not yet
-    tried (the evidence's classes found none, so these are the other classes'), then the
+    tried (those for the evidence's classes first, as the playbook tries them), then the
     single-site mutants. Lazy: a large module has thousands of mutants, a round screens few."""
     return (edit for _, edit in _numbered(request))
 
@@ -79,9 +81,9 @@ def _numbered(request: FixRequest) -> Iterator[tuple[int, Edit]]:
     of it was tried in between (the unedited kernel's own rounds, ``workflows.loop``) finds
     every unscreened edit where it was."""
     edits = []
-    for name, recipe in RECIPES.items():
+    for name in recipe_order(request.evidence):
         try:
-            edited = recipe.apply(request.source, request.evidence)
+            edited = RECIPES[name].apply(request.source, request.evidence)
         except Exception:  # a recipe's bug costs its candidate, not the search
             continue
         if edited is not None and edited != request.source:
@@ -132,11 +134,12 @@ def mutant_name(mutant: Mutant) -> str:
     return f"mutant:{mutant.operator}:{mutant.description}"
 
 
-def search(request: FixRequest, budget: Budget) -> FixResult:
+def search(request: FixRequest, budget: Budget, unscreened: FixResult | None = None) -> FixResult:
     """One round of the search: the candidate edits screened in order from ``request.skip``
     (those an earlier round screened without finding one) until one passes or the budget is
     spent. With no edit to propose and more left, ``resume_at`` says where the next round
-    goes on."""
+    goes on. ``unscreened``: the recipe of the class, answered where nothing could be
+    screened."""
     edits: list[Edit] = []
     pending = itertools.dropwhile(lambda numbered: numbered[0] < request.skip, _numbered(request))
     resume_at = request.skip  # the position after the last edit taken
@@ -158,6 +161,9 @@ def search(request: FixRequest, budget: Budget) -> FixResult:
         f"{'more were left' if more else 'none was left'})"
     )
     if found.best is None:
+        if found.screened == 0 and found.why and unscreened is not None:
+            why = f"search: nothing screened ({found.why}); the recipe for the class, unscreened"
+            return unscreened.model_copy(update={"reason": why})
         if budget.hard and more and found.seconds > budget.seconds:
             raise OutOfTime(done)
         why = found.why or "none got further than the kernel on the failing suite"
