@@ -194,6 +194,41 @@ def kept_children() -> set[int]:
     return {p for pid in spares.waiting_pids() for p in _process_tree(pid)}
 
 
+Process = tuple[int, str | None]  # a pid and its start time: a pid alone may be reused
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def identify(pids) -> list[Process]:
+    """Each process as itself: on a busy machine (pid_max 32768, every JAX thread takes a
+    pid) a pid freed during a check can belong to another process by its end."""
+    return [(pid, (_stat(pid) or [None] * 20)[19]) for pid in pids]
+
+
+def alive(process: int | Process) -> bool:
+    """Running: a zombie left to the host's init to reap is not, nor another process that was
+    given the pid since it was identified."""
+    pid, started = process if isinstance(process, tuple) else (process, None)
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":
+        return False
+    return started is None or fields[19] == started
+
+
+def outliving(processes: list[Process], seconds: float = 10) -> list[Process]:
+    """Those of the processes still running after up to ``seconds``: a process killed a moment
+    ago (SIGKILL is delivered, not yet acted on under load) is given the time to go."""
+    deadline = time.monotonic() + seconds
+    while any(alive(p) for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in processes if alive(p)]
+
+
 def processes_under(folder: Path) -> list[int]:
     """PIDs whose working directory lies under ``folder``, but for the children the engine
     keeps waiting (``kept_children``)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import OPS
+from conftest import OPS, Process, alive, identify, outliving
 from nearmiss.engine.check import check
 from nearmiss.engine.runner import spares
 from nearmiss.engine.runner.environment import UNSAFE_ENV
@@ -38,30 +38,6 @@ def golden():
         yield copy
     finally:
         remove_tree(folder)
-
-
-Process = tuple[int, str | None]  # a pid and its start time: a pid alone may be reused
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def identify(pids) -> list[Process]:
-    """Each process as itself: on a busy machine (pid_max 32768, every JAX thread takes a
-    pid) a pid freed during a check can belong to another process by its end."""
-    return [(pid, (_stat(pid) or [None] * 20)[19]) for pid in pids]
-
-
-def alive(process: int | Process) -> bool:
-    pid, started = process if isinstance(process, tuple) else (process, None)
-    fields = _stat(pid)
-    if fields is None or fields[0] == "Z":
-        return False
-    return started is None or fields[19] == started  # else the pid was given to another
 
 
 def my_spare_homes() -> set[str]:
@@ -298,10 +274,7 @@ def test_spares_die_with_a_worker_killed_outright(tmp_path):
         keeper.send_signal(signal.SIGKILL)
         keeper.wait()
         keeper.stdout.close()
-    deadline = time.monotonic() + 10
-    while any(alive(process) for process in processes) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(process) for process in processes)
+    assert outliving(processes) == []
 
 
 async def test_a_repair_commands_own_worker_keeps_spares_and_closes_them_when_done(
