@@ -6,8 +6,9 @@ Runs short sessions on a private dev stack and writes their histories as JSON to
 tests/histories/: three repairs with a scripted fixer (the replay only needs the activities'
 recorded results), a repair whose fix is a tool-using round of a chat model (the fake model
 endpoint runs one experiment, then edits), a fleet of three playbook repairs over two runs
-(continue-as-new: both runs' histories are kept) and a regenerate session of two trials
-answered by the fake model endpoint.
+(continue-as-new: both runs' histories are kept), a regenerate session of two trials
+answered by the fake model endpoint, and a search session that comes back to the unedited
+kernel (``search_beam``: a scripted search under the model name ``search``).
 NAME picks some of them (default: all). Re-run it after an intended change to a workflow's
 command sequence, and keep old histories that must still replay (a change that breaks them needs
 workflow.patched): the *_before_kb.json ones predate knowledge retrieval and learning and replay
@@ -119,6 +120,43 @@ async def agent_round(client, store) -> None:
             await save("agent_round", handle)
 
 
+class StepAsideSearch:
+    """A search whose first round finds only an edit that keeps the score (a comment added),
+    with edits left; asked again of the unedited kernel from there, it finds the fix."""
+
+    def __init__(self, original: str, fix: str) -> None:
+        self.original, self.fix = original, fix
+
+    async def propose(self, request) -> FixResult:
+        if request.source != self.original:
+            return FixResult(model="search", reason="search: none was left")
+        if request.skip < 7:
+            aside = self.original + "# a step aside\n"
+            return FixResult(
+                model="search",
+                source=aside,
+                summary="mutant:aside",
+                reason="got further",
+                resume_at=7,
+            )
+        return FixResult(model="search", source=self.fix, summary="mutant:fix", reason="found")
+
+
+async def search_beam(client, store) -> None:
+    """A search session that comes back to the unedited kernel after an edit that only got
+    further (workflows.loop's beam, the ``unedited-in-beam`` patch), and certifies from it."""
+    softmax = OPS / "softmax_rows"
+    original = softmax / "variants" / "floor_grid.py"
+    fixer = StepAsideSearch(original.read_text(), (softmax / "golden.py").read_text())
+    async with build_worker(client, store, lambda _, f=fixer: f):
+        handle = await start_session(
+            client, store, softmax / "spec.py", original, "search", Guards(), use_kb=False
+        )
+        result = await handle.result()
+        print("search_beam", result.stop_reason, result.rounds)
+        await save("search_beam", handle)
+
+
 def _member(name: str) -> MemberFile:
     kernel, variant = name.split("/")
     return MemberFile(name, OPS / kernel / "spec.py", OPS / kernel / "variants" / f"{variant}.py")
@@ -180,6 +218,7 @@ async def save(name: str, handle) -> None:
 
 MAKERS = {name: lambda c, s, n=name: repair(c, s, n) for name in SESSIONS} | {
     "agent_round": agent_round,
+    "search_beam": search_beam,
     "fleet": fleet,
     "regenerate": regenerate,
 }
