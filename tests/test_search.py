@@ -282,7 +282,7 @@ def test_for_a_nan_the_lines_that_can_make_one_are_edited_first():
     among those edits stays, and other evidence changes nothing."""
     first = suspected_lines("nan_inf")
     lines = REBOUND.splitlines()
-    ordered = list(mutants(REBOUND, first=first))
+    ordered = list(mutants(REBOUND, suspicion=lambda n: first(lines[n - 1])))
     suspect = [first(lines[m.line - 1]) for m in ordered]
     assert any(suspect) and not all(suspect)
     assert suspect == sorted(suspect, reverse=True), suspect  # all suspects, then the rest
@@ -305,7 +305,7 @@ def test_for_outputs_off_by_a_factor_the_lines_that_scale_or_normalise_are_edite
     assert suspected_lines("wrong_values", "Values are wrong. 12/16 elements ...") is None
     first = suspected_lines("wrong_values", f"{ROW_FACTOR_LEAD} (0.5 to 2, rows ...)")
     lines = REBOUND.splitlines()
-    ordered = list(mutants(REBOUND, first=first))
+    ordered = list(mutants(REBOUND, suspicion=lambda n: first(lines[n - 1])))
     suspect = [first(lines[m.line - 1]) for m in ordered]
     assert any(suspect) and not all(suspect) and suspect == sorted(suspect, reverse=True)
 
@@ -476,8 +476,8 @@ def test_kernel_bodies_are_searched_before_the_code_that_builds_the_call():
     assert order == sorted(order, reverse=True)  # every body mutant before any other
 
 
-def _request(source: str, tried=()) -> FixRequest:
-    report = check(SPEC, _write(source), "compact", 3, controls=False)
+def _request(source: str, tried=(), controls: bool = False) -> FixRequest:
+    report = check(SPEC, _write(source), "compact", 3, controls=controls)
     assert not report.certified
     return FixRequest(
         spec_path=str(SPEC),
@@ -507,12 +507,13 @@ def _scratch(tmp_path):
 
 async def test_the_search_repairs_a_bug_no_recipe_knows_with_zero_tokens(tmp_path):
     source = SWAPPED.read_text()
-    request = _request(source)
+    request = _request(source, controls=True)  # the controls find x and y swapped
     assert playbook_propose(request).source is None or playbook_propose(request).reason
     result = await SearchFixer(Budget(checks=16)).propose(request)
     assert result.model == "search" and result.tokens.total == 0
     assert result.summary.startswith("mutant:swap:"), result.reason
     assert "passes the screening suite" in result.reason
+    assert "it edits where the evidence points (x and y reach lines" in result.reason
     assert check(SPEC, _write(result.source), "all", 5).certified  # the full suite agrees
 
 
@@ -807,3 +808,164 @@ def test_edits_that_trace_to_a_program_already_judged_take_its_verdict_unrun(mon
     assert known == {-1: [False], 0: [True], 1: [False], 2: [False], 3: [True], 4: [True]}
     assert (found.best, found.passed) == (2, True)
     assert [index for index, _ in found.passers] == [2, 3]
+
+
+# Two inputs through a wrapper, a dispatching body that takes its refs as ``*args`` and an
+# index map written as a named function: k's path is marked ``# k``, q's alone ``# q``.
+ATTEND = """
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+DIMS = (((1,), (1,)), ((), ()))  # k
+
+
+def _single(q_ref, k_ref, o_ref):  # k
+    q = q_ref[...] * 0.5  # q
+    k = k_ref[...]  # k
+    s = jax.lax.dot_general(q, k, DIMS)  # k
+    o_ref[...] = jnp.tanh(s)  # k
+
+
+def _dispatch(q_ref, *refs):
+    _single(q_ref, *refs)  # k
+
+
+def _call(q, k):
+    rows = q.shape[0]
+    k = k * 1.0  # k
+
+    def k_map(i):  # k
+        return (0, 0)  # k
+
+    return pl.pallas_call(
+        _dispatch,
+        grid=(rows // 8,),
+        in_specs=[
+            pl.BlockSpec((8, 128), lambda i: (i, 0)),  # q
+            pl.BlockSpec((16, 128), k_map),  # k
+        ],
+        out_specs=pl.BlockSpec((8, 16), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((rows, 16), jnp.float32),
+    )(q, k)  # k
+
+
+def kernel(q, k):  # k
+    return _call(q, k)  # k
+"""
+ATTEND_SPEC = "def reference(q, k):\n    return q @ k.T\n"
+
+
+def _ignores(name: str) -> str:
+    """The engine's own sentence for a nudge of ``name`` the kernel ignores."""
+    import numpy as np
+
+    from nearmiss.engine.forensics import reach
+
+    nudge = reach.Nudge("nudge-0", ("compact", "base"), name, 1, (0, 3))
+    moved = np.full((4, 4), reach.MOVED, np.int8)
+    said = reach.describe(nudge, np.zeros_like(moved), moved)
+    assert said is not None and f"the kernel ignores {name}[0, 3]" in said
+    return f"wrong_values: ... {said}"
+
+
+def _marked(source: str, mark: str) -> set[int]:
+    return {n for n, line in enumerate(source.split("\n"), 1) if line.endswith(f"# {mark}")}
+
+
+def test_the_lines_an_input_the_evidence_names_reaches_are_found_through_the_call():
+    """From the entry point's parameter through a wrapper, the operand handed to pallas_call,
+    its BlockSpec's named index map, a dispatcher's ``*refs`` and the body, to the module
+    constant the body contracts by: every line of k's path, and none of q's alone."""
+    from activities.fixers.search.leads import evidence_lines, named_inputs
+
+    diagnosis = _ignores("k")
+    assert named_inputs(diagnosis) == ("k",)
+    found = evidence_lines(ATTEND, ATTEND_SPEC, diagnosis)
+    assert found.inputs == ("k",)
+    assert _marked(ATTEND, "k") <= found.lines, sorted(_marked(ATTEND, "k") - found.lines)
+    assert not _marked(ATTEND, "q") & found.lines
+    # The spec names the inputs: a kernel whose parameters are named otherwise is followed by
+    # position, and a diagnosis that names no input points nowhere.
+    renamed = ATTEND.replace(
+        "def kernel(q, k):  # k\n    return _call(q, k)",
+        "def kernel(a, b):  # k\n    return _call(a, b)",
+    )
+    assert evidence_lines(renamed, ATTEND_SPEC, diagnosis).lines == found.lines
+    assert not evidence_lines(ATTEND, ATTEND_SPEC, "wrong_values: Values are wrong.")
+    assert "k reaches lines" in found.describe()
+
+
+def test_edits_of_the_lines_a_named_input_reaches_are_screened_first():
+    """With evidence that the kernel ignores k, the mutants of k's path come before all the
+    others (the order among them kept); without it, the order is the plain one."""
+    evidence = Evidence(
+        candidate_hash="sha256:x",
+        suite="compact",
+        certified=False,
+        failure_class="wrong_values",
+        diagnosis=_ignores("k"),
+    )
+    request = FixRequest(
+        spec_path="attend_spec.py",
+        spec_source=ATTEND_SPEC,
+        source=ATTEND,
+        candidate_name="kernel.py",
+        evidence=evidence,
+        round=1,
+    )
+    path = _marked(ATTEND, "k")
+    names = [e.name for e in candidate_edits(request) if e.name.startswith("mutant:")]
+    on_path = [int(name.split("line ")[1].split(":")[0]) in path for name in names]
+    assert any(on_path) and not all(on_path)
+    assert on_path == sorted(on_path, reverse=True), on_path
+    plain = [f"mutant:{m.operator}:{m.description}" for m in mutants(ATTEND)]
+    assert sorted(plain) == sorted(names) and plain != names
+
+
+def test_an_answer_says_whether_it_edits_where_the_evidence_points(monkeypatch):
+    """The answer names the lines the evidence's input reaches and whether the edit is there;
+    one elsewhere says why it is answered anyway: the edits there were screened first and none
+    did as well. (The screening is replaced: it picks the edit it is told to.)"""
+    import activities.fixers.search as search_module
+
+    evidence = Evidence(
+        candidate_hash="sha256:x",
+        suite="compact",
+        certified=False,
+        failure_class="wrong_values",
+        diagnosis=_ignores("k"),
+    )
+    request = FixRequest(
+        spec_path="attend_spec.py",
+        spec_source=ATTEND_SPEC,
+        source=ATTEND,
+        candidate_name="kernel.py",
+        evidence=evidence,
+        round=1,
+    )
+    path = _marked(ATTEND, "k")
+    lines = [
+        int(e.name.split("line ")[1].split(":")[0]) if e.name.startswith("mutant:") else 0
+        for e in candidate_edits(request)
+    ]  # the recipes' edits (line 0 here) come first, then the mutants of k's path
+    first_on = next(i for i, line in enumerate(lines) if line in path)
+    first_off = next(i for i, line in enumerate(lines) if line and line not in path)
+
+    def picks(best):
+        def screened(request, sources, budget):
+            taken = [s for _, s in zip(range(best + 1), sources, strict=False)]
+            return Screen(len(taken), 1.0, best=best, passed=True)
+
+        return screened
+
+    monkeypatch.setattr(search_module, "screen", picks(first_on))
+    there = search_module.search(request, Budget())
+    assert "it edits where the evidence points (k reaches lines" in there.reason, there.reason
+    monkeypatch.setattr(search_module, "screen", picks(first_off))
+    elsewhere = search_module.search(request, Budget())
+    assert "it is not where the evidence points (k reaches lines" in elsewhere.reason
+    screened_there = first_off - first_on
+    assert f"none of the {screened_there} edits of those lines screened" in elsewhere.reason

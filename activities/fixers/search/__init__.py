@@ -24,9 +24,11 @@ from pathlib import Path
 
 from activities.fixers.playbook import RECIPES, recipe_order
 from activities.fixers.playbook import propose as playbook_propose
+from activities.fixers.search.leads import Localised, evidence_lines
 from activities.fixers.search.mutants import Mutant, mutants
 from activities.fixers.search.screen import Budget, Screen, screen
 from nearmiss.engine.forensics.classify import CONSTANT_FACTOR_LEAD, ROW_FACTOR_LEAD
+from nearmiss.engine.integrity.gate import changed_lines
 from workflows.models import FIXER_KINDS, FixRequest, FixResult, TokenUsage
 
 MODEL = "search"
@@ -88,8 +90,8 @@ def _numbered(request: FixRequest) -> Iterator[tuple[int, Edit]]:
             continue
         if edited is not None and edited != request.source:
             edits.append(Edit(name, edited))
-    first = suspected_lines(request.evidence.failure_class, request.evidence.diagnosis)
-    mutated = (Edit(mutant_name(m), m.source) for m in mutants(request.source, first=first))
+    ranked = suspicion(request)
+    mutated = (Edit(mutant_name(m), m.source) for m in mutants(request.source, suspicion=ranked))
     seen: set[str] = set()
     tried = set(request.tried)
     for edit in itertools.chain(edits, mutated):
@@ -128,6 +130,55 @@ def suspected_lines(failure_class: str | None, diagnosis: str = "") -> Callable[
     else:
         return None
     return lambda line: pattern.search(line.split("#")[0]) is not None
+
+
+def localised(request: FixRequest) -> Localised:
+    """The lines the inputs the evidence names reach (``leads``)."""
+    evidence = request.evidence
+    return evidence_lines(request.source, request.spec_source, evidence.diagnosis)
+
+
+def suspicion(request: FixRequest) -> Callable[[int], int] | None:
+    """How many of the evidence's leads point at a line of the kernel (by its number): the
+    kind of line the failure class suspects (``suspected_lines``), and the lines the inputs
+    it names reach (``leads``); None where neither says anything."""
+    evidence = request.evidence
+    kind = suspected_lines(evidence.failure_class, evidence.diagnosis)
+    reached = localised(request)
+    if kind is None and not reached:
+        return None
+    lines = request.source.split("\n")  # as ast numbers them
+
+    def leads_at(n: int) -> int:
+        return (n in reached.lines) + bool(kind and 0 < n <= len(lines) and kind(lines[n - 1]))
+
+    return leads_at
+
+
+def where_it_points(request: FixRequest, screened: list[Edit], pick: int) -> str:
+    """Whether the edit answered changes a line the evidence's named inputs reach, and where
+    it does not, why it is answered anyway: no edit there was found first (those edits are
+    screened before the others). Empty where the evidence names no input it can follow."""
+    reached = localised(request)
+    if not reached:
+        return ""
+    original = request.source.split("\n")
+    there = [
+        i
+        for i, edit in enumerate(screened)
+        if reached.touched_by(changed_lines(original, edit.source.split("\n")))
+    ]
+    if pick in there:
+        return f"; it edits where the evidence points ({reached.describe()})"
+    tried = (
+        f"none of the {len(there)} edits of those lines screened before it did as well"
+        if there
+        else "no edit of those lines was screened"
+    )
+    return (
+        f"; it is not where the evidence points ({reached.describe()}): {tried} (a fault "
+        "every input shares, a mask or a loop bound, is on no one input's path)"
+    )
 
 
 def mutant_name(mutant: Mutant) -> str:
@@ -184,6 +235,7 @@ def search(request: FixRequest, budget: Budget, unscreened: FixResult | None = N
             f"cannot tell these apart: {alike} (with each as a file, `nearmiss spec check "
             f"{Path(request.spec_path).name} --tell-apart A.py B.py` looks for a case that can)"
         )
+    verdict += where_it_points(request, edits, found.best)
     return FixResult(
         source=edit.source,
         summary=edit.name,

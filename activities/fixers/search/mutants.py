@@ -745,7 +745,7 @@ OPERATORS: dict[str, Operator] = {
 
 
 def mutants(
-    source: str, entry: str = ENTRY, first: Callable[[str], bool] | None = None
+    source: str, entry: str = ENTRY, suspicion: Callable[[int], int] | None = None
 ) -> Iterator[Mutant]:
     """Every single-site mutant of the code ``entry`` reaches, each distinct source once; none
     when the source does not parse. Ordered by where, then by what: the kernel bodies (and the
@@ -756,10 +756,11 @@ def mutants(
     come after all others: turning a check off makes a failing call pass on the suite while
     breaking the calls the check let through (a plausible patch, not a fix).
 
-    ``first``, given a line of the source, says whether the evidence suspects it (a NaN is
-    born where an ``exp``, a division or an infinity is): edits of such lines come before all
-    others, in the same order among themselves. Where the edits are is planned for the whole
-    module first (cheap); each edit is made, parsed and yielded lazily, as it is asked for."""
+    ``suspicion``, given a line number, says how many of the evidence's leads point at that
+    line (a NaN is born where an ``exp``, a division or an infinity is; an input the kernel
+    ignores is read there): edits of lines more leads point at come first, in the same order
+    among themselves. Where the edits are is planned for the whole module first (cheap); each
+    edit is made, parsed and yielded lazily, as it is asked for."""
     mod = _module(source)
     if mod is None:
         return
@@ -770,18 +771,18 @@ def mutants(
     rest = [f for f in functions if f not in bodies + builders]
     tiers: list[list] = [bodies, builders, rest, constants_read(mod.tree, functions)]
     guarded = {id(n) for fn in functions for test in _guard_tests(fn) for n in walk(test)}
-    lines = source.split("\n")  # as ast numbers them (splitlines also splits at \f)
     planned: list[tuple[int, str, ast.AST | _Span, str]] = []  # (rank, operator, site, text)
     for tier in tiers:
         for operator, sites in OPERATORS.items():
             for node, text in (site for fn in tier for site in sites(source, fn)):
                 span = isinstance(node, _Span)
                 if id(node.site if span else node) in guarded:
-                    rank = 2
+                    rank = 1
                 else:
-                    rank = 0 if first and first(lines[node.lineno - 1]) else 1
+                    rank = -suspicion(node.lineno) if suspicion else 0
                 planned.append((rank, operator, node, text))
     planned.sort(key=lambda plan: plan[0])  # stable: the order above within each rank
+    lines = source.split("\n")  # as ast numbers them (splitlines also splits at \f)
     seen, statements = {source}, _Statements(mod.tree, lines)
     for _, operator, node, text in planned:
         edit = _edit(node, text)
