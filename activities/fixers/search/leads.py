@@ -92,7 +92,8 @@ def evidence_lines(source: str, spec_source: str, diagnosis: str) -> Localised:
     if not inputs:
         return NOWHERE
     parameters = reference_parameters(spec_source)
-    followed, lines = [], set()
+    followed: list[str] = []
+    lines: set[int] = set()
     for name in inputs:
         position = parameters.index(name) if name in parameters else None
         reached = input_lines(source, name, position)
@@ -240,7 +241,7 @@ class _Flow:
             position = bound
             for arg in call.args:
                 if isinstance(arg, ast.Starred):  # later positions are unknown from here on
-                    for offset in self.starred.get((id(fn), _name(arg.value)), ()):
+                    for offset in self.starred.get((id(fn), _name(arg.value) or ""), ()):
                         if position + offset < len(parameters):
                             yield target, parameters[position + offset]
                     break
@@ -294,11 +295,11 @@ class _Flow:
                 self.starred.setdefault((id(body), star), set()).add(i - len(refs))
                 yield body, star
 
-    def _spec_parts(self, fn: ast.FunctionDef, spec: ast.expr) -> list[ast.AST]:
+    def _spec_parts(self, fn: ast.FunctionDef, spec: ast.expr) -> list[ast.expr | ast.stmt]:
         """What of a BlockSpec decides the blocks an operand gets: the spec itself and its index
         map, a lambda or a function named there (JAX's TPU flash attention's ``q_index_map``)."""
-        parts: list[ast.AST] = [spec]
-        index_map = _index_map(spec)
+        parts: list[ast.expr | ast.stmt] = [spec]
+        index_map: ast.expr | ast.stmt | None = _index_map(spec)
         if index_map is None and isinstance(spec, ast.Call):
             named = _kwarg(spec, "index_map", 1)
             if isinstance(named, ast.Name):
@@ -316,7 +317,7 @@ class _Flow:
         if not isinstance(node, ast.Call):
             return None
         made = _resolve(fn, node.func)
-        if not _is_call(made, self.mod.pl_names, "pallas_call"):
+        if made is None or not _is_call(made, self.mod.pl_names, "pallas_call"):
             return None
         return next((c for c in self.calls if c.node is made), None)
 
