@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from email.utils import formatdate
+from pathlib import Path
 
 import pytest
 from fake_openai import (
@@ -421,3 +422,26 @@ async def test_plain_round_messages_agree_on_how_to_answer(fake, fixers):
     text = answer_instruction("text")
     assert text in system and text in user
     assert "propose_edit" not in system + user
+
+
+def test_the_prompt_names_the_lines_an_input_the_evidence_names_reaches():
+    """With a diagnosis that names inputs (x and y swapped), the model is shown the lines they
+    reach, the body's parameters among them; a diagnosis that names none adds nothing."""
+    here = Path(__file__).parent / "search"
+    swapped = make_request(
+        failure_class="wrong_values",
+        diagnosis="wrong_values: ... The kernel's out is the reference's with x and y swapped "
+        "(100.0% of its elements within tolerance of that): the kernel takes x for y.",
+    ).model_copy(
+        update={
+            "source": (here / "axpy_swapped_refs.py").read_text(),
+            "spec_source": (here / "axpy_spec.py").read_text(),
+        }
+    )
+    user = build_messages(swapped)[1]["content"]
+    body = next(
+        n for n, line in enumerate(swapped.source.split("\n"), 1) if "def _axpy_body" in line
+    )
+    pointed = next(line for line in user.split("\n") if "Where the evidence points" in line)
+    assert "x and y reach lines" in pointed and str(body) in pointed, pointed
+    assert "Where the evidence points" not in build_messages(make_request())[1]["content"]

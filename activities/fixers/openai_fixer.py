@@ -38,6 +38,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from activities import prompts
 from activities.fixers.base import FixerError
 from activities.fixers.edits import EditError, apply_answer, summary_line
+from activities.fixers.search.leads import evidence_lines
 from nearmiss.engine.models import Evidence
 from workflows.models import FIXER_KINDS, FixRequest, FixResult, TokenUsage
 
@@ -100,6 +101,20 @@ def render_evidence(ev: Evidence) -> str:
     return "\n".join(lines)
 
 
+def where_the_evidence_points(request: FixRequest) -> str:
+    """A bullet naming the lines the inputs the diagnosis names reach (``search.leads``), so
+    a fix elsewhere is a choice the model makes knowingly; empty where it names none."""
+    reached = evidence_lines(request.source, request.spec_source, request.evidence.diagnosis)
+    if not reached:
+        return ""
+    return (
+        f"\n- Where the evidence points: {reached.describe()} of the kernel (from `kernel`'s "
+        "parameter to the pallas_call operand, its index map and the body's ref). A fault "
+        "every input shares (a mask, a loop bound) is on no one input's path: if your edit is "
+        "elsewhere, say why in the summary."
+    )
+
+
 def _bullets(items: list[str], empty: str) -> str:
     return "\n".join(f"- {item}" for item in items) if items else empty
 
@@ -122,7 +137,7 @@ def build_messages(request: FixRequest, protocol: str = "text") -> list[dict[str
         candidate_name=request.candidate_name,
         round=request.round,
         numbered_source=number_lines(request.source),
-        evidence=render_evidence(request.evidence),
+        evidence=render_evidence(request.evidence) + where_the_evidence_points(request),
         knowledge=_bullets(request.knowledge, "(no matching entries)"),
         tried=_bullets(request.tried, "(nothing yet)"),
         answer=answer,
