@@ -900,7 +900,8 @@ def test_the_lines_an_input_the_evidence_names_reaches_are_found_through_the_cal
 
 def test_edits_of_the_lines_a_named_input_reaches_are_screened_first():
     """With evidence that the kernel ignores k, the mutants of k's path come before all the
-    others (the order among them kept); without it, the order is the plain one."""
+    others (the order among them kept), and before the recipes of other classes; without it,
+    the order is the plain one."""
     evidence = Evidence(
         candidate_hash="sha256:x",
         suite="compact",
@@ -917,10 +918,15 @@ def test_edits_of_the_lines_a_named_input_reaches_are_screened_first():
         round=1,
     )
     path = _marked(ATTEND, "k")
-    names = [e.name for e in candidate_edits(request) if e.name.startswith("mutant:")]
+    every = [e.name for e in candidate_edits(request)]
+    names = [name for name in every if name.startswith("mutant:")]
     on_path = [int(name.split("line ")[1].split(":")[0]) in path for name in names]
     assert any(on_path) and not all(on_path)
     assert on_path == sorted(on_path, reverse=True), on_path
+    # A recipe of another class (the grid rounded down is nan_inf's), merely matching the
+    # source, comes after the lead's lines and before the other mutants.
+    recipe = every.index("ceil_div_grid")
+    assert recipe == sum(on_path), every[: recipe + 1]
     plain = [f"mutant:{m.operator}:{m.description}" for m in mutants(ATTEND)]
     assert sorted(plain) == sorted(names) and plain != names
 
@@ -950,7 +956,7 @@ def test_an_answer_says_whether_it_edits_where_the_evidence_points(monkeypatch):
     lines = [
         int(e.name.split("line ")[1].split(":")[0]) if e.name.startswith("mutant:") else 0
         for e in candidate_edits(request)
-    ]  # the recipes' edits (line 0 here) come first, then the mutants of k's path
+    ]  # the mutants of k's path first, then the recipes' edits (line 0 here), then the rest
     first_on = next(i for i, line in enumerate(lines) if line in path)
     first_off = next(i for i, line in enumerate(lines) if line and line not in path)
 
@@ -967,5 +973,5 @@ def test_an_answer_says_whether_it_edits_where_the_evidence_points(monkeypatch):
     monkeypatch.setattr(search_module, "screen", picks(first_off))
     elsewhere = search_module.search(request, Budget())
     assert "it is not where the evidence points (k reaches lines" in elsewhere.reason
-    screened_there = first_off - first_on
+    screened_there = sum(line in path for line in lines[:first_off])
     assert f"none of the {screened_there} edits of those lines screened" in elsewhere.reason

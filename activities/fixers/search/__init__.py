@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from activities.fixers.playbook import RECIPES, recipe_order
+from activities.fixers.playbook import RECIPES, addressed_recipes, recipe_order
 from activities.fixers.playbook import propose as playbook_propose
 from activities.fixers.search.leads import Localised, evidence_lines
 from activities.fixers.search.mutants import Mutant, mutants
@@ -82,24 +82,43 @@ def _numbered(request: FixRequest) -> Iterator[tuple[int, Edit]]:
     the tried ones counted: a round that resumes a source (``FixRequest.skip``) after an edit
     of it was tried in between (the unedited kernel's own rounds, ``workflows.loop``) finds
     every unscreened edit where it was."""
-    edits = []
+    addressed = set(addressed_recipes(request.evidence))
+    ours: list[Edit] = []  # the recipes for the evidence's classes
+    others: list[Edit] = []  # those whose pattern is merely present
     for name in recipe_order(request.evidence):
         try:
             edited = RECIPES[name].apply(request.source, request.evidence)
         except Exception:  # a recipe's bug costs its candidate, not the search
             continue
         if edited is not None and edited != request.source:
-            edits.append(Edit(name, edited))
-    ranked = suspicion(request)
-    mutated = (Edit(mutant_name(m), m.source) for m in mutants(request.source, suspicion=ranked))
+            (ours if name in addressed else others).append(Edit(name, edited))
     seen: set[str] = set()
     tried = set(request.tried)
-    for edit in itertools.chain(edits, mutated):
+    for edit in itertools.chain(ours, _led(request, others)):
         if edit.source in seen:
             continue
         seen.add(edit.source)
         if edit.name not in tried:
             yield len(seen) - 1, edit
+
+
+def _led(request: FixRequest, others: list[Edit]) -> Iterator[Edit]:
+    """The mutants, the lines the evidence's leads point at first (``suspicion``), with the
+    other classes' recipes after those where the diagnosis names an input (the lines it
+    reaches are the stronger lead: a recipe merely matching the source is a guess), else
+    before every mutant."""
+    ranked = suspicion(request)
+    led = ranked is not None and bool(localised(request))
+    later: list[Edit] | None = others
+    if not led:
+        yield from others
+        later = None
+    for mutant in mutants(request.source, suspicion=ranked):
+        if later is not None and ranked is not None and not ranked(mutant.line):
+            yield from later
+            later = None
+        yield Edit(mutant_name(mutant), mutant.source)
+    yield from later or ()
 
 
 # Where a NaN or an Inf is born: an exponential or a logarithm, a root, a power, a division, an
