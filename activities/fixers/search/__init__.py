@@ -61,12 +61,19 @@ class SearchFixer:
         return SearchFixer(self.budget.within(seconds))
 
     async def propose(self, request: FixRequest) -> FixResult:
-        result = playbook_propose(request).model_copy(update={"model": MODEL})
+        def playbook() -> FixResult:
+            return playbook_propose(request).model_copy(update={"model": MODEL})
+
         if not request.evidence.failure_class:  # nothing numeric to search for
-            return result
+            return playbook()
+
         # A recipe of the class is screened with the rest: one that leaves the score as it
-        # was would cost a round, and the loop would build on it.
-        unscreened = result if result.source is not None and not result.reason else None
+        # was would cost a round, and the loop would build on it. Its answer unscreened is
+        # asked for only where nothing could be screened.
+        def unscreened() -> FixResult | None:
+            result = playbook()
+            return result if result.source is not None and not result.reason else None
+
         return await asyncio.to_thread(search, request, self.budget, unscreened)
 
 
@@ -204,7 +211,9 @@ def mutant_name(mutant: Mutant) -> str:
     return f"mutant:{mutant.operator}:{mutant.description}"
 
 
-def search(request: FixRequest, budget: Budget, unscreened: FixResult | None = None) -> FixResult:
+def search(
+    request: FixRequest, budget: Budget, unscreened: Callable[[], FixResult | None] | None = None
+) -> FixResult:
     """One round of the search: the candidate edits screened in order from ``request.skip``
     (those an earlier round screened without finding one) until one passes or the budget is
     spent. With no edit to propose and more left, ``resume_at`` says where the next round
@@ -231,9 +240,10 @@ def search(request: FixRequest, budget: Budget, unscreened: FixResult | None = N
         f"{'more were left' if more else 'none was left'})"
     )
     if found.best is None:
-        if found.screened == 0 and found.why and unscreened is not None:
+        recipe = unscreened() if found.screened == 0 and found.why and unscreened else None
+        if recipe is not None:
             why = f"search: nothing screened ({found.why}); the recipe for the class, unscreened"
-            return unscreened.model_copy(update={"reason": why})
+            return recipe.model_copy(update={"reason": why})
         if budget.hard and more and found.seconds > budget.seconds:
             raise OutOfTime(done)
         why = found.why or "none got further than the kernel on the failing suite"
