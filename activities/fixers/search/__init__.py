@@ -217,8 +217,8 @@ def search(
     """One round of the search: the candidate edits screened in order from ``request.skip``
     (those an earlier round screened without finding one) until one passes or the budget is
     spent. With no edit to propose and more left, ``resume_at`` says where the next round
-    goes on. ``unscreened``: the recipe of the class, answered where nothing could be
-    screened."""
+    goes on. ``unscreened`` is asked for the recipe of the class only where nothing could be
+    screened, and its answer given then."""
     edits: list[Edit] = []
     pending = itertools.dropwhile(lambda numbered: numbered[0] < request.skip, _numbered(request))
     resume_at = request.skip  # the position after the last edit taken
