@@ -36,6 +36,7 @@ a masked sum divided by the ``arange``'s padded width, and bodies reached throug
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,11 +44,13 @@ from pathlib import Path
 import pytest
 from test_shipped_kernels import SHIPPED, SPECS, installed_source
 
-from activities.evidence import evidence_from_report, score
+from activities.evidence import evidence_from_report
 from activities.fixers.playbook import RECIPES, PlaybookFixer
 from nearmiss.engine.check import check
 from nearmiss.engine.models import CheckReport
-from workflows.models import FixRequest
+from workflows.guards import Guards
+from workflows.loop import LoopState, RepairLoop
+from workflows.models import FixOutcome, FixRequest
 
 OPS = "jax.experimental.pallas.ops"
 FLASH_ENTRY = (
@@ -246,72 +249,84 @@ def diagnose_planted(spec: Path, source: str, candidate: Path) -> CheckReport:
 
 async def repair_planted(spec: Path, source: str, candidate: Path, fixer=None):
     """Check the planted kernel, then let the playbook (or ``fixer``, another zero-token one)
-    repair it for up to ROUNDS rounds from the engine's evidence, as the repair loop does (a
-    regression is reverted, the next edit starts from the best candidate; a search goes on in
-    a later round on a kernel from where it stopped, and keeps the unedited kernel in its beam
-    beside an edit that only got further): (first report, last report, steps)."""
-    report = diagnose_planted(spec, source, candidate)
-    first, tried, steps = report, [], [f"diagnosed {report.failure_class}"]
-    original = (source, report)
-    best = (score(report), source, report)
-    searched: dict[str, int] = {}  # source -> how far a search has got through its edits
-    exhausted: set[str] = set()  # sources a search has no edit left of
-    had_its_turn = False  # the last round edited the unedited kernel and did not move the best
+    repair it for up to ROUNDS rounds: the repair loop itself (``workflows.loop.RepairLoop``,
+    as a session sets it up for the fixer's kind) decides every step, its checks run here on
+    the compact suite at SEED instead of in a worker. The candidate file holds the best
+    source at the end. (first report, last report, steps)."""
     fixer = fixer or PlaybookFixer()
-    for round_ in range(1, ROUNDS + 1):
-        in_beam = fixer.kind.screens and source != original[0] and original[0] not in exhausted
-        if in_beam and (not had_its_turn or source in exhausted):
-            base, evidence = original
-        else:
-            base, evidence = source, report
-        result = await fixer.propose(
-            FixRequest(
-                spec_path=str(spec),
-                spec_source=spec.read_text(),
-                source=base,
-                candidate_name=candidate.name,
-                evidence=evidence_from_report(evidence, "sha256:x", ""),
-                round=round_,
-                tried=tried,
-                skip=searched.get(base, 0),
-            )
+    kind = fixer.kind
+    loop = RepairLoop(
+        LoopState(
+            guards=Guards(max_rounds=ROUNDS, no_progress_rounds=ROUNDS + 1),
+            deterministic_fixer=kind.deterministic,
+            certify_suite=SUITE,
+            keep_unedited=kind.screens,
         )
-        assert result.tokens.total == 0 and result.model == fixer.kind.name
-        if base != source:
-            steps.append("from the unedited kernel:")
-        further = result.resume_at > searched.get(base, 0)
-        if further:
-            searched[base] = result.resume_at
-        had_its_turn = base == original[0]
-        if result.source is None:
-            steps.append("no recipe" if fixer.kind.name == "playbook" else result.reason)
-            if further:
-                continue
-            if in_beam:
-                exhausted.add(base)
-                if base == source or source not in exhausted:
-                    continue
-            break
-        assert result.summary in RECIPES or result.summary.startswith("mutant:")
-        assert result.summary not in tried
-        tried.append(result.summary)
-        candidate.write_text(result.source)
-        report = check(spec, candidate, SUITE, SEED)
-        steps.append(f"{result.summary} -> {report.failure_class or 'certified'}")
-        if report.certified:
-            break
-        if score(report) < best[0]:  # as the loop does: a regression is reverted
-            steps[-1] += " (reverted)"
-            _, source, report = best
-            candidate.write_text(source)
-        elif score(report) == best[0] and base != source:
-            steps[-1] += " (no better than the best, which stays)"
-            _, source, report = best
-            candidate.write_text(source)
-        else:
-            source, had_its_turn = result.source, False
-            best = (score(report), source, report)
-    return first, report, steps
+    )
+    state, texts, reports = loop.state, {}, {}
+    first: CheckReport | None = None
+    steps: list[str] = []
+
+    def stored(text: str) -> str:
+        key = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+        texts[key] = text
+        return key
+
+    step = loop.begin(stored(source), 0.0)
+    while step.action.kind != "stop":
+        action = step.action
+        if action.kind == "fix":
+            base = action.candidate_hash
+            evidence = loop.evidence_of(base)
+            assert evidence is not None
+            result = await fixer.propose(
+                FixRequest(
+                    spec_path=str(spec),
+                    spec_source=spec.read_text(),
+                    source=texts[base],
+                    candidate_name=candidate.name,
+                    evidence=evidence,
+                    round=len(state.rounds) + 1,
+                    tried=list(state.tried),
+                    skip=state.searched.get(base, 0),
+                )
+            )
+            assert result.tokens.total == 0 and result.model == kind.name
+            if base != state.current_hash:
+                steps.append("from the unedited kernel:")
+            if result.source is None:
+                steps.append("no recipe" if kind.name == "playbook" else result.reason)
+            else:
+                assert result.summary in RECIPES or result.summary.startswith("mutant:")
+            outcome = FixOutcome(
+                candidate_hash=stored(result.source) if result.source is not None else None,
+                summary=result.summary or "",
+                reason=result.reason,
+                model=result.model,
+                resume_at=result.resume_at,
+            )
+            step = loop.on_fix(outcome, 0.0)
+            continue
+        key = (action.candidate_hash, action.suite)
+        if key not in reports:  # a certify on SUITE is the validate's check again
+            candidate.write_text(texts[action.candidate_hash])
+            reports[key] = check(spec, candidate, action.suite, SEED)
+        report = reports[key]
+        if action.kind == "forensics":
+            assert not report.certified and report.integrity.ok, report.diagnosis
+            first = report
+            steps.append(f"diagnosed {report.failure_class}")
+        step = loop.on_evidence(action, evidence_from_report(report, key[0], ""), 0.0)
+        if action.kind == "validate":
+            round_ = state.rounds[-1]
+            steps.append(f"{round_.summary} -> {report.failure_class or 'certified'}")
+            if round_.outcome == "regression_reverted":
+                steps[-1] += " (reverted)"
+            elif state.current_hash != action.candidate_hash and round_.outcome == "same":
+                steps[-1] += " (no better than the best, which stays)"
+    assert first is not None
+    candidate.write_text(texts[state.best_hash])
+    return first, reports[(state.best_hash, SUITE)], steps
 
 
 async def assert_playbook_outcome(
