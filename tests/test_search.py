@@ -871,6 +871,25 @@ def _ignores(name: str) -> str:
     return f"wrong_values: ... {said}"
 
 
+def _ignoring_k() -> FixRequest:
+    """A fix of ATTEND asked with evidence that the kernel ignores k."""
+    evidence = Evidence(
+        candidate_hash="sha256:x",
+        suite="compact",
+        certified=False,
+        failure_class="wrong_values",
+        diagnosis=_ignores("k"),
+    )
+    return FixRequest(
+        spec_path="attend_spec.py",
+        spec_source=ATTEND_SPEC,
+        source=ATTEND,
+        candidate_name="kernel.py",
+        evidence=evidence,
+        round=1,
+    )
+
+
 def _marked(source: str, mark: str) -> set[int]:
     return {n for n, line in enumerate(source.split("\n"), 1) if line.endswith(f"# {mark}")}
 
@@ -902,21 +921,7 @@ def test_edits_of_the_lines_a_named_input_reaches_are_screened_first():
     """With evidence that the kernel ignores k, the mutants of k's path come before all the
     others (the order among them kept), and before the recipes of other classes; without it,
     the order is the plain one."""
-    evidence = Evidence(
-        candidate_hash="sha256:x",
-        suite="compact",
-        certified=False,
-        failure_class="wrong_values",
-        diagnosis=_ignores("k"),
-    )
-    request = FixRequest(
-        spec_path="attend_spec.py",
-        spec_source=ATTEND_SPEC,
-        source=ATTEND,
-        candidate_name="kernel.py",
-        evidence=evidence,
-        round=1,
-    )
+    request = _ignoring_k()
     path = _marked(ATTEND, "k")
     every = [e.name for e in candidate_edits(request)]
     names = [name for name in every if name.startswith("mutant:")]
@@ -937,21 +942,7 @@ def test_an_answer_says_whether_it_edits_where_the_evidence_points(monkeypatch):
     did as well. (The screening is replaced: it picks the edit it is told to.)"""
     import activities.fixers.search as search_module
 
-    evidence = Evidence(
-        candidate_hash="sha256:x",
-        suite="compact",
-        certified=False,
-        failure_class="wrong_values",
-        diagnosis=_ignores("k"),
-    )
-    request = FixRequest(
-        spec_path="attend_spec.py",
-        spec_source=ATTEND_SPEC,
-        source=ATTEND,
-        candidate_name="kernel.py",
-        evidence=evidence,
-        round=1,
-    )
+    request = _ignoring_k()
     path = _marked(ATTEND, "k")
     lines = [
         int(e.name.split("line ")[1].split(":")[0]) if e.name.startswith("mutant:") else 0
