@@ -44,6 +44,9 @@ from nearmiss.engine.inputs import parse_source
 # Inside a kernel body a ref's reads are followed this many assignments on: far enough for
 # ``k = k_ref[...]`` and ``s = q @ k.T``, not so far that every line after them is "on k's path".
 BODY_STEPS = 2
+# Outside the bodies (the wrapper's reshapes, pads and casts) every assignment on is followed,
+# up to this many: a bound on the work a hostile module's chain of names can ask for.
+WRAPPER_STEPS = 32
 
 # The reach leads (``nearmiss.engine.forensics.reach``): a nudged input the kernel treats
 # otherwise than the reference does, and two inputs the kernel takes for each other.
@@ -200,7 +203,7 @@ class _Flow:
         arguments = fn.args
         every = arguments.posonlyargs + arguments.args + arguments.kwonlyargs
         self.lines.update(a.lineno for a in every if a.arg == name)
-        left = BODY_STEPS if id(fn) in self.bodies else None  # None: no limit
+        left = BODY_STEPS if id(fn) in self.bodies else WRAPPER_STEPS
         tainted, frontier = {name}, {name}
         while frontier and left != 0:
             assigned: set[str] = set()
@@ -217,7 +220,7 @@ class _Flow:
                 } - tainted
             tainted |= assigned
             frontier = assigned
-            left = None if left is None else left - 1
+            left -= 1
         for node in walk(fn):
             if isinstance(node, ast.Name) and node.id in tainted:
                 self.lines.add(node.lineno)
