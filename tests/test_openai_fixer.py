@@ -445,3 +445,33 @@ def test_the_prompt_names_the_lines_an_input_the_evidence_names_reaches():
     pointed = next(line for line in user.split("\n") if "Where the evidence points" in line)
     assert "x and y reach lines" in pointed and str(body) in pointed, pointed
     assert "Where the evidence points" not in build_messages(make_request())[1]["content"]
+
+
+def test_the_prompt_lists_every_range_of_lines_the_named_input_reaches():
+    """The search's answer names the first few ranges; the model, which reads the kernel by its
+    numbered lines, is given them all (JAX's TPU flash attention: q reaches 90-odd lines in
+    more ranges than the search's answer names)."""
+    import importlib.util
+
+    from activities.fixers.search.leads import evidence_lines
+    from nearmiss.engine.forensics.localise import MAX_RANGES
+
+    module = importlib.util.find_spec("jax.experimental.pallas.ops.tpu.flash_attention")
+    assert module is not None and module.origin is not None
+    source = Path(module.origin).read_text() + (
+        "\n\ndef kernel(q, k, v):\n    return flash_attention(q, k, v, causal=True)\n"
+    )
+    spec = "def reference(q, k, v):\n    return q\n"
+    diagnosis = "Nudging q[0, 0, 1, 2] (up by 8 times its rms) moves: the kernel ignores q."
+    reached = evidence_lines(source, spec, diagnosis)
+    assert "more ranges" in reached.describe()  # the search's answer: the first few
+    request = make_request(failure_class="wrong_values", diagnosis=diagnosis).model_copy(
+        update={"source": source, "spec_source": spec}
+    )
+    pointed = next(
+        line
+        for line in build_messages(request)[1]["content"].split("\n")
+        if "Where the evidence points" in line
+    )
+    assert "more ranges" not in pointed and pointed.count(",") >= MAX_RANGES, pointed
+    assert all(str(n) in pointed for n in (min(reached.lines), max(reached.lines)))

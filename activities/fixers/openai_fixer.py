@@ -101,6 +101,11 @@ def render_evidence(ev: Evidence) -> str:
     return "\n".join(lines)
 
 
+# Every range of lines an input reaches (the search's own answer names the first few): the
+# model reads the kernel by its numbered lines.
+PROMPT_RANGES = 64
+
+
 def where_the_evidence_points(request: FixRequest) -> str:
     """A bullet naming the lines the inputs the diagnosis names reach (``search.leads``), so
     a fix elsewhere is a choice the model makes knowingly; empty where it names none."""
@@ -108,10 +113,10 @@ def where_the_evidence_points(request: FixRequest) -> str:
     if not reached:
         return ""
     return (
-        f"\n- Where the evidence points: {reached.describe()} of the kernel (from `kernel`'s "
-        "parameter to the pallas_call operand, its index map and the body's ref). A fault "
-        "every input shares (a mask, a loop bound) is on no one input's path: if your edit is "
-        "elsewhere, say why in the summary."
+        f"\n- Where the evidence points: {reached.describe(most=PROMPT_RANGES)} of the kernel "
+        "(from `kernel`'s parameter to the pallas_call operand, its index map and the body's "
+        "ref). A fault every input shares (a mask, a loop bound) is on no one input's path: if "
+        "your edit is elsewhere, say why in the summary."
     )
 
 

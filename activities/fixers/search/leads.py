@@ -38,7 +38,7 @@ from activities.fixers.playbook.source import (
     walk,
 )
 from activities.fixers.search.mutants import ENTRY
-from nearmiss.engine.forensics.localise import index_ranges
+from nearmiss.engine.forensics.localise import MAX_RANGES, index_ranges
 from nearmiss.engine.inputs import parse_source
 
 # Inside a kernel body a ref's reads are followed this many assignments on: far enough for
@@ -70,12 +70,11 @@ class Localised:
         first, last = changed
         return any(line in self.lines for line in range(first, max(first, last) + 1))
 
-    def describe(self) -> str:
-        """'k reaches lines 12, 40-44 and 51'."""
+    def describe(self, most: int = MAX_RANGES) -> str:
+        """'k reaches lines 12, 40-44 and 51', cut after ``most`` ranges of lines."""
         names = " and ".join(self.inputs)
-        return f"{names} {'reach' if len(self.inputs) > 1 else 'reaches'} lines " + (
-            index_ranges(np.array(sorted(self.lines)))
-        )
+        lines = index_ranges(np.array(sorted(self.lines)), most)
+        return f"{names} {'reach' if len(self.inputs) > 1 else 'reaches'} lines {lines}"
 
 
 NOWHERE = Localised((), frozenset())

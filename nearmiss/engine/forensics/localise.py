@@ -19,16 +19,16 @@ MAX_TILES_LISTED = 8
 MAP_CELLS = 64  # per side of a mismatch map: 64 × 64 small ints stay cheap in JSON
 
 
-def index_ranges(indices: np.ndarray) -> str:
-    """'3, 40-44, 63' for sorted unique indices, cut after a few ranges."""
+def index_ranges(indices: np.ndarray, most: int = MAX_RANGES) -> str:
+    """'3, 40-44, 63' for sorted unique indices, cut after ``most`` ranges."""
     if indices.size == 0:
         return ""
     breaks = np.nonzero(np.diff(indices) != 1)[0]
     starts = np.concatenate([[indices[0]], indices[breaks + 1]])
     ends = np.concatenate([indices[breaks], [indices[-1]]])
     parts = [str(s) if s == e else f"{s}-{e}" for s, e in zip(starts, ends, strict=True)]
-    if len(parts) > MAX_RANGES:
-        parts = parts[:MAX_RANGES] + [f"… ({len(parts) - MAX_RANGES} more ranges)"]
+    if len(parts) > most:
+        parts = parts[:most] + [f"… ({len(parts) - most} more ranges)"]
     return ", ".join(parts)
 
 
