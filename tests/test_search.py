@@ -913,6 +913,13 @@ def test_the_lines_an_input_the_evidence_names_reaches_are_found_through_the_cal
         "def kernel(a, b):  # k\n    return _call(a, b)",
     )
     assert evidence_lines(renamed, ATTEND_SPEC, diagnosis).lines == found.lines
+    # The position decides, not the name: a kernel whose parameters are named the other way
+    # round from the reference's gets the reference's k as its q.
+    turned = ATTEND.replace(
+        "def kernel(q, k):  # k\n    return _call(q, k)",
+        "def kernel(k, q):  # k\n    return _call(k, q)",
+    )
+    assert evidence_lines(turned, ATTEND_SPEC, diagnosis).lines == found.lines
     assert not evidence_lines(ATTEND, ATTEND_SPEC, "wrong_values: Values are wrong.")
     assert "k reaches lines" in found.describe()
 

@@ -71,7 +71,7 @@ class Localised:
         return any(line in self.lines for line in range(first, max(first, last) + 1))
 
     def describe(self, most: int = MAX_RANGES) -> str:
-        """'k reaches lines 12, 40-44 and 51', cut after ``most`` ranges of lines."""
+        """'k reaches lines 12, 40-44, 51', cut after ``most`` ranges of lines."""
         names = " and ".join(self.inputs)
         lines = index_ranges(np.array(sorted(self.lines)), most)
         return f"{names} {'reach' if len(self.inputs) > 1 else 'reaches'} lines {lines}"
@@ -134,10 +134,10 @@ def _called(call: ast.Call) -> str | None:
 
 @functools.lru_cache(maxsize=32)
 def input_lines(source: str, name: str, position: int | None = None) -> frozenset[int]:
-    """The lines the entry point's parameter ``name`` (else its ``position``-th) reaches: where
-    it or a name assigned from it is read, in the entry point and the module functions it is
-    handed to; the BlockSpec of the ``pallas_call`` operand it becomes; and in the kernel body,
-    where that operand's ref is read and ``BODY_STEPS`` assignments on."""
+    """The lines the entry point's ``position``-th parameter (else the one named ``name``)
+    reaches: where it or a name assigned from it is read, in the entry point and the module
+    functions it is handed to; the BlockSpec of the ``pallas_call`` operand it becomes; and in
+    the kernel body, where that operand's ref is read and ``BODY_STEPS`` assignments on."""
     mod = _module(source)
     if mod is None:
         return frozenset()
@@ -146,10 +146,12 @@ def input_lines(source: str, name: str, position: int | None = None) -> frozense
     if entry is None:
         return frozenset()
     parameters = _refs(entry)
-    if name not in parameters:
-        if position is None or position >= len(parameters):
-            return frozenset()
+    # The engine calls ``kernel(*inputs)``: the position is what says which parameter gets
+    # the input; its name decides only where the spec gives no position.
+    if position is not None and position < len(parameters):
         name = parameters[position]
+    elif name not in parameters:
+        return frozenset()
     return frozenset(_Flow(mod).follow(entry, name))
 
 
