@@ -196,3 +196,34 @@ def test_a_search_repair_never_certifies_a_patch_the_hidden_cases_refuse(
         deeper = tmp_path / "deeper_spec.py"
         deeper.write_text(spec.read_text().replace('{"R": 64, "C": 128}', '{"R": 128, "C": 128}'))
         assert check(deeper, fixed, "compact", 9).certified, fixed.read_text()
+
+
+def test_a_certified_fix_says_whether_it_is_where_the_first_evidence_pointed(
+    temporal_address, postgres_dsn, tmp_path
+):
+    """x - 0.5 * y with the body's refs named the wrong way round: the first check finds the
+    kernel takes x for y; the search's fix swaps the body's parameters, on both inputs' path,
+    and the certificate says so, with the lines, in the JSON and in the text."""
+    search = Path(__file__).parent / "search"
+    candidate = tmp_path / "axpy.py"
+    candidate.write_text((search / "axpy_swapped_refs.py").read_text())
+    env = dict(os.environ, TEMPORAL_ADDRESS=temporal_address, NEARMISS_DATABASE_URL=postgres_dsn)
+    spec = search / "axpy_spec.py"
+    result = run_cli("repair", spec, candidate, "--model", "search", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["certified"] is True
+    body = 1 + candidate.read_text().split("\n").index("def _axpy_body(y_ref, x_ref, o_ref):")
+    pointed = report["evidence_pointed"]
+    assert pointed.startswith("the fix edits where the first evidence pointed (x and y reach")
+    assert f"{body}" in pointed.split("lines ")[1], pointed
+    # A fix elsewhere is said to be elsewhere (the same log, the fix put on another line).
+    from activities.fixers.search.leads import where_the_fix_is
+
+    elsewhere = where_the_fix_is(
+        candidate.read_text(),
+        candidate.read_text().replace("in the wrong order", "in the wrong order."),
+        spec.read_text(),
+        "The kernel's out is the reference's with x and y swapped",
+    )
+    assert elsewhere.startswith("the fix is not where the first evidence pointed"), elsewhere

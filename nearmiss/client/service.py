@@ -39,6 +39,7 @@ from temporalio.worker import (
 )
 
 from activities.fixers.registry import make_fixer
+from activities.fixers.search.leads import where_the_fix_is
 from activities.placement import Placement
 from activities.regenerate import RegenerateActivities
 from activities.repair import RepairActivities
@@ -473,7 +474,29 @@ async def repair(
         final = (await store.get_blob(result.final_hash)).decode()
         # The text the session repaired, as stored: the file may have changed since.
         original = (await store.get_blob(result.original_hash)).decode()
-    return _report(result, candidate, original, final, out, as_json)
+        pointed = await _where_the_fix_is(store, result, original, final)
+    return _report(result, candidate, original, final, out, as_json, pointed)
+
+
+async def _where_the_fix_is(store, result: RepairResult, original: str, final: str) -> str:
+    """For a certified fix, whether it edits where the session's first evidence pointed
+    (``search.leads.where_the_fix_is``), from the session's log; empty where it cannot say."""
+    if not result.certified or final == original:
+        return ""
+    events = await store.read_stream(result.session_id)
+    started = next((e for e in events if e.type == "RepairStarted"), None)
+    first = next(
+        (e for e in events if e.type == "EvidenceCollected" and e.payload["phase"] == "forensics"),
+        None,
+    )
+    if started is None or first is None or not first.payload.get("report_hash"):
+        return ""
+    try:
+        spec = (await store.get_blob(started.payload["spec_hash"])).decode()
+        report = json.loads(await store.get_blob(first.payload["report_hash"]))
+    except KeyError:  # a log from before its blobs were kept: nothing to say
+        return ""
+    return where_the_fix_is(original, final, spec, report.get("diagnosis", ""))
 
 
 def write_replacing(path: Path, text: str) -> None:
@@ -502,7 +525,13 @@ def verdict_line(result: RepairResult) -> str:
 
 
 def _report(
-    result: RepairResult, candidate: Path, original: str, final: str, out, as_json: bool
+    result: RepairResult,
+    candidate: Path,
+    original: str,
+    final: str,
+    out,
+    as_json: bool,
+    pointed: str = "",
 ) -> int:
     """Print the session's result: text, or one JSON object on stdout (the verdict line then
     goes to stderr). A session that did not certify hands back its best candidate's diff,
@@ -531,6 +560,9 @@ def _report(
                     # The diff is a certified fix only when this is true; else the session's
                     # best attempt, which did not certify.
                     "diff_certified": bool(diff) and certified,
+                    # Whether the fix edits where the first evidence pointed ("" where the
+                    # evidence named no input it can follow).
+                    "evidence_pointed": pointed,
                 },
                 indent=2,
             )
@@ -543,6 +575,8 @@ def _report(
             print(f"targets: {', '.join(judged)}")
         t = result.tokens
         print(f"tokens: {t.input} input ({t.cached_input} cached), {t.output} output")
+        if pointed:
+            print(pointed)
         if diff and not certified:
             print(
                 f"{UNCERTIFIED_HEADER}: the best candidate the session reached, which did not "

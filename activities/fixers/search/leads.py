@@ -38,6 +38,7 @@ from activities.fixers.playbook.source import (
     walk,
 )
 from activities.fixers.search.mutants import ENTRY
+from kb.patches import change_blocks
 from nearmiss.engine.forensics.localise import MAX_RANGES, index_ranges
 from nearmiss.engine.inputs import parse_source
 
@@ -103,6 +104,23 @@ def evidence_lines(source: str, spec_source: str, diagnosis: str) -> Localised:
             followed.append(name)
             lines |= reached
     return Localised(tuple(followed), frozenset(lines)) if lines else NOWHERE
+
+
+def where_the_fix_is(original: str, fixed: str, spec_source: str, diagnosis: str) -> str:
+    """Whether a fix of ``original`` edits a line the inputs its diagnosis names reach: a
+    sentence for the certificate, empty where the diagnosis names none that can be followed."""
+    reached = evidence_lines(original, spec_source, diagnosis)
+    if not reached:
+        return ""
+    touched = any(
+        reached.touched_by((i1 + 1, i2)) for i1, i2, _, _ in change_blocks(original, fixed)
+    )
+    if touched:
+        return f"the fix edits where the first evidence pointed ({reached.describe()})"
+    return (
+        f"the fix is not where the first evidence pointed ({reached.describe()}): a fault "
+        "every input shares (a mask, a loop bound, a dropped term) is on no one input's path"
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -383,4 +401,5 @@ __all__ = [
     "input_lines",
     "named_inputs",
     "reference_parameters",
+    "where_the_fix_is",
 ]
