@@ -67,6 +67,7 @@ from nearmiss.engine.targets.registry import (
     parse_targets,
     target_status,
 )
+from nearmiss.reports.session import blob_text, evidence_report
 from workflows.fleet import FleetWorkflow
 from workflows.loop import Guards
 from workflows.models import RepairResult
@@ -489,14 +490,13 @@ async def _where_the_fix_is(store, result: RepairResult, original: str, final: s
         (e for e in events if e.type == "EvidenceCollected" and e.payload["phase"] == "forensics"),
         None,
     )
-    if started is None or first is None or not first.payload.get("report_hash"):
+    if started is None or first is None:
         return ""
-    try:
-        spec = (await store.get_blob(started.payload["spec_hash"])).decode()
-        report = json.loads(await store.get_blob(first.payload["report_hash"]))
-    except KeyError:  # a log from before its blobs were kept: nothing to say
+    spec = await blob_text(store, started.payload["spec_hash"])
+    report = await evidence_report(store, first)
+    if spec is None or report is None:  # pruned, or from an older schema: nothing to say
         return ""
-    return where_the_fix_is(original, final, spec, report.get("diagnosis", ""))
+    return where_the_fix_is(original, final, spec, report.diagnosis)
 
 
 def write_replacing(path: Path, text: str) -> None:

@@ -101,7 +101,7 @@ class FleetRow:
     targets: dict[str, bool] = field(default_factory=dict)  # of its last check: {name: ok}
 
 
-async def _report(store: EventLog, event: StoredEvent) -> CheckReport | None:
+async def evidence_report(store: EventLog, event: StoredEvent) -> CheckReport | None:
     """The full check report behind an EvidenceCollected, when it can still be read."""
     digest = event.payload.get("report_hash")
     if not digest:
@@ -124,7 +124,8 @@ def _figure(report: CheckReport, round_: int, candidate: str) -> HeatmapFigure |
     return None
 
 
-async def _text(store: EventLog, digest: str) -> str | None:
+async def blob_text(store: EventLog, digest: str) -> str | None:
+    """A stored text, when it can still be read."""
     try:
         return (await store.get_blob(digest)).decode("utf-8", errors="replace")
     except KeyError:
@@ -132,7 +133,7 @@ async def _text(store: EventLog, digest: str) -> str | None:
 
 
 async def _diff(store: EventLog, name: str, original: str, final: str) -> str:
-    before, after = await _text(store, original), await _text(store, final)
+    before, after = await blob_text(store, original), await blob_text(store, final)
     if before is None or after is None or before == after:
         return ""
     lines = difflib.unified_diff(
@@ -175,7 +176,7 @@ async def load_session(store: EventLog, session_id: str) -> SessionView:
             round_ = typed.round
             view.round_tokens.append(RoundTokens(round=round_, **typed.tokens))
         elif isinstance(typed, EvidenceCollected):
-            report = await _report(store, event)
+            report = await evidence_report(store, event)
             if view.failure_class is None and typed.phase == "forensics":
                 view.failure_class = typed.failure_class
             figure = report and _figure(report, round_, typed.candidate_hash)
