@@ -114,18 +114,17 @@ def _led(request: FixRequest, others: list[Edit]) -> Iterator[Edit]:
     other classes' recipes after those where the diagnosis names an input (the lines it
     reaches are the stronger lead: a recipe merely matching the source is a guess), else
     before every mutant."""
-    ranked = suspicion(request)
-    led = ranked is not None and bool(localised(request))
-    later: list[Edit] | None = others
-    if not led:
+    reached = localised(request)
+    ranked = suspicion(request, reached)
+    if not reached:
         yield from others
-        later = None
+        others = []
     for mutant in mutants(request.source, suspicion=ranked):
-        if later is not None and ranked is not None and not ranked(mutant.line):
-            yield from later
-            later = None
+        if others and ranked is not None and not ranked(mutant.line):
+            yield from others
+            others = []
         yield Edit(mutant_name(mutant), mutant.source)
-    yield from later or ()
+    yield from others
 
 
 # Where a NaN or an Inf is born: an exponential or a logarithm, a root, a power, a division, an
@@ -164,13 +163,12 @@ def localised(request: FixRequest) -> Localised:
     return evidence_lines(request.source, request.spec_source, evidence.diagnosis)
 
 
-def suspicion(request: FixRequest) -> Callable[[int], int] | None:
+def suspicion(request: FixRequest, reached: Localised) -> Callable[[int], int] | None:
     """How many of the evidence's leads point at a line of the kernel (by its number): the
     kind of line the failure class suspects (``suspected_lines``), and the lines the inputs
-    it names reach (``leads``); None where neither says anything."""
+    it names reach (``reached``, ``localised``); None where neither says anything."""
     evidence = request.evidence
     kind = suspected_lines(evidence.failure_class, evidence.diagnosis)
-    reached = localised(request)
     if kind is None and not reached:
         return None
     lines = request.source.split("\n")  # as ast numbers them
