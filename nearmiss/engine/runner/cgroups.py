@@ -218,6 +218,11 @@ class ChildGroup:
         procs = [str(folder / "cgroup.procs") for folder in self.folders]
         return ["/bin/sh", "-c", script, "nearmiss-cgroup", *procs, *argv]
 
+    def adopt(self, pid: int) -> None:
+        """Move the process ``pid`` (all its threads) into the group, in every hierarchy."""
+        for folder in self.folders:
+            (folder / "cgroup.procs").write_text(str(pid))
+
     def breaches(self) -> list[str]:
         """The limits the kernel has enforced on this group so far, in words."""
         found = []

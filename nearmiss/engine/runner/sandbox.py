@@ -53,6 +53,7 @@ TRUSTED_MODULES = frozenset({"nearmiss.engine.runner.reference_child"})
 CODE_MODULES = frozenset(
     {
         "nearmiss.engine.runner.candidate_child",
+        "nearmiss.engine.runner.zygote_child",
         "nearmiss.engine.runner.probe_child",
         "nearmiss.engine.runner.lower_child",
     }
@@ -221,7 +222,7 @@ class SandboxChild:
         # host file (its own /proc/self/environ) into the diagnosis.
         self._log_fd: int | None = None
         self._log_from = 0  # where this child's current work starts in its log (``forget_log``)
-        to_child_r, self._to_child_w = os.pipe()
+        to_child_r, self._to_child_w = self._message_pipe()
         self._from_child_r, from_child_w = os.pipe()
         self._child_ends = [to_child_r, from_child_w]  # closed here once the child has them
         self._reader = LineReader(self._from_child_r)
@@ -230,6 +231,10 @@ class SandboxChild:
         # bubblewrap's --die-with-parent kills the child when this thread ends, not the process.
         self.started_by = threading.current_thread()
         self._start(read_only, writable)
+
+    def _message_pipe(self) -> tuple[int, int]:
+        """The engine-to-child channel: (the child's reading end, the engine's writing end)."""
+        return os.pipe()
 
     def _start(self, read_only: tuple[Path, ...], writable: tuple[Path, ...]) -> None:
         engine = PROJECT_ROOT if self.sandbox is None else ENGINE_MOUNT

@@ -28,7 +28,7 @@ from nearmiss.engine.errors import UsageError, last_error_line
 from nearmiss.engine.integrity.audit import CALLBACK_PRIMITIVES, KERNEL_LABEL, check_label
 from nearmiss.engine.integrity.dynamic import ArtifactAudit, Probe
 from nearmiss.engine.models import CaseSuite
-from nearmiss.engine.runner import spares, truth_cache
+from nearmiss.engine.runner import spares, truth_cache, zygote
 from nearmiss.engine.runner.arrays import load_arrays
 from nearmiss.engine.runner.artifact import ARTIFACT_FILE, MAX_ARTIFACT_BYTES, target_artifact_file
 from nearmiss.engine.runner.candidate_child import CANDIDATE_ENV
@@ -706,9 +706,11 @@ class _CandidateRunner(_Child):
         starts."""
         # A spare shows its file where it was started to (``sandbox.CODE_MOUNT``): it serves
         # a candidate with no folder of its user's, a checkout of the knowledge base's.
-        spare = None
+        spare: SandboxChild | None = None
         if self.shows_code_at is None:
             spare = spares.take(self.entry.module, self.limits, self.platform)
+        if spare is None and self.entry.module == zygote.CANDIDATE_MODULE:
+            spare = zygote.fork(self.limits, self.platform, self.shows_code_at)
         self.from_spare = spare is not None
         if spare is None:
             super().start()

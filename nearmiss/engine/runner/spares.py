@@ -133,6 +133,11 @@ def keep_warm() -> None:
         _keep_warm = True
 
 
+def keeping() -> bool:
+    """Whether this process keeps children between checks (``enable``, ``keep_warm``)."""
+    return _enabled or _keep_warm
+
+
 def disable() -> None:
     """Keep none from now on, and close those waiting."""
     global _enabled
@@ -346,13 +351,16 @@ def refill_after(limits: Limits, platform: str) -> None:
 
 def waiting_pids(module: str | None = None) -> list[int]:
     """The process ids of the spares now waiting (of ``module``'s only, if given), for tests."""
+    from nearmiss.engine.runner import zygote
+
     with _lock:
-        return [
+        found = [
             c.process.pid
             for key, cs in _spares.items()
             for c in cs
             if c.process is not None and module in (None, key[0])
         ]
+    return found + (zygote.waiting_pids() if module in (None, zygote.ZYGOTE_MODULE) else [])
 
 
 def close_all() -> None:
@@ -363,6 +371,9 @@ def close_all() -> None:
         _kept_specs.clear()
     for child in children:
         _discard(child)
+    from nearmiss.engine.runner import zygote
+
+    zygote.close_all()
 
 
 def _discard(child: SandboxChild) -> None:

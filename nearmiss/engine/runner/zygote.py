@@ -1,0 +1,292 @@
+"""Candidate's children forked from a sandboxed zygote that has imported JAX already.
+
+A fresh candidate's child costs a check about 0.8 CPU-s, 0.6 of which is importing JAX; a spare
+(``runner.spares``) only moves that cost earlier. A zygote (``zygote_child``) pays it once per
+worker and user folder: for each check it forks a process that becomes the candidate's child,
+and that process starts from JAX imported (its own backend started after the fork).
+
+Isolation, compared with a fresh child (``zygote_child`` says what the two processes share):
+
+- the forked child runs in a cgroup of its own, made and entered before the engine names its
+  candidate (``ForkedChild._start``): its memory and process limits, and the kill that ends it,
+  are those of a fresh child. A zygote is used only where the engine can make cgroups;
+- one candidate's child at a time per zygote: a zygote serving one is ``busy``, and another
+  check starts a fresh child (or its own zygote's) instead;
+- between two children the engine empties the code folder the zygote shows at the user's
+  folder (``release``), the zygote the sandbox's ``/tmp``; the child's work folder is its own
+  and removed with it;
+- the zygote never reads a candidate; it is not dumpable, and the seccomp filter refuses
+  ``ptrace`` and ``process_vm_writev``: no child can change what it forks next. A child that
+  kills it kills its own sandbox (and itself), and the next check starts a new zygote.
+
+Only in processes that keep children between checks (``spares.enable``/``keep_warm``), on a
+CPU, in the sandbox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nearmiss.engine.runner import cgroups
+from nearmiss.engine.runner.sandbox import ChildDied, ChildFailure, Limits, SandboxChild, _running
+from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
+
+ZYGOTE_MODULE = "nearmiss.engine.runner.zygote_child"
+CANDIDATE_MODULE = "nearmiss.engine.runner.candidate_child"
+ZYGOTE_PREFIX = "nearmiss-zygote-"
+FORK_TIMEOUT_S = 30.0
+MAX_ZYGOTES = 4  # user folders (and limits) with a zygote waiting, per process
+
+_lock = threading.Lock()
+_zygotes: dict[tuple, Zygote] = {}
+_numbers = itertools.count()
+
+
+class Zygote(SandboxChild):
+    """The zygote as the engine sees it: a sandbox child whose engine channel is a Unix socket,
+    so that a fork request can carry the new child's descriptors."""
+
+    busy: ForkedChild | None = None
+
+    def _message_pipe(self) -> tuple[int, int]:
+        child_end, engine_end = socket.socketpair()
+        return child_end.detach(), engine_end.detach()
+
+    def alive(self) -> bool:
+        return (
+            self.process is not None
+            and self.process.poll() is None
+            and self.started_by.is_alive()
+            and not (self.group is not None and self.group.breaches())
+        )
+
+    def request_fork(self, descriptors: list[int]) -> int:
+        """Ask for a child with these three descriptors (its reading and writing ends, its log);
+        the child's pid in the sandbox's PID namespace."""
+        engine = socket.socket(fileno=os.dup(self._to_child_w))
+        try:
+            socket.send_fds(engine, [json.dumps({"cmd": "fork"}).encode()], descriptors)
+        finally:
+            engine.close()
+        message = self.receive(FORK_TIMEOUT_S)
+        if message.get("event") != "forked" or not isinstance(message.get("pid"), int):
+            raise ChildDied(f"the zygote answered {message.get('event')!r} to a fork")
+        return message["pid"]
+
+    def host_pid(self, inner: int) -> int | None:
+        """The host's pid of the process that is ``inner`` in the sandbox's namespace."""
+        from nearmiss.engine.runner.sandbox import _process_tree
+
+        assert self.process is not None
+        for pid in _process_tree(self.process.pid)[1:]:
+            with contextlib.suppress(OSError, ValueError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("NSpid:") and int(line.split()[-1]) == inner:
+                        return pid
+        return None
+
+
+class _ForkedProcess:
+    """What ``SandboxChild`` asks of its ``Popen``, for a process the zygote started (the
+    zygote reaps it; a zombie counts as ended)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not _running(self.pid):
+            self.returncode = -9  # its status is the zygote's to read: ended, by whatever
+        return self.returncode
+
+    def wait(self, timeout_s: float = 10.0) -> int | None:
+        deadline = time.monotonic() + timeout_s
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return self.returncode
+
+
+class ForkedChild(SandboxChild):
+    """A candidate's child the zygote forked, in a cgroup of its own; a spare's interface: the
+    check copies its candidate into ``code_dir`` and sends ``load``."""
+
+    def __init__(self, zygote: Zygote, limits: Limits) -> None:
+        self.zygote = zygote
+        home = zygote.home / f"forked-{next(_numbers)}"
+        super().__init__(CANDIDATE_MODULE, home, limits, zygote.platform_hint)
+
+    def _start(self, read_only: tuple[Path, ...], writable: tuple[Path, ...]) -> None:
+        if self.group is None:
+            raise ChildDied("no cgroup to hold a forked child")
+        assert self.zygote.code_dir is not None
+        self.code_dir, self.code_shown_at = self.zygote.code_dir, self.zygote.code_shown_at
+        self.started_by = self.zygote.started_by
+        self._log_fd = os.open(
+            self.log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        try:
+            inner = self.zygote.request_fork([*self._child_ends, self._log_fd])
+        finally:
+            self._close_child_ends()
+        pid = self.zygote.host_pid(inner)
+        if pid is None:
+            raise ChildDied("the forked child is not in the zygote's sandbox")
+        # Before the candidate is named: every line of it runs held to this child's limits.
+        self.group.adopt(pid)
+        self.process = _ForkedProcess(pid)  # type: ignore[assignment]
+
+    def close(self) -> None:
+        super().close()
+        release(self.zygote, self)
+
+
+def release(zygote: Zygote, child: ForkedChild) -> None:
+    """The zygote's child is closed: empty what it could write, and free the zygote."""
+    ok = zygote.code_dir is not None
+    with contextlib.suppress(OSError):
+        remove_tree(child.home)
+    if zygote.code_dir is not None:
+        try:
+            for entry in list(zygote.code_dir.iterdir()):
+                remove_tree(entry)
+            ok = not any(zygote.code_dir.iterdir())
+        except OSError:
+            ok = False
+    with _lock:
+        if zygote.busy is child:
+            zygote.busy = None
+        if not ok:
+            _drop(zygote)
+
+
+# Zygotes are started on a thread of their own that lives as long as the process: bubblewrap's
+# --die-with-parent ends a sandbox with the thread that started it, and a check's threads end
+# with the check.
+_keeper_jobs: queue.Queue[tuple[Callable[[], Any], queue.Queue]] = queue.Queue()
+_keeper: threading.Thread | None = None
+
+
+def _keep() -> None:
+    while True:
+        job, answer = _keeper_jobs.get()
+        try:
+            answer.put((job(), None))
+        except BaseException as exc:  # handed to the caller
+            answer.put((None, exc))
+
+
+def _on_keeper(job: Callable[[], Any]) -> Any:
+    global _keeper
+    with _lock:
+        if _keeper is None:
+            _keeper = threading.Thread(target=_keep, name="nearmiss-zygotes", daemon=True)
+            _keeper.start()
+    answer: queue.Queue = queue.Queue()
+    _keeper_jobs.put((job, answer))
+    result, error = answer.get()
+    if error is not None:
+        raise error
+    return result
+
+
+def _start_zygote(limits: Limits, platform: str, shows_code_at: Path | None) -> Zygote:
+    home = scratch_dir(ZYGOTE_PREFIX)
+    zygote = Zygote(ZYGOTE_MODULE, home, limits, platform, shows_code_at=shows_code_at)
+    message = zygote.receive(limits.import_timeout_s)
+    if message.get("event") != "ready":
+        zygote.close()
+        raise ChildDied("the zygote did not start")
+    return zygote
+
+
+def usable(platform: str) -> bool:
+    from nearmiss.engine.runner import spares
+    from nearmiss.engine.runner.environment import unsafe_requested
+
+    return (
+        spares.keeping() and platform == "cpu" and not unsafe_requested()
+        and cgroups.available() is None
+    )  # fmt: skip
+
+
+def fork(limits: Limits, platform: str, shows_code_at: Path | None) -> ForkedChild | None:
+    """A candidate's child forked from this worker's zygote for these limits and folder (started
+    now if there is none), or None where there is no zygote to use (see ``usable``) or it is
+    serving another check: the caller starts a fresh child."""
+    if not usable(platform):
+        return None
+    from nearmiss.engine.runner import spares
+
+    key = (spares.key(ZYGOTE_MODULE, limits, platform), str(shows_code_at))
+    with _lock:
+        zygote = _zygotes.get(key)
+        if zygote is not None and zygote.busy is not None:
+            return None
+        if zygote is not None and not zygote.alive():
+            _drop(zygote, key)
+            zygote = None
+        if zygote is not None:
+            zygote.busy = True  # type: ignore[assignment]  # claimed; the child is set below
+    try:
+        if zygote is None:
+            zygote = _on_keeper(lambda: _start_zygote(limits, platform, shows_code_at))
+            with _lock:
+                old = _zygotes.pop(key, None)
+                _zygotes[key] = zygote
+                zygote.busy = True  # type: ignore[assignment]
+                evicted = _evict()
+            for other in [old, *evicted]:
+                if other is not None:
+                    other.close()
+                    remove_tree(other.home)
+        child = ForkedChild(zygote, limits)
+    except (ChildFailure, OSError):
+        with _lock:
+            if zygote is not None:
+                _drop(zygote)
+        return None
+    with _lock:
+        zygote.busy = child
+    return child
+
+
+def _evict() -> list[Zygote]:
+    """Zygotes beyond ``MAX_ZYGOTES`` that serve nobody, oldest first (under ``_lock``)."""
+    idle = [(k, z) for k, z in _zygotes.items() if z.busy is None]
+    gone = idle[: max(0, len(_zygotes) - MAX_ZYGOTES)]
+    for k, _ in gone:
+        del _zygotes[k]
+    return [z for _, z in gone]
+
+
+def _drop(zygote: Zygote, key: tuple | None = None) -> None:
+    """Forget a zygote and close it (under ``_lock``; the close itself is quick)."""
+    for k, z in list(_zygotes.items()):
+        if z is zygote and (key is None or k == key):
+            del _zygotes[k]
+    zygote.close()
+    remove_tree(zygote.home)
+
+
+def waiting_pids() -> list[int]:
+    with _lock:
+        return [z.process.pid for z in _zygotes.values() if z.process is not None]
+
+
+def close_all() -> None:
+    with _lock:
+        zygotes = list(_zygotes.values())
+        _zygotes.clear()
+    for zygote in zygotes:
+        zygote.close()
+        remove_tree(zygote.home)

@@ -1,0 +1,148 @@
+"""Sandbox child that imports JAX once and forks a candidate's child per check from that state.
+
+A candidate's child spends most of its CPU importing JAX (about 0.6 CPU-s of 0.8 for a golden's
+check here); its own work, tracing and exporting a few cases, is a fifth of that. This child
+does the import, and nothing that reads a candidate, then waits. For each check the engine
+sends it a ``fork`` request over a Unix socket with three descriptors attached (the new child's
+message pipes and its log); it forks, and the new process becomes a candidate's child exactly
+as a spare one is (``candidate_child.serve``: it waits for the ``load`` message that names its
+candidate). The engine moves that process into a cgroup of its own, with the limits a fresh
+child gets, before it sends ``load``: the candidate's first line runs with them.
+
+What the candidate's child shares with this one, and why that holds (``runner.zygote``):
+
+- its memory is a copy (fork): nothing it writes reaches this process. This process is not
+  dumpable (``PR_SET_DUMPABLE`` 0), so its memory cannot be written through ``/proc`` by a
+  process of the same user; ``ptrace`` and ``process_vm_writev`` are refused by the seccomp
+  filter besides;
+- the sandbox (its mounts, PID, IPC and network namespaces): one candidate's child at a time,
+  never two; the engine kills the last one's cgroup and empties the code folder and the work
+  folder it wrote before it asks for the next, and this process empties the sandbox's ``/tmp``;
+- JAX's backend is not started here (its thread pools would not survive a fork): each child
+  starts its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import socket
+import sys
+
+from nearmiss.engine.runner.child import start_child
+from nearmiss.engine.runner.protocol import CHANNEL_ENV
+
+PR_SET_DUMPABLE = 4
+MAX_REQUEST = 65536
+SANDBOX_TMP = "/tmp"
+
+
+def _not_dumpable() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def _reap() -> None:
+    """Collect the children that have ended (the engine has killed each one's cgroup)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _empty_tmp(folder: str = SANDBOX_TMP, device: int | None = None) -> None:
+    """What a candidate's child left in the sandbox's /tmp, gone before the next one starts.
+    Only the tmpfs's own entries: the folders bound into it (this child's home, the code folder)
+    are mounts, never entered here (the engine empties them)."""
+    if device is None:
+        device = os.lstat(folder).st_dev
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in list(entries):
+            with contextlib.suppress(OSError):
+                info = entry.stat(follow_symlinks=False)
+                if info.st_dev != device or os.path.ismount(entry.path):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    os.chmod(entry.path, 0o700)  # a folder its writer made unreadable
+                    _empty_tmp(entry.path, device)
+                    os.rmdir(entry.path)  # fails, and stays, where a mount lies below
+                else:
+                    os.unlink(entry.path)
+
+
+def _become_candidate_child(fds: list[int], engine: socket.socket, write_fd: int) -> None:
+    """In the forked process: drop this child's channel, take the new one, and serve one
+    candidate as a spare candidate's child does."""
+    to_child, from_child, log = fds
+    engine.close()
+    os.close(write_fd)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ[CHANNEL_ENV] = f"{to_child},{from_child}"
+    from nearmiss.engine.runner import candidate_child
+
+    candidate_child.main()
+    os._exit(0)
+
+
+def _fork_twice(fds: list[int], engine: socket.socket, write_fd: int) -> int:
+    """Start the candidate's child as a grandchild that the namespace's init adopts, as it is a
+    fresh child's parent: its parent is init, which no signal from inside can kill, not this
+    process. Its pid in the namespace."""
+    said, told = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.close(said)
+        child = os.fork()
+        if child == 0:
+            os.close(told)
+            _become_candidate_child(fds, engine, write_fd)
+        os.write(told, str(child).encode())
+        os._exit(0)
+    os.close(told)
+    for fd in fds:
+        os.close(fd)
+    os.waitpid(middle, 0)
+    with os.fdopen(said, "rb") as pipe:
+        return int(pipe.read() or b"-1")
+
+
+def main() -> None:
+    channel = start_child()
+    # The import every candidate's child needs before it reads its candidate; not the backend.
+    import jax  # noqa: F401
+    from jax.experimental import pallas  # noqa: F401
+
+    from nearmiss.engine.runner import candidate_child  # noqa: F401
+
+    _not_dumpable()
+    engine = socket.socket(fileno=channel.reader.fd)
+    channel.send(event="ready")
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(engine, MAX_REQUEST, 3)
+        except OSError:
+            break
+        if not data:
+            break
+        try:
+            request = json.loads(data)
+        except ValueError:
+            break
+        if request.get("cmd") != "fork" or len(fds) != 3:
+            break
+        _reap()
+        _empty_tmp()
+        channel.send(event="forked", pid=_fork_twice(fds, engine, channel.write_fd))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
