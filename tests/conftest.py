@@ -189,9 +189,11 @@ def pytest_collection_modifyitems(items) -> None:
 def kept_children() -> set[int]:
     """The processes of children the engine keeps waiting for the next check on purpose
     (``runner.spares``: executors, spec's children; never one that held a candidate)."""
+    from nearmiss.engine.runner import zygote
     from nearmiss.engine.runner.sandbox import _process_tree
 
-    return {p for pid in spares.waiting_pids() for p in _process_tree(pid)}
+    waiting = {p for pid in spares.waiting_pids() for p in _process_tree(pid)}
+    return waiting | zygote.kept_processes()
 
 
 Process = tuple[int, str | None]  # a pid and its start time: a pid alone may be reused

@@ -351,16 +351,13 @@ def refill_after(limits: Limits, platform: str) -> None:
 
 def waiting_pids(module: str | None = None) -> list[int]:
     """The process ids of the spares now waiting (of ``module``'s only, if given), for tests."""
-    from nearmiss.engine.runner import zygote
-
     with _lock:
-        found = [
+        return [
             c.process.pid
             for key, cs in _spares.items()
             for c in cs
             if c.process is not None and module in (None, key[0])
         ]
-    return found + (zygote.waiting_pids() if module in (None, zygote.ZYGOTE_MODULE) else [])
 
 
 def close_all() -> None:

@@ -30,6 +30,7 @@ import itertools
 import json
 import os
 import queue
+import select
 import socket
 import threading
 import time
@@ -71,7 +72,8 @@ class Zygote(SandboxChild):
         )
 
     def request_fork(self, descriptors: list[int]) -> int:
-        """Ask for a child with these three descriptors (its reading and writing ends, its log);
+        """Ask for a child with these four descriptors (its reading and writing ends, its log,
+        the writing end of its status pipe);
         the child's pid in the sandbox's PID namespace."""
         engine = socket.socket(fileno=os.dup(self._to_child_w))
         try:
@@ -97,17 +99,27 @@ class Zygote(SandboxChild):
 
 
 class _ForkedProcess:
-    """What ``SandboxChild`` asks of its ``Popen``, for a process the zygote started (the
-    zygote reaps it; a zombie counts as ended)."""
+    """What ``SandboxChild`` asks of its ``Popen``, for a process the zygote started: how it
+    ended comes from the process that waits for it (``zygote_child._watch``), on ``status``."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, status: int) -> None:
         self.pid = pid
+        self.status = status
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None and not _running(self.pid):
-            self.returncode = -9  # its status is the zygote's to read: ended, by whatever
+            self.returncode = self._reported()
         return self.returncode
+
+    def _reported(self, wait_s: float = 1.0) -> int:
+        """The status its waiter reports (it writes it as soon as it has reaped the process);
+        -9 where none comes: the waiter was killed, and how the child ended is unknown."""
+        with contextlib.suppress(OSError, ValueError):
+            ready, _, _ = select.select([self.status], [], [], wait_s)
+            if ready:
+                return int(os.read(self.status, 32) or b"-9")
+        return -9
 
     def wait(self, timeout_s: float = 10.0) -> int | None:
         deadline = time.monotonic() + timeout_s
@@ -122,6 +134,7 @@ class ForkedChild(SandboxChild):
 
     def __init__(self, zygote: Zygote, limits: Limits) -> None:
         self.zygote = zygote
+        self._status: int | None = None  # the reading end of its status pipe
         home = zygote.home / f"forked-{next(_numbers)}"
         super().__init__(CANDIDATE_MODULE, home, limits, zygote.platform_hint)
 
@@ -134,19 +147,31 @@ class ForkedChild(SandboxChild):
         self._log_fd = os.open(
             self.log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
+        self._status, status_end = os.pipe()
         try:
-            inner = self.zygote.request_fork([*self._child_ends, self._log_fd])
-        finally:
-            self._close_child_ends()
-        pid = self.zygote.host_pid(inner)
-        if pid is None:
-            raise ChildDied("the forked child is not in the zygote's sandbox")
-        # Before the candidate is named: every line of it runs held to this child's limits.
-        self.group.adopt(pid)
-        self.process = _ForkedProcess(pid)  # type: ignore[assignment]
+            try:
+                inner = self.zygote.request_fork([*self._child_ends, self._log_fd, status_end])
+            finally:
+                self._close_child_ends()
+                os.close(status_end)
+            pid = self.zygote.host_pid(inner)
+            if pid is None:
+                raise ChildDied("the forked child is not in the zygote's sandbox")
+            # Before the candidate is named: every line of it runs held to this child's limits.
+            self.group.adopt(pid)
+        except BaseException:
+            self.group.remove()  # kills the child too, where it was adopted already
+            os.close(self._status)
+            os.close(self._log_fd)
+            self._status = self._log_fd = None
+            raise
+        self.process = _ForkedProcess(pid, self._status)  # type: ignore[assignment]
 
     def close(self) -> None:
         super().close()
+        if self._status is not None:
+            os.close(self._status)
+            self._status = None
         release(self.zygote, self)
 
 
@@ -278,9 +303,17 @@ def _drop(zygote: Zygote, key: tuple | None = None) -> None:
     remove_tree(zygote.home)
 
 
-def waiting_pids() -> list[int]:
+def kept_processes() -> set[int]:
+    """The processes of the zygotes kept waiting: each one's own group's members (its sandbox
+    and itself), never a process of a child it forked, which runs in a group of its own."""
     with _lock:
-        return [z.process.pid for z in _zygotes.values() if z.process is not None]
+        zygotes = list(_zygotes.values())
+    return {pid for z in zygotes if z.group is not None for pid in z.group.members()}
+
+
+def kept_homes() -> set[Path]:
+    with _lock:
+        return {z.home for z in _zygotes.values()}
 
 
 def close_all() -> None:

@@ -78,9 +78,10 @@ def _empty_tmp(folder: str = SANDBOX_TMP, device: int | None = None) -> None:
 def _become_candidate_child(fds: list[int], engine: socket.socket, write_fd: int) -> None:
     """In the forked process: drop this child's channel, take the new one, and serve one
     candidate as a spare candidate's child does."""
-    to_child, from_child, log = fds
+    to_child, from_child, log, status = fds
     engine.close()
     os.close(write_fd)
+    os.close(status)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
@@ -91,10 +92,22 @@ def _become_candidate_child(fds: list[int], engine: socket.socket, write_fd: int
     os._exit(0)
 
 
+def _watch(child: int, status: int) -> None:
+    """In the middle process: wait for the candidate's child and tell the engine how it ended
+    (its exit status, or the signal that killed it, as ``Popen.returncode`` gives them)."""
+    try:
+        _, code = os.waitpid(child, 0)
+        os.write(status, str(os.waitstatus_to_exitcode(code)).encode())
+    finally:
+        os._exit(0)
+
+
 def _fork_twice(fds: list[int], engine: socket.socket, write_fd: int) -> int:
-    """Start the candidate's child as a grandchild that the namespace's init adopts, as it is a
-    fresh child's parent: its parent is init, which no signal from inside can kill, not this
-    process. Its pid in the namespace."""
+    """Start the candidate's child from a middle process that only waits for it and reports how
+    it ended (``fds[3]``, the engine's status pipe); its pid in the namespace. Its parent is not
+    this process: a child that kills its parent, as a plain run of it may (a fresh child's is
+    the namespace's init, which no signal from inside can kill), ends only the middle and the
+    report of its status; killing this process would end the sandbox, and the child in it."""
     said, told = os.pipe()
     middle = os.fork()
     if middle == 0:
@@ -103,12 +116,16 @@ def _fork_twice(fds: list[int], engine: socket.socket, write_fd: int) -> int:
         if child == 0:
             os.close(told)
             _become_candidate_child(fds, engine, write_fd)
+        engine.close()
+        os.close(write_fd)
+        for fd in fds[:3]:  # the engine sees the child's channel close when the child ends
+            os.close(fd)
         os.write(told, str(child).encode())
-        os._exit(0)
+        os.close(told)
+        _watch(child, fds[3])
     os.close(told)
     for fd in fds:
         os.close(fd)
-    os.waitpid(middle, 0)
     with os.fdopen(said, "rb") as pipe:
         return int(pipe.read() or b"-1")
 
@@ -126,7 +143,7 @@ def main() -> None:
     channel.send(event="ready")
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(engine, MAX_REQUEST, 3)
+            data, fds, _, _ = socket.recv_fds(engine, MAX_REQUEST, 4)
         except OSError:
             break
         if not data:
@@ -135,7 +152,7 @@ def main() -> None:
             request = json.loads(data)
         except ValueError:
             break
-        if request.get("cmd") != "fork" or len(fds) != 3:
+        if request.get("cmd") != "fork" or len(fds) != 4:
             break
         _reap()
         _empty_tmp()
