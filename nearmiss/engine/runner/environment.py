@@ -138,7 +138,10 @@ CUDA_HOMES = ("/usr/local/cuda", "/opt/cuda")
 # handles (the classic container escape), io_uring, clocks, swap, reboot, accounting; and the
 # kernel objects counted per user and charged to the user that made the sandbox's namespace, the
 # engine's (inotify instances, POSIX message queues): a child holding them all locked the
-# engine's user out of them until it died. Neither Python, JAX nor XLA uses them.
+# engine's user out of them until it died; and System V IPC objects, which outlive the process
+# that made them in the sandbox's IPC namespace, which the candidate's children a zygote forks
+# share (``runner.zygote``): one candidate would leave them for the next. Neither Python, JAX
+# nor XLA uses them.
 DENIED_SYSCALLS = (
     "ptrace",
     "mount",
@@ -186,6 +189,9 @@ DENIED_SYSCALLS = (
     "inotify_init1",
     "fanotify_init",
     "mq_open",
+    "shmget",
+    "semget",
+    "msgget",
 )
 # clone() flags that make namespaces: refused like unshare(). clone3() passes its flags in memory
 # a filter cannot read, so it answers ENOSYS and the C library falls back to clone().

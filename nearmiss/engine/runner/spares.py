@@ -24,7 +24,9 @@ cores only when no other check runs (a single repair, whose fix step the imports
 
 Isolation is what it was for the child that holds a candidate's code: one per check, the same
 sandbox, limits and namespaces, closed (and its home removed) when its check ends; a spare is
-only started earlier. The spec's child is kept for the next check of the same spec (below).
+only started earlier. Where a candidate shows in its user's folder, or no spare waits, a worker
+forks the candidate's child from a zygote instead (``runner.zygote``), which saves the JAX
+import rather than moving it. The spec's child is kept for the next check of the same spec (below).
 
 The executor that runs a check's artifacts is kept for the next check on a CPU instead
 (``give_back``): it never imports a candidate; it runs only exported artifacts that passed the

@@ -31,6 +31,7 @@ import json
 import os
 import queue
 import select
+import signal
 import socket
 import threading
 import time
@@ -45,7 +46,7 @@ from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 ZYGOTE_MODULE = "nearmiss.engine.runner.zygote_child"
 CANDIDATE_MODULE = "nearmiss.engine.runner.candidate_child"
 ZYGOTE_PREFIX = "nearmiss-zygote-"
-FORK_TIMEOUT_S = 30.0
+FORK_TIMEOUT_S = 10.0
 MAX_ZYGOTES = 4  # user folders (and limits) with a zygote waiting, per process
 
 _lock = threading.Lock()
@@ -70,6 +71,14 @@ class Zygote(SandboxChild):
             and self.started_by.is_alive()
             and not (self.group is not None and self.group.breaches())
         )
+
+    def resume(self) -> None:
+        """Continue every process of the zygote's own group: a candidate's child may have sent
+        them SIGSTOP, which would leave the next check waiting for a fork (``FORK_TIMEOUT_S``)."""
+        if self.group is not None:
+            for pid in self.group.members():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGCONT)
 
     def request_fork(self, descriptors: list[int]) -> int:
         """Ask for a child with these four descriptors (its reading and writing ends, its log,
@@ -262,6 +271,7 @@ def fork(limits: Limits, platform: str, shows_code_at: Path | None) -> ForkedChi
             zygote = None
         if zygote is not None:
             zygote.busy = True  # type: ignore[assignment]  # claimed; the child is set below
+            zygote.resume()
     try:
         if zygote is None:
             zygote = _on_keeper(lambda: _start_zygote(limits, platform, shows_code_at))
