@@ -8,11 +8,11 @@ from __future__ import annotations
 import signal
 
 import pytest
+from test_attacks_containment import arm, canary, run_attack, said
 
 from conftest import OPS, SOFTMAX_SPEC, processes_under
 from nearmiss.engine.check import check
-from nearmiss.engine.runner import cgroups, zygote
-from test_attacks_containment import arm, canary, run_attack, said
+from nearmiss.engine.runner import cgroups, spares, zygote
 
 GOLDEN = (OPS / "softmax_rows" / "golden.py").read_text()
 WRONG = GOLDEN.replace(
@@ -57,15 +57,33 @@ def honest_and_wrong(folder) -> tuple[bool, bool]:
 
 def test_what_a_candidate_leaves_reaches_neither_the_next_one_nor_the_zygote(tmp_path, forks):
     secret = canary()
-    left = said(run_attack(arm("zygote_leave.py", tmp_path, canary=secret)))
-    assert left["tmp"] == left["cwd"] == "written"  # the attack was live: it could write there
-    assert left["shm"] == "errno1"  # System V IPC is refused (EPERM)
-    # Its ancestors (the middle process and the zygote) refuse even to open their memory.
+    victim = tmp_path / "victim"  # a host folder the engine's user can write
+    (victim / "sub").mkdir(parents=True)
+    (victim / "precious.txt").write_text("kept")
+    attack = arm(
+        "zygote_leave.py",
+        tmp_path,
+        canary=secret,
+        victim=str(victim),
+        honest=GOLDEN,
+        next_name="wrong.py",
+    )
+    left = said(run_attack(attack))
+    # The attack was live: it wrote a file in each place a plain run can, and links where the
+    # next children's work folders will be.
+    assert {left[k] for k in ("tmp", "cwd", "deep", "plant", "next1")} == {"done"}, left
+    # The zygote's home is read-only to its children; System V IPC is refused (EPERM); its
+    # ancestors (the middle process and the zygote) refuse even to open their memory.
+    assert "done" not in {left[k] for k in ("move_code", "link_code", "home_file")}, left
+    assert left["shm"] == "errno1"
     memories = {k: v for k, v in left.items() if k.startswith("mem")}
     assert len(memories) >= 2 and set(memories.values()) == {"PermissionError"}, left
+
     seen = said(run_attack(arm("zygote_look.py", tmp_path, canary=secret)))
     assert seen == {"seen": "nothing", "segments": "0"}
+    # The honest kernel planted under the next candidate's name is not what is checked.
     assert honest_and_wrong(tmp_path) == (True, False)
+    assert sorted(p.name for p in victim.rglob("*")) == ["precious.txt", "sub"]
     assert forks == {"zygotes": 1, "forked": 4}  # one zygote forked every child of the folder
 
 
@@ -75,3 +93,18 @@ def test_a_candidate_that_signals_every_process_it_sees_harms_only_itself(tmp_pa
     assert honest_and_wrong(tmp_path) == (True, False)
     assert processes_under(tmp_path) == []
     assert forks["forked"] >= 1
+
+
+def test_a_forked_child_loads_what_a_fresh_one_does_and_draws_its_own_numbers(
+    tmp_path, forks, monkeypatch
+):
+    tells = arm("zygote_tells.py", tmp_path)
+    # Twice: the zygote's work between two forks (emptying /tmp) must load nothing either.
+    forked = [said(run_attack(tells)) for _ in range(2)]
+    assert forks["forked"] == 2
+    monkeypatch.setattr(spares, "forks_candidates", lambda platform: False)
+    fresh = said(run_attack(tells))
+    assert forks["forked"] == 2  # that one was started afresh
+    loaded = [{k: said[k] for k in ("modules", "count")} for said in (*forked, fresh)]
+    assert loaded[0] == loaded[1] == loaded[2], loaded
+    assert forked[0]["numpy"] != forked[1]["numpy"]  # numpy's generator seeded in each fork

@@ -1,5 +1,6 @@
 """Attack: look for what a candidate checked before this one left — the canary in any file of
-the sandbox's /tmp, the working directory and $HOME, a System V segment — and say what it saw."""
+the sandbox's /tmp (at any depth), the working directory, $HOME and the zygote's home, a System
+V segment — and say what it saw."""
 
 import typing
 
@@ -12,17 +13,21 @@ TARGETS = {}  # the test writes the canary here
 
 def _seen():
     seen = []
-    for folder in ("/tmp", ".", os.environ.get("HOME", ".")):
-        for root, _, files in os.walk(folder):
+    work = os.path.dirname(os.readlink("/proc/self/fd/1"))
+    zygote_home = os.path.dirname(os.path.dirname(work))
+    for folder in ("/tmp", ".", os.environ.get("HOME", "."), zygote_home):
+        for _, _, files, where in os.fwalk(folder):  # by descriptor: any depth
             for name in files:
                 if name == os.path.basename(__file__):  # its own copy holds the canary
                     continue
                 try:
-                    with open(os.path.join(root, name), errors="replace") as f:
-                        if TARGETS["canary"] in f.read():
-                            seen.append(name)
+                    descriptor = os.open(name, os.O_RDONLY, dir_fd=where)
+                    text = os.read(descriptor, 1 << 20)
+                    os.close(descriptor)
                 except OSError:
                     continue
+                if TARGETS["canary"].encode() in text:
+                    seen.append(name)
     try:
         with open("/proc/sysvipc/shm") as shm:
             segments = len(shm.read().splitlines()) - 1

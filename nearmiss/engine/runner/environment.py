@@ -365,12 +365,13 @@ class Bubblewrap:
         seccomp_fd: int | None = None,
         mounts: Sequence[tuple[Path, Path]] = (),
         workdir: Path | None = None,
+        home_writable: bool = True,
     ) -> list[str]:
         """The bwrap command line that runs ``argv`` in ``home`` with ``env`` and nothing else:
         read-only system, interpreter and engine package, ``read_only`` files, ``writable``
         directories (home always), accelerator devices when ``devices``; each of ``mounts``
         (host folder, where the sandbox shows it) writable, and ``workdir`` (default: home)
-        the working directory."""
+        the working directory. ``home_writable`` False: home is shown read-only."""
         args = [
             self.executable,
             "--unshare-all",
@@ -428,7 +429,11 @@ class Bubblewrap:
             for cuda_home in CUDA_HOMES:
                 for target, link in links_to_recreate(cuda_home, visible):
                     args += ["--symlink", target, link]
-        for path in (home, *writable):
+        # A home the sandbox may not write (``home_writable``) is bound read-only, and only
+        # ``writable`` folders in it can be written.
+        if not home_writable:
+            args += ["--ro-bind", str(home), str(home)]
+        for path in (home, *writable) if home_writable else writable:
             args += ["--bind", str(path), str(path)]
         # The sandbox's own root and /dev are tmpfs: read-only, nothing can be hoarded there.
         args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", str(workdir or home)]

@@ -180,6 +180,8 @@ def _group_for(limits: Limits) -> cgroups.ChildGroup | None:
 class SandboxChild:
     """One child process running ``python -m MODULE`` under the sandbox rules."""
 
+    home_writable = True  # whether the sandbox may write its home (``writable`` folders aside)
+
     def __init__(
         self,
         module: str,
@@ -279,6 +281,7 @@ class SandboxChild:
                 seccomp_fd=seccomp_fd,
                 mounts=mounts,
                 workdir=workdir,
+                home_writable=self.home_writable,
             )
         if self.group is not None:
             argv = self.group.command(argv)

@@ -78,11 +78,13 @@ import contextlib
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from nearmiss.engine.errors import UsageError
+from nearmiss.engine.runner import cgroups
 from nearmiss.engine.runner.compile_cache import reference_cache_dir
-from nearmiss.engine.runner.environment import UNSAFE_ENV, child_environment
+from nearmiss.engine.runner.environment import UNSAFE_ENV, child_environment, unsafe_requested
 from nearmiss.engine.runner.sandbox import ChildFailure, Limits, SandboxChild, resident_mb
 from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 from nearmiss.engine.runner.spec_sandbox import REFERENCE_MODULE, REFERENCE_PREFIX, start_spec_child
@@ -113,6 +115,7 @@ _enabled = False
 _keep_warm = False  # executors and spec's children kept after a check even with spares off
 _spec_checks: dict[int, int] = {}  # a kept spec's child's pid -> the checks it has served
 _kept_specs: list[SandboxChild] = []  # kept spec's children waiting, least recently kept first
+_also_closed: list[Callable[[], None]] = []  # ``also_close``
 _running = 0  # checks in flight in this process (between check_began and refill_after)
 
 
@@ -138,6 +141,24 @@ def keep_warm() -> None:
 def keeping() -> bool:
     """Whether this process keeps children between checks (``enable``, ``keep_warm``)."""
     return _enabled or _keep_warm
+
+
+def forks_candidates(platform: str) -> bool:
+    """Whether candidate's children are forked from a zygote here (``runner.zygote``) instead
+    of started: in a process that keeps children, on a CPU, in the sandbox, with cgroups."""
+    return (
+        keeping() and platform == "cpu" and not unsafe_requested()
+        and cgroups.available() is None
+    )  # fmt: skip
+
+
+def spare_depth(module: str, platform: str) -> int:
+    """How many of ``module``'s children ``refill`` keeps waiting: what one check uses, but no
+    candidate's child where those are forked when a check asks (``forks_candidates``: there is
+    no import to move ahead)."""
+    if module == CANDIDATE_MODULE and forks_candidates(platform):
+        return 0
+    return DEPTH[module]
 
 
 def disable() -> None:
@@ -312,7 +333,8 @@ def refill(limits: Limits, platform: str) -> None:
     if not _enabled:
         return
     with _lock:
-        for module, depth in DEPTH.items():
+        for module in DEPTH:
+            depth = spare_depth(module, platform)
             base = key(module, limits, platform)
             waiting = _spares.setdefault(base, [])
             # A spec's child kept with its spec loaded stands for the spare (``keep_spec``).
@@ -370,9 +392,15 @@ def close_all() -> None:
         _kept_specs.clear()
     for child in children:
         _discard(child)
-    from nearmiss.engine.runner import zygote
+    for close in _also_closed:
+        close()
 
-    zygote.close_all()
+
+def also_close(close: Callable[[], None]) -> None:
+    """Have ``close_all`` call ``close`` too: for what other modules keep between checks on the
+    same terms (``runner.zygote``), which this module does not import."""
+    if close not in _also_closed:
+        _also_closed.append(close)
 
 
 def _discard(child: SandboxChild) -> None:

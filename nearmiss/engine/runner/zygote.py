@@ -33,24 +33,34 @@ import queue
 import select
 import signal
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nearmiss.engine.runner import cgroups
-from nearmiss.engine.runner.sandbox import ChildDied, ChildFailure, Limits, SandboxChild, _running
+from nearmiss.engine.runner import spares
+from nearmiss.engine.runner.sandbox import (
+    CODE_FOLDER,
+    ChildDied,
+    ChildFailure,
+    Limits,
+    SandboxChild,
+    _running,
+)
 from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 
 ZYGOTE_MODULE = "nearmiss.engine.runner.zygote_child"
 CANDIDATE_MODULE = "nearmiss.engine.runner.candidate_child"
 ZYGOTE_PREFIX = "nearmiss-zygote-"
+WORK_FOLDER = "work"  # in a zygote's home: its children's work folders
 FORK_TIMEOUT_S = 10.0
 MAX_ZYGOTES = 4  # user folders (and limits) with a zygote waiting, per process
 
 _lock = threading.Lock()
-_zygotes: dict[tuple, Zygote] = {}
+_zygotes: list[Zygote] = []  # least recently used first
+CLAIMED = object()  # a zygote's ``busy`` between a check taking it and its child being forked
 _numbers = itertools.count()
 
 
@@ -58,7 +68,17 @@ class Zygote(SandboxChild):
     """The zygote as the engine sees it: a sandbox child whose engine channel is a Unix socket,
     so that a fork request can carry the new child's descriptors."""
 
-    busy: ForkedChild | None = None
+    busy: ForkedChild | object | None = None  # the child it serves (``CLAIMED`` until forked)
+    key: tuple = ()  # what it was started for (``fork``)
+    # Its home is read-only in the sandbox: no child can rename, replace or add to what the
+    # engine finds there. The children write only their work folders, in WORK_FOLDER, and the
+    # code folder (shown where its user keeps it), both emptied between two children.
+    home_writable = False
+    identities: dict[str, tuple[int, int]] = {}  # folder name -> (device, inode) at start
+
+    @property
+    def work_dir(self) -> Path:
+        return self.home / WORK_FOLDER
 
     def _message_pipe(self) -> tuple[int, int]:
         child_end, engine_end = socket.socketpair()
@@ -144,7 +164,7 @@ class ForkedChild(SandboxChild):
     def __init__(self, zygote: Zygote, limits: Limits) -> None:
         self.zygote = zygote
         self._status: int | None = None  # the reading end of its status pipe
-        home = zygote.home / f"forked-{next(_numbers)}"
+        home = zygote.work_dir / f"forked-{next(_numbers)}"
         super().__init__(CANDIDATE_MODULE, home, limits, zygote.platform_hint)
 
     def _start(self, read_only: tuple[Path, ...], writable: tuple[Path, ...]) -> None:
@@ -185,22 +205,30 @@ class ForkedChild(SandboxChild):
 
 
 def release(zygote: Zygote, child: ForkedChild) -> None:
-    """The zygote's child is closed: empty what it could write, and free the zygote."""
-    ok = zygote.code_dir is not None
-    with contextlib.suppress(OSError):
-        remove_tree(child.home)
-    if zygote.code_dir is not None:
-        try:
-            for entry in list(zygote.code_dir.iterdir()):
-                remove_tree(entry)
-            ok = not any(zygote.code_dir.iterdir())
-        except OSError:
-            ok = False
+    """The zygote's child is closed: its work folder and the code folder emptied (never through
+    a link), and the zygote free, if both are still the folders they were at its start and
+    nothing else came into its home; otherwise the zygote is closed."""
+    ok = (
+        sorted(p.name for p in zygote.home.iterdir())
+        == sorted(zygote.identities)
+        == sorted((CODE_FOLDER, WORK_FOLDER))
+    )
+    for name, identity in zygote.identities.items():
+        folder = zygote.home / name
+        ok = ok and _identity(folder) == identity
+        if ok:
+            try:
+                for entry in list(folder.iterdir()):
+                    remove_tree(entry)
+                ok = not any(folder.iterdir())
+            except OSError:
+                ok = False
+    if not ok:
+        _forget(zygote)
+        return
     with _lock:
         if zygote.busy is child:
             zygote.busy = None
-        if not ok:
-            _drop(zygote)
 
 
 # Zygotes are started on a thread of their own that lives as long as the process: bubblewrap's
@@ -233,103 +261,121 @@ def _on_keeper(job: Callable[[], Any]) -> Any:
     return result
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """A folder's device and inode, never through a link; None for anything else."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino) if stat.S_ISDIR(info.st_mode) else None
+
+
 def _start_zygote(limits: Limits, platform: str, shows_code_at: Path | None) -> Zygote:
     home = scratch_dir(ZYGOTE_PREFIX)
-    zygote = Zygote(ZYGOTE_MODULE, home, limits, platform, shows_code_at=shows_code_at)
+    (home / WORK_FOLDER).mkdir()
+    try:
+        zygote = Zygote(
+            ZYGOTE_MODULE,
+            home,
+            limits,
+            platform,
+            read_only=(home,),
+            writable=(home / WORK_FOLDER,),
+            shows_code_at=shows_code_at,
+        )
+    except BaseException:
+        remove_tree(home)
+        raise
     message = zygote.receive(limits.import_timeout_s)
     if message.get("event") != "ready":
-        zygote.close()
+        _close([zygote])
         raise ChildDied("the zygote did not start")
+    # Its log is read through the engine's descriptor only.
+    zygote.log_path.unlink()
+    zygote.identities = {
+        name: identity
+        for name in (CODE_FOLDER, WORK_FOLDER)
+        if (identity := _identity(home / name)) is not None
+    }
     return zygote
 
 
-def usable(platform: str) -> bool:
-    from nearmiss.engine.runner import spares
-    from nearmiss.engine.runner.environment import unsafe_requested
-
-    return (
-        spares.keeping() and platform == "cpu" and not unsafe_requested()
-        and cgroups.available() is None
-    )  # fmt: skip
-
-
 def fork(limits: Limits, platform: str, shows_code_at: Path | None) -> ForkedChild | None:
-    """A candidate's child forked from this worker's zygote for these limits and folder (started
-    now if there is none), or None where there is no zygote to use (see ``usable``) or it is
-    serving another check: the caller starts a fresh child."""
-    if not usable(platform):
+    """A candidate's child forked from one of this worker's zygotes for these limits and folder
+    (one started now where none waits idle: checks running side by side get one each), or None
+    where zygotes are not used (``spares.forks_candidates``) or one cannot be had: the caller
+    starts a fresh child."""
+    if not spares.forks_candidates(platform):
         return None
-    from nearmiss.engine.runner import spares
-
     key = (spares.key(ZYGOTE_MODULE, limits, platform), str(shows_code_at))
+    dead: list[Zygote] = []
+    zygote = None
     with _lock:
-        zygote = _zygotes.get(key)
-        if zygote is not None and zygote.busy is not None:
-            return None
-        if zygote is not None and not zygote.alive():
-            _drop(zygote, key)
-            zygote = None
+        for candidate in [z for z in _zygotes if z.key == key and z.busy is None]:
+            _zygotes.remove(candidate)
+            if zygote is None and candidate.alive():
+                zygote = candidate
+            else:
+                dead.append(candidate)
         if zygote is not None:
-            zygote.busy = True  # type: ignore[assignment]  # claimed; the child is set below
-            zygote.resume()
+            _zygotes.append(zygote)  # the most recently used last
+            zygote.busy = CLAIMED
+    _close(dead)
     try:
         if zygote is None:
             zygote = _on_keeper(lambda: _start_zygote(limits, platform, shows_code_at))
+            zygote.key, zygote.busy = key, CLAIMED
             with _lock:
-                old = _zygotes.pop(key, None)
-                _zygotes[key] = zygote
-                zygote.busy = True  # type: ignore[assignment]
-                evicted = _evict()
-            for other in [old, *evicted]:
-                if other is not None:
-                    other.close()
-                    remove_tree(other.home)
+                _zygotes.append(zygote)
+                idle = [z for z in _zygotes if z.busy is None]
+                evicted = idle[: max(0, len(_zygotes) - MAX_ZYGOTES)]
+                for old in evicted:
+                    _zygotes.remove(old)
+            _close(evicted)
+        else:
+            zygote.resume()
         child = ForkedChild(zygote, limits)
     except (ChildFailure, OSError):
-        with _lock:
-            if zygote is not None:
-                _drop(zygote)
+        if zygote is not None:
+            _forget(zygote)
         return None
     with _lock:
         zygote.busy = child
     return child
 
 
-def _evict() -> list[Zygote]:
-    """Zygotes beyond ``MAX_ZYGOTES`` that serve nobody, oldest first (under ``_lock``)."""
-    idle = [(k, z) for k, z in _zygotes.items() if z.busy is None]
-    gone = idle[: max(0, len(_zygotes) - MAX_ZYGOTES)]
-    for k, _ in gone:
-        del _zygotes[k]
-    return [z for _, z in gone]
+def _forget(zygote: Zygote) -> None:
+    """Stop using a zygote: out of the list, closed, its home removed."""
+    with _lock:
+        if zygote in _zygotes:
+            _zygotes.remove(zygote)
+    _close([zygote])
 
 
-def _drop(zygote: Zygote, key: tuple | None = None) -> None:
-    """Forget a zygote and close it (under ``_lock``; the close itself is quick)."""
-    for k, z in list(_zygotes.items()):
-        if z is zygote and (key is None or k == key):
-            del _zygotes[k]
-    zygote.close()
-    remove_tree(zygote.home)
+def _close(zygotes: list[Zygote]) -> None:
+    for zygote in zygotes:
+        zygote.close()
+        remove_tree(zygote.home)
 
 
 def kept_processes() -> set[int]:
     """The processes of the zygotes kept waiting: each one's own group's members (its sandbox
     and itself), never a process of a child it forked, which runs in a group of its own."""
     with _lock:
-        zygotes = list(_zygotes.values())
+        zygotes = list(_zygotes)
     return {pid for z in zygotes if z.group is not None for pid in z.group.members()}
 
 
 def kept_homes() -> set[Path]:
     with _lock:
-        return {z.home for z in _zygotes.values()}
+        return {z.home for z in _zygotes}
 
 
 def close_all() -> None:
     with _lock:
-        zygotes = list(_zygotes.values())
+        zygotes = list(_zygotes)
         _zygotes.clear()
-    for zygote in zygotes:
-        zygote.close()
-        remove_tree(zygote.home)
+    _close(zygotes)
+
+
+spares.also_close(close_all)

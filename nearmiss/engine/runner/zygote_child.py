@@ -37,6 +37,7 @@ from nearmiss.engine.runner.protocol import CHANNEL_ENV
 PR_SET_DUMPABLE = 4
 MAX_REQUEST = 65536
 SANDBOX_TMP = "/tmp"
+RM = "/bin/rm"
 
 
 def _not_dumpable() -> None:
@@ -55,24 +56,64 @@ def _reap() -> None:
             return
 
 
-def _empty_tmp(folder: str = SANDBOX_TMP, device: int | None = None) -> None:
-    """What a candidate's child left in the sandbox's /tmp, gone before the next one starts.
-    Only the tmpfs's own entries: the folders bound into it (this child's home, the code folder)
-    are mounts, never entered here (the engine empties them)."""
-    if device is None:
-        device = os.lstat(folder).st_dev
-    with contextlib.suppress(OSError), os.scandir(folder) as entries:
-        for entry in list(entries):
+def _unescaped(field: str) -> str:
+    """A mount table's path with its octal escapes (``\\040`` for a space) read. By hand: the
+    ``unicode_escape`` codec would load a module a fresh child does not have, and every child
+    forked after would show it in ``sys.modules``."""
+    parts = field.split("\\")
+    text = parts[0]
+    for part in parts[1:]:
+        code = part[:3]
+        if len(code) == 3 and all(c in "01234567" for c in code):
+            text += chr(int(code, 8)) + part[3:]
+        else:
+            text += "\\" + part
+    return text
+
+
+def _mount_points() -> set[str]:
+    """The folders something is mounted on in this sandbox (its home, the code folder...)."""
+    found = set()
+    with open("/proc/self/mountinfo") as table:
+        for line in table:
+            found.add(_unescaped(line.split()[4]))
+    return found
+
+
+def _emptied_tmp() -> bool:
+    """Empty the sandbox's /tmp of what a candidate's child left there, then say whether nothing
+    is left but the folders mounted below /tmp (this sandbox's home and code folder) and those
+    that lead to them. Everything else goes by coreutils' ``rm`` (any depth, no link followed),
+    named one by one: never a mount, nor a folder with one below it."""
+    mounts = _mount_points()
+    leading = {SANDBOX_TMP}  # the folders that lead to a mount below /tmp
+    for mount in mounts:
+        if mount.startswith(SANDBOX_TMP + "/"):
+            parts = mount.split("/")
+            leading.update("/".join(parts[:end]) for end in range(3, len(parts)))
+    doomed, pending = [], [SANDBOX_TMP]
+    while pending:
+        folder = pending.pop()
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if path in mounts:
+                continue
+            if path in leading and not os.path.islink(path):
+                pending.append(path)
+            else:
+                doomed.append(path)
+    if doomed:  # not ``subprocess``: a fresh child has not imported it, nor will a fork
+        remover = os.fork()
+        if remover == 0:
             with contextlib.suppress(OSError):
-                info = entry.stat(follow_symlinks=False)
-                if info.st_dev != device or os.path.ismount(entry.path):
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    os.chmod(entry.path, 0o700)  # a folder its writer made unreadable
-                    _empty_tmp(entry.path, device)
-                    os.rmdir(entry.path)  # fails, and stays, where a mount lies below
-                else:
-                    os.unlink(entry.path)
+                os.execv(RM, [RM, "-rf", "--one-file-system", "--", *doomed])
+            os._exit(127)
+        os.waitpid(remover, 0)
+    for folder, folders, files in os.walk(SANDBOX_TMP):
+        if files or folder not in leading:
+            return False
+        folders[:] = [f for f in folders if os.path.join(folder, f) not in mounts]
+    return True
 
 
 def _become_candidate_child(fds: list[int], engine: socket.socket, write_fd: int) -> None:
@@ -86,6 +127,9 @@ def _become_candidate_child(fds: list[int], engine: socket.socket, write_fd: int
     os.dup2(log, 2)
     os.close(log)
     os.environ[CHANNEL_ENV] = f"{to_child},{from_child}"
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # its global generator, seeded at import, would repeat in every fork
+        numpy.random.seed()
     from nearmiss.engine.runner import candidate_child
 
     candidate_child.main()
@@ -133,8 +177,9 @@ def _fork_twice(fds: list[int], engine: socket.socket, write_fd: int) -> int:
 def main() -> None:
     channel = start_child()
     # The import every candidate's child needs before it reads its candidate; not the backend.
+    # What a fresh candidate's child imports before its candidate, and no more (a module more
+    # in ``sys.modules`` would tell a forked child from a fresh one).
     import jax  # noqa: F401
-    from jax.experimental import pallas  # noqa: F401
 
     from nearmiss.engine.runner import candidate_child  # noqa: F401
 
@@ -155,7 +200,11 @@ def main() -> None:
         if request.get("cmd") != "fork" or len(fds) != 4:
             break
         _reap()
-        _empty_tmp()
+        if not _emptied_tmp():  # the engine starts a fresh child, and a new zygote after
+            for fd in fds:
+                os.close(fd)
+            channel.send(event="unclean")
+            break
         channel.send(event="forked", pid=_fork_twice(fds, engine, channel.write_fd))
     sys.stdout.flush()
     os._exit(0)
