@@ -18,7 +18,7 @@ import pytest
 
 from conftest import OPS, Process, alive, identify, outliving
 from nearmiss.engine.check import check
-from nearmiss.engine.runner import spares
+from nearmiss.engine.runner import cgroups, spares, zygote
 from nearmiss.engine.runner.environment import UNSAFE_ENV
 from nearmiss.engine.runner.sandbox import Limits, _process_tree
 from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
@@ -41,7 +41,7 @@ def golden():
 
 
 def my_spare_homes() -> set[str]:
-    kinds = ("executor", "candidate", "reference")
+    kinds = ("executor", "candidate", "reference", "zygote")
     tags = [f"nearmiss-{kind}-p{os.getpid()}s" for kind in kinds]
     return {
         p.name
@@ -200,6 +200,18 @@ def test_a_spare_that_dies_once_handed_out_costs_a_restart_not_a_finding(
         return child
 
     monkeypatch.setattr(spares, "take", take_and_kill)
+    # Where candidate's children are forked (``runner.zygote``), the forked one is killed.
+    fork, forked = zygote.fork, []
+
+    def fork_and_kill(limits, platform, shows_code_at):
+        child = fork(limits, platform, shows_code_at)
+        forked.append(child)
+        if child is not None and module == spares.CANDIDATE_MODULE and len(forked) == 2:
+            child.kill()  # the second check's
+            killed.append(child.process.pid)
+        return child
+
+    monkeypatch.setattr(zygote, "fork", fork_and_kill)
     spares.enable()
     try:
         check(MATMUL / "spec.py", golden, "compact", 1)
@@ -210,18 +222,22 @@ def test_a_spare_that_dies_once_handed_out_costs_a_restart_not_a_finding(
     assert report.certified, report.diagnosis
 
 
-def test_a_users_file_is_never_shown_by_a_spare_started_for_another_folder(handed_out):
-    """A spare candidate child shows its file where it was started to; a file in its user's
-    folder must show there (a plain import gives that ``__file__``), so its check starts its own
-    candidate child and leaves the spare waiting for a checkout."""
+def test_a_users_file_is_never_shown_by_a_child_started_for_another_folder(handed_out, tmp_path):
+    """A spare candidate's child, or a zygote, shows its file where it was started to; a file
+    in its user's folder must show there (a plain import gives that ``__file__``), so a check
+    of a file in another folder forks from a zygote of its own and leaves the first waiting."""
     check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 1)
-    candidate_spares = spares.waiting_pids(spares.CANDIDATE_MODULE)
-    assert candidate_spares
-    report = check(MATMUL / "spec.py", MATMUL / "golden.py", "compact", 2)
+    waiting = zygote.kept_homes() or set(spares.waiting_pids(spares.CANDIDATE_MODULE))
+    assert waiting
+    elsewhere = tmp_path / "golden.py"
+    elsewhere.write_text((MATMUL / "golden.py").read_text())
+    report = check(MATMUL / "spec.py", elsewhere, "compact", 2)
     assert report.certified
-    assert handed_out and not set(handed_out) & set(candidate_spares)
-    assert spares.waiting_pids(spares.CANDIDATE_MODULE) == candidate_spares
-    assert all(alive(pid) for pid in candidate_spares)
+    if zygote.kept_homes():  # where the candidate's children are forked
+        assert waiting < zygote.kept_homes()  # the first zygote waits beside the new one
+    else:
+        assert not set(handed_out) & waiting
+        assert set(spares.waiting_pids(spares.CANDIDATE_MODULE)) == waiting
 
 
 def test_a_check_that_ends_while_others_keep_the_cores_busy_starts_no_spares(monkeypatch):
@@ -236,7 +252,8 @@ def test_a_check_that_ends_while_others_keep_the_cores_busy_starts_no_spares(mon
         assert spares.waiting_pids() == []
         spares.refill_after(Limits(), "cpu")  # the last one ends: the cores are free
         waiting = spares.waiting_pids()
-        assert len(waiting) == sum(spares.DEPTH.values()) and all(alive(p) for p in waiting)
+        depth = sum(spares.spare_depth(module, "cpu") for module in spares.DEPTH)
+        assert len(waiting) == depth and all(alive(p) for p in waiting)
         processes = identify(waiting)
     finally:
         spares.disable()
@@ -245,11 +262,13 @@ def test_a_check_that_ends_while_others_keep_the_cores_busy_starts_no_spares(mon
 
 KEEPER = r"""
 import sys, time
-from nearmiss.engine.runner import spares
+from nearmiss.engine.runner import cgroups, spares, zygote
 from nearmiss.engine.runner.sandbox import Limits
 spares.enable()
 spares.refill(Limits(), "cpu")
-print(" ".join(map(str, spares.waiting_pids())), flush=True)
+forked = zygote.fork(Limits(), "cpu", None)  # a zygote and a child it forked, where it forks
+kept = [forked.zygote.process.pid, forked.process.pid] if forked else []
+print(" ".join(map(str, spares.waiting_pids() + kept)), flush=True)
 time.sleep(600)
 """
 
@@ -270,7 +289,9 @@ def test_spares_die_with_a_worker_killed_outright(tmp_path):
     )
     try:
         spare_pids = [int(p) for p in keeper.stdout.readline().split()]
-        assert len(spare_pids) == sum(spares.DEPTH.values())
+        # Where candidate's children are forked: no candidate's spare, a zygote and its child.
+        forks = cgroups.available() is None
+        assert len(spare_pids) == sum(spares.DEPTH.values()) + (1 if forks else 0)
         assert all(alive(pid) for pid in spare_pids)
         time.sleep(1)  # the sandboxed interpreters under each bwrap are up by now
         pids = [pid for spare in spare_pids for pid in _process_tree(spare)]
@@ -323,8 +344,17 @@ async def test_a_repair_commands_own_worker_keeps_spares_and_closes_them_when_do
             processes.extend(identify([child.process.pid]))
         return kept
 
+    original_zygote = zygote._start_zygote
+
+    def start_zygote(*args):
+        started_zygote = original_zygote(*args)  # forks the candidate's children (``zygote``)
+        started.append(started_zygote.process.pid)
+        processes.extend(identify([started_zygote.process.pid]))
+        return started_zygote
+
     monkeypatch.setattr(spares, "give_back", give_back)
     monkeypatch.setattr(spares, "keep_spec", keep_spec)
+    monkeypatch.setattr(zygote, "_start_zygote", start_zygote)
     candidate = tmp_path / "floor_grid.py"
     candidate.write_text((OPS / "softmax_rows" / "variants" / "floor_grid.py").read_text())
     settings = Settings.from_env(
