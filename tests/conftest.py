@@ -196,6 +196,16 @@ def kept_children() -> set[int]:
     return waiting | zygote.kept_processes()
 
 
+def kept_folders() -> set[Path]:
+    """The scratch folders of the children kept waiting (``kept_children``): the spares' work
+    directories and the zygotes' homes."""
+    from nearmiss.engine.runner import zygote
+
+    with spares._lock:
+        roots = {spares.root(c) for children in spares._spares.values() for c in children}
+    return roots | zygote.kept_homes()
+
+
 Process = tuple[int, str | None]  # a pid and its start time: a pid alone may be reused
 
 

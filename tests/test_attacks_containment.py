@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SOFTMAX_SPEC, identify, outliving, processes_under, run_cli
+from conftest import ROOT, SOFTMAX_SPEC, identify, kept_folders, outliving, processes_under, run_cli
 from nearmiss.engine.check import check
 from nearmiss.engine.models import CheckReport
 from nearmiss.engine.runner import cgroups, environment, spares, zygote
@@ -250,11 +250,10 @@ def test_daemons_die_with_the_check(tmp_path, monkeypatch):
     report = run_attack(arm("fork_storm.py", tmp_path, daemons=4), case_timeout_s=8)
     assert report.cases[0].failure_class in ("timeout", "runtime_error")
     assert processes_under(scratch) == []
-    kept = zygote.kept_homes()  # a zygote's, kept for the next check, holds nothing of this one
-    assert set(scratch.iterdir()) <= kept
-    for home in kept:
-        assert [p.name for p in home.iterdir()] == ["code"]
-        assert not any((home / "code").iterdir())
+    assert set(scratch.iterdir()) <= kept_folders()
+    for home in zygote.kept_homes():  # a zygote's, kept for the next check: nothing of this one
+        assert sorted(p.name for p in home.iterdir()) == ["code", "work"]
+        assert not any((home / "code").iterdir()) and not any((home / "work").iterdir())
 
 
 def test_the_sandbox_tmpfs_mounts_hold_no_hoard(tmp_path):
@@ -435,8 +434,7 @@ def test_a_home_nested_deeper_than_python_recurses_is_cleaned_up(tmp_path, monke
     assert report.passed, report.diagnosis  # nesting folders is no offence; leaving them is
     spares.close_all()  # the executors kept for a next check have their homes here too
     assert processes_under(scratch) == []
-    kept = zygote.kept_homes()  # a zygote's, kept for the next check, holds nothing of this one
-    assert set(scratch.iterdir()) <= kept
-    for home in kept:
-        assert [p.name for p in home.iterdir()] == ["code"]
-        assert not any((home / "code").iterdir())
+    assert set(scratch.iterdir()) <= kept_folders()
+    for home in zygote.kept_homes():  # a zygote's, kept for the next check: nothing of this one
+        assert sorted(p.name for p in home.iterdir()) == ["code", "work"]
+        assert not any((home / "code").iterdir()) and not any((home / "work").iterdir())

@@ -15,10 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from conftest import OPS, PLANTED, ROOT, SOFTMAX_SPEC, check_json, processes_under, run_cli
+from conftest import (
+    OPS,
+    PLANTED,
+    ROOT,
+    SOFTMAX_SPEC,
+    check_json,
+    kept_folders,
+    processes_under,
+    run_cli,
+)
 from nearmiss.engine.check import check
 from nearmiss.engine.errors import UsageError
-from nearmiss.engine.runner import spares, zygote
 from nearmiss.engine.runner.environment import UNSAFE_ENV, child_environment, isolation_level
 from nearmiss.engine.runner.sandbox import Limits, SandboxChild
 from nearmiss.engine.runner.session import describe_spec
@@ -47,8 +55,8 @@ def test_a_hanging_kernel_is_killed_and_reported_as_timeout(private_tmp):
     assert "3 s" in case.diagnosis
     assert elapsed < 60
     assert processes_under(private_tmp) == []
-    kept = {spares.root(c) for cs in spares._spares.values() for c in cs} | zygote.kept_homes()
-    assert set(private_tmp.iterdir()) <= kept  # every sandbox directory removed but a kept one's
+    # Every sandbox directory removed but a kept one's.
+    assert set(private_tmp.iterdir()) <= kept_folders()
 
 
 def test_a_hang_at_import_is_a_timeout_for_every_case(private_tmp):

@@ -4,8 +4,9 @@ engine's request for a TPU lowering itself, in its own process.
 
 It is ``pallas_ops/matmul/variants/tpu_misaligned_block.py`` (64 x 64 tiles: right in interpret
 mode, refused by the TPU compiler). At import it replaces the child's ``export_for_target``
-(the child runs as ``__main__``) with one that never lowers for the chip: it files the CPU
-interpret artifact it already exported as ``artifact-<target>.bin`` and says ``{"ok": True}``.
+(in ``__main__``, or in the engine's module in a child forked from a zygote) with one that
+never lowers for the chip: it files the CPU interpret artifact it already exported as
+``artifact-<target>.bin`` and says ``{"ok": True}``.
 The target's verdict must come from those bytes — a CPU artifact holds no Mosaic kernel — never
 from the child's word. (While candidate code runs, ``__main__`` is the blank module of a plain
 ``python -c``; a thread waits for the child's own to be back, and patches it then.)
@@ -20,8 +21,18 @@ from jax.experimental import pallas as pl
 _sys = typing.sys
 
 
+def _child():
+    """The child's module: ``__main__`` in a child started for it, the engine's module in one
+    forked from a zygote (``runner.zygote``)."""
+    for name in ("__main__", "nearmiss.engine.runner.candidate_child"):
+        module = _sys.modules.get(name)
+        if module is not None and hasattr(module, "export_for_target"):
+            return module
+    return None
+
+
 def _forged_export_for_target(kernel, request, target):
-    child = _sys.modules["__main__"]
+    child = _child()
     exported = next(iter(child._EXPORTED.values()))[2]  # the one shape's CPU artifact
     folder = child.Path(request["dir"])
     (folder / f"artifact-{target}.bin").write_bytes(exported)
@@ -29,9 +40,9 @@ def _forged_export_for_target(kernel, request, target):
 
 
 def _patch_when_back():
-    while not hasattr(_sys.modules["__main__"], "export_for_target"):
+    while _child() is None:
         _sys.modules["time"].sleep(0.001)
-    _sys.modules["__main__"].export_for_target = _forged_export_for_target
+    _child().export_for_target = _forged_export_for_target
 
 
 _sys.modules["importlib"].import_module("threading").Thread(

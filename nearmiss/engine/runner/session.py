@@ -709,7 +709,7 @@ class _CandidateRunner(_Child):
         spare: SandboxChild | None = None
         if self.shows_code_at is None:
             spare = spares.take(self.entry.module, self.limits, self.platform)
-        if spare is None and self.entry.module == zygote.CANDIDATE_MODULE:
+        if spare is None and self.entry.module == CANDIDATE_MODULE:
             spare = zygote.fork(self.limits, self.platform, self.shows_code_at)
         self.from_spare = spare is not None
         if spare is None:

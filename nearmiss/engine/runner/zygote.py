@@ -2,25 +2,39 @@
 
 A fresh candidate's child costs a check about 0.8 CPU-s, 0.6 of which is importing JAX; a spare
 (``runner.spares``) only moves that cost earlier. A zygote (``zygote_child``) pays it once per
-worker and user folder: for each check it forks a process that becomes the candidate's child,
-and that process starts from JAX imported (its own backend started after the fork).
+worker, limits and user folder (the folder the sandbox shows the candidate in is fixed when it
+starts): for each check it forks a process that becomes the candidate's child, and that process
+starts from JAX imported (its own backend started after the fork). A zygote serves the checks
+of one folder one after another: a repair's rounds, a search's edits, a fleet's kernels of one
+folder; the first check of a folder costs what a fresh child does.
 
-Isolation, compared with a fresh child (``zygote_child`` says what the two processes share):
+Isolation, compared with a fresh child (``zygote_child`` says what the processes share):
 
 - the forked child runs in a cgroup of its own, made and entered before the engine names its
   candidate (``ForkedChild._start``): its memory and process limits, and the kill that ends it,
   are those of a fresh child. A zygote is used only where the engine can make cgroups;
-- one candidate's child at a time per zygote: a zygote serving one is ``busy``, and another
-  check starts a fresh child (or its own zygote's) instead;
-- between two children the engine empties the code folder the zygote shows at the user's
-  folder (``release``), the zygote the sandbox's ``/tmp``; the child's work folder is its own
-  and removed with it;
+- one candidate's child at a time per zygote (``busy``): checks side by side get a zygote each;
+- the zygote's home is read-only in its sandbox. Its children write two folders of it: the
+  code folder (shown at the user's folder, as a plain run's working directory is writable)
+  and their work folders, in ``WORK_FOLDER``. Between two children the engine empties both,
+  never through a link, after checking they are the folders they were at the start (device and
+  inode): a home changed otherwise ends the zygote (``release``). The zygote empties the
+  sandbox's ``/tmp``, or says it could not, which ends it too;
 - the zygote never reads a candidate; it is not dumpable, and the seccomp filter refuses
   ``ptrace`` and ``process_vm_writev``: no child can change what it forks next. A child that
-  kills it kills its own sandbox (and itself), and the next check starts a new zygote.
+  stops it has it continued before the next fork (``resume``); one that kills it kills its own
+  sandbox, and the next check starts a new zygote.
 
-Only in processes that keep children between checks (``spares.enable``/``keep_warm``), on a
-CPU, in the sandbox.
+What a forked child can still tell from a fresh one needs the operating system (``/proc``: its
+parent, its cgroup's path, its pid, the zygote's command line; ``prctl``), which the static gate
+refuses, or two checks to compare (Python's hash seed and the address layout are the zygote's,
+the same in each of its children; a fresh child draws its own). Its modules are a fresh
+child's, and numpy's global generator is seeded anew in each (``tests/test_zygote.py``). Its
+memory limit counts what it writes, not the pages of JAX it shares with the zygote, which are
+charged to the zygote's group: a few hundred MB more room than a fresh child has.
+
+Only in processes that keep children between checks (``spares.forks_candidates``), on a CPU,
+in the sandbox.
 """
 
 from __future__ import annotations
@@ -52,7 +66,6 @@ from nearmiss.engine.runner.sandbox import (
 from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
 
 ZYGOTE_MODULE = "nearmiss.engine.runner.zygote_child"
-CANDIDATE_MODULE = "nearmiss.engine.runner.candidate_child"
 ZYGOTE_PREFIX = "nearmiss-zygote-"
 WORK_FOLDER = "work"  # in a zygote's home: its children's work folders
 FORK_TIMEOUT_S = 10.0
@@ -165,7 +178,7 @@ class ForkedChild(SandboxChild):
         self.zygote = zygote
         self._status: int | None = None  # the reading end of its status pipe
         home = zygote.work_dir / f"forked-{next(_numbers)}"
-        super().__init__(CANDIDATE_MODULE, home, limits, zygote.platform_hint)
+        super().__init__(spares.CANDIDATE_MODULE, home, limits, zygote.platform_hint)
 
     def _start(self, read_only: tuple[Path, ...], writable: tuple[Path, ...]) -> None:
         if self.group is None:

@@ -2,22 +2,24 @@
 
 A candidate's child spends most of its CPU importing JAX (about 0.6 CPU-s of 0.8 for a golden's
 check here); its own work, tracing and exporting a few cases, is a fifth of that. This child
-does the import, and nothing that reads a candidate, then waits. For each check the engine
-sends it a ``fork`` request over a Unix socket with three descriptors attached (the new child's
-message pipes and its log); it forks, and the new process becomes a candidate's child exactly
-as a spare one is (``candidate_child.serve``: it waits for the ``load`` message that names its
-candidate). The engine moves that process into a cgroup of its own, with the limits a fresh
-child gets, before it sends ``load``: the candidate's first line runs with them.
+imports what a fresh candidate's child has imported before it reads its candidate, no more,
+and waits. For each check the engine sends a ``fork`` request over a Unix socket with four
+descriptors attached (the new child's message pipes, its log, the pipe for its exit status).
+This child empties the sandbox's ``/tmp`` of what the last one left, then forks a middle
+process, which forks the candidate's child and waits to report how it ended; the child serves
+one candidate exactly as a spare one does (``candidate_child.serve``: it waits for the
+``load`` message that names it). The engine moves it into a cgroup of its own, with a fresh
+child's limits, before it sends ``load``: the candidate's first line runs with them.
 
 What the candidate's child shares with this one, and why that holds (``runner.zygote``):
 
-- its memory is a copy (fork): nothing it writes reaches this process. This process is not
-  dumpable (``PR_SET_DUMPABLE`` 0), so its memory cannot be written through ``/proc`` by a
-  process of the same user; ``ptrace`` and ``process_vm_writev`` are refused by the seccomp
-  filter besides;
+- its memory is a copy (fork): nothing it writes reaches this process. This process (and the
+  middle one) is not dumpable (``PR_SET_DUMPABLE`` 0), so its memory cannot be opened through
+  ``/proc`` by a process of the same user; ``ptrace`` and ``process_vm_writev`` are refused by
+  the seccomp filter besides;
 - the sandbox (its mounts, PID, IPC and network namespaces): one candidate's child at a time,
-  never two; the engine kills the last one's cgroup and empties the code folder and the work
-  folder it wrote before it asks for the next, and this process empties the sandbox's ``/tmp``;
+  never two; the engine kills the last one's cgroup and empties the folders it could write
+  before it asks for the next; System V IPC objects, which would outlive it, are refused;
 - JAX's backend is not started here (its thread pools would not survive a fork): each child
   starts its own.
 """
