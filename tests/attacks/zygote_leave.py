@@ -1,10 +1,12 @@
 """Attack: leave something for the candidate checked next in the same worker, and change what
 the zygote that forked this child serves next. It leaves a canary in a file in the sandbox's
-/tmp (also seventeen folders deep, past what a path can name), its working directory and $HOME,
-and asks for a System V shared memory segment; it plants an honest kernel under the name the
-next candidate will have, moves or replaces the code folder and the work folders of the next
-children with links to a host folder (``victim``: an engine that empties them would empty it);
-and it writes its ancestors' memory through /proc. Then it says what it got."""
+/tmp (also seventeen folders deep, past what a path can name), its working directory and
+$HOME, asks for a System V shared memory segment, and sets an attribute and a time on /tmp and
+its working directory, then modes that lock the next child out of them; it plants an honest
+kernel under the name the next candidate will have, moves or replaces the code folder and the
+work folders of the next children with links to a host folder (``victim``: an engine that
+empties them would empty it); and it writes its ancestors' memory through /proc. Then it says
+what it got."""
 
 import typing
 
@@ -14,6 +16,7 @@ load = typing.sys.modules["importlib"].import_module
 os = load("os")
 ctypes = load("ctypes")
 TARGETS = {}  # the test writes canary, victim, honest (a kernel's text) and its name here
+STAMP = 4102444800123456789  # a time it sets on the folders it shares: the next child's tell
 
 
 def _ancestors():
@@ -82,6 +85,15 @@ def _leave():
     libc = ctypes.CDLL(None, use_errno=True)
     segment = libc.shmget(0x4E4D, 4096, 0o1666)  # IPC_CREAT | 0666
     outcome["shm"] = "made" if segment >= 0 else f"errno{ctypes.get_errno()}"
+    # The folders' own metadata, read by the next child or locking it out: an attribute and a
+    # time that carry words, then modes that deny it its folders (last: this child needs them).
+    for name, folder in (("tmp", "/tmp"), ("cwd", ".")):
+        _try(
+            outcome,
+            f"xattr_{name}",
+            lambda f=folder: os.setxattr(f, "user.nm", TARGETS["canary"].encode()),
+        )
+        _try(outcome, f"time_{name}", lambda f=folder: os.utime(f, ns=(STAMP, STAMP)))
     for pid in _ancestors():
 
         def write_memory(p=pid):
@@ -95,5 +107,7 @@ def _leave():
 
 def kernel(x):
     outcome = _leave()
+    _try(outcome, "lock_tmp", lambda: os.chmod("/tmp", 0o444))
+    _try(outcome, "lock_cwd", lambda: os.chmod(".", 0))
     raise RuntimeError("ATTACK " + " ".join(f"{k}={v}" for k, v in outcome.items()))
     return jax.nn.softmax(x)

@@ -18,8 +18,10 @@ Isolation, compared with a fresh child (``zygote_child`` says what the processes
   code folder (shown at the user's folder, as a plain run's working directory is writable)
   and their work folders, in ``WORK_FOLDER``. Between two children the engine empties both,
   never through a link, after checking they are the folders they were at the start (device and
-  inode): a home changed otherwise ends the zygote (``release``). The zygote empties the
-  sandbox's ``/tmp``, or says it could not, which ends it too;
+  inode), and puts back their mode, owner, times and attributes (``folder_state``): a home
+  changed otherwise ends the zygote (``release``). The zygote does the same for the sandbox's
+  ``/tmp`` and the folders in it that lead to its mounts, or says it could not, which ends it
+  too;
 - the zygote never reads a candidate; it is not dumpable, and the seccomp filter refuses
   ``ptrace`` and ``process_vm_writev``: no child can change what it forks next. A child that
   stops it has it continued before the next fork (``resume``); one that kills it kills its own
@@ -47,7 +49,6 @@ import queue
 import select
 import signal
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from nearmiss.engine.runner import spares
+from nearmiss.engine.runner.folder_state import FolderState, noted, put_back
 from nearmiss.engine.runner.sandbox import (
     CODE_FOLDER,
     ChildDied,
@@ -87,7 +89,7 @@ class Zygote(SandboxChild):
     # engine finds there. The children write only their work folders, in WORK_FOLDER, and the
     # code folder (shown where its user keeps it), both emptied between two children.
     home_writable = False
-    identities: dict[str, tuple[int, int]] = {}  # folder name -> (device, inode) at start
+    folders: dict[str, FolderState] = {}  # the folders its children write, as at its start
 
     @property
     def work_dir(self) -> Path:
@@ -219,21 +221,31 @@ class ForkedChild(SandboxChild):
 
 def release(zygote: Zygote, child: ForkedChild) -> None:
     """The zygote's child is closed: its work folder and the code folder emptied (never through
-    a link), and the zygote free, if both are still the folders they were at its start and
-    nothing else came into its home; otherwise the zygote is closed."""
+    a link) and put back as they were at the zygote's start (``folder_state``), and the zygote
+    free, if both are still those folders and nothing else came into its home; otherwise the
+    zygote is closed."""
     ok = (
         sorted(p.name for p in zygote.home.iterdir())
-        == sorted(zygote.identities)
+        == sorted(zygote.folders)
         == sorted((CODE_FOLDER, WORK_FOLDER))
     )
-    for name, identity in zygote.identities.items():
+    for name, state in zygote.folders.items():
         folder = zygote.home / name
-        ok = ok and _identity(folder) == identity
+        noticed = noted(folder)
+        ok = (
+            ok
+            and noticed is not None
+            and (noticed.device, noticed.inode)
+            == (
+                state.device,
+                state.inode,
+            )
+        )
         if ok:
             try:
                 for entry in list(folder.iterdir()):
                     remove_tree(entry)
-                ok = not any(folder.iterdir())
+                ok = not any(folder.iterdir()) and put_back(folder, state)
             except OSError:
                 ok = False
     if not ok:
@@ -274,15 +286,6 @@ def _on_keeper(job: Callable[[], Any]) -> Any:
     return result
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
-    """A folder's device and inode, never through a link; None for anything else."""
-    try:
-        info = path.lstat()
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino) if stat.S_ISDIR(info.st_mode) else None
-
-
 def _start_zygote(limits: Limits, platform: str, shows_code_at: Path | None) -> Zygote:
     home = scratch_dir(ZYGOTE_PREFIX)
     (home / WORK_FOLDER).mkdir()
@@ -305,10 +308,8 @@ def _start_zygote(limits: Limits, platform: str, shows_code_at: Path | None) -> 
         raise ChildDied("the zygote did not start")
     # Its log is read through the engine's descriptor only.
     zygote.log_path.unlink()
-    zygote.identities = {
-        name: identity
-        for name in (CODE_FOLDER, WORK_FOLDER)
-        if (identity := _identity(home / name)) is not None
+    zygote.folders = {
+        name: state for name in (CODE_FOLDER, WORK_FOLDER) if (state := noted(home / name))
     }
     return zygote
 

@@ -18,8 +18,10 @@ What the candidate's child shares with this one, and why that holds (``runner.zy
   ``/proc`` by a process of the same user; ``ptrace`` and ``process_vm_writev`` are refused by
   the seccomp filter besides;
 - the sandbox (its mounts, PID, IPC and network namespaces): one candidate's child at a time,
-  never two; the engine kills the last one's cgroup and empties the folders it could write
-  before it asks for the next; System V IPC objects, which would outlive it, are refused;
+  never two; the engine kills the last one's cgroup and empties the folders it could write,
+  and puts back their mode, owner, times and attributes, before it asks for the next; this
+  child does the same for /tmp (``_Tmp``); System V IPC objects, which would outlive it, are
+  refused;
 - JAX's backend is not started here (its thread pools would not survive a fork): each child
   starts its own.
 """
@@ -34,6 +36,7 @@ import socket
 import sys
 
 from nearmiss.engine.runner.child import start_child
+from nearmiss.engine.runner.folder_state import noted, put_back
 from nearmiss.engine.runner.protocol import CHANNEL_ENV
 
 PR_SET_DUMPABLE = 4
@@ -82,40 +85,62 @@ def _mount_points() -> set[str]:
     return found
 
 
-def _emptied_tmp() -> bool:
-    """Empty the sandbox's /tmp of what a candidate's child left there, then say whether nothing
-    is left but the folders mounted below /tmp (this sandbox's home and code folder) and those
-    that lead to them. Everything else goes by coreutils' ``rm`` (any depth, no link followed),
-    named one by one: never a mount, nor a folder with one below it."""
-    mounts = _mount_points()
-    leading = {SANDBOX_TMP}  # the folders that lead to a mount below /tmp
-    for mount in mounts:
-        if mount.startswith(SANDBOX_TMP + "/"):
-            parts = mount.split("/")
-            leading.update("/".join(parts[:end]) for end in range(3, len(parts)))
-    doomed, pending = [], [SANDBOX_TMP]
-    while pending:
-        folder = pending.pop()
-        for name in os.listdir(folder):
-            path = os.path.join(folder, name)
-            if path in mounts:
-                continue
-            if path in leading and not os.path.islink(path):
-                pending.append(path)
-            else:
-                doomed.append(path)
-    if doomed:  # not ``subprocess``: a fresh child has not imported it, nor will a fork
-        remover = os.fork()
-        if remover == 0:
-            with contextlib.suppress(OSError):
-                os.execv(RM, [RM, "-rf", "--one-file-system", "--", *doomed])
-            os._exit(127)
-        os.waitpid(remover, 0)
-    for folder, folders, files in os.walk(SANDBOX_TMP):
-        if files or folder not in leading:
+class _Tmp:
+    """The sandbox's /tmp as this child found it at its start: the folders mounted below it
+    (this sandbox's home and code folder), the folders in it that lead to them, and the state
+    of those (``folder_state``)."""
+
+    def __init__(self) -> None:
+        self.mounts = _mount_points()
+        self.leading = {SANDBOX_TMP}
+        for mount in self.mounts:
+            if mount.startswith(SANDBOX_TMP + "/"):
+                parts = mount.split("/")
+                self.leading.update("/".join(parts[:end]) for end in range(3, len(parts)))
+        # The folders of /tmp's own file system (itself a mount): a bind mount's folder is its
+        # source's, the engine's to put back.
+        # Put back from the top: a folder its child made unsearchable hides those below it.
+        owned = {SANDBOX_TMP} | (self.leading - self.mounts)
+        self.states = {path: noted(path) for path in sorted(owned, key=lambda p: p.count("/"))}
+
+    def put_back(self) -> bool:
+        return all(
+            state is not None and put_back(path, state) for path, state in self.states.items()
+        )
+
+    def emptied(self) -> bool:
+        """Empty /tmp of what a candidate's child left there and put its folders back as they
+        were (first, so that a mode it set cannot keep this child out; again, after removing);
+        then say whether nothing else is left. Everything else goes by coreutils' ``rm`` (any
+        depth, no link followed), named one by one: never a mount, nor a folder above one."""
+        try:
+            if not self.put_back():
+                return False
+            doomed, pending = [], [SANDBOX_TMP]
+            while pending:
+                folder = pending.pop()
+                for name in os.listdir(folder):
+                    path = os.path.join(folder, name)
+                    if path in self.mounts:
+                        continue
+                    if path in self.leading and not os.path.islink(path):
+                        pending.append(path)
+                    else:
+                        doomed.append(path)
+            if doomed:  # not ``subprocess``: a fresh child has not imported it, nor will a fork
+                remover = os.fork()
+                if remover == 0:
+                    with contextlib.suppress(OSError):
+                        os.execv(RM, [RM, "-rf", "--one-file-system", "--", *doomed])
+                    os._exit(127)
+                os.waitpid(remover, 0)
+            for folder, folders, files in os.walk(SANDBOX_TMP):
+                if files or folder not in self.leading:
+                    return False
+                folders[:] = [f for f in folders if os.path.join(folder, f) not in self.mounts]
+            return self.put_back()
+        except OSError:
             return False
-        folders[:] = [f for f in folders if os.path.join(folder, f) not in mounts]
-    return True
 
 
 def _become_candidate_child(fds: list[int], engine: socket.socket, write_fd: int) -> None:
@@ -186,6 +211,7 @@ def main() -> None:
     from nearmiss.engine.runner import candidate_child  # noqa: F401
 
     _not_dumpable()
+    tmp = _Tmp()
     engine = socket.socket(fileno=channel.reader.fd)
     channel.send(event="ready")
     while True:
@@ -202,7 +228,7 @@ def main() -> None:
         if request.get("cmd") != "fork" or len(fds) != 4:
             break
         _reap()
-        if not _emptied_tmp():  # the engine starts a fresh child, and a new zygote after
+        if not tmp.emptied():  # the engine starts a fresh child, and a new zygote after
             for fd in fds:
                 os.close(fd)
             channel.send(event="unclean")
