@@ -44,6 +44,15 @@ def noted(path: str | Path) -> FolderState | None:
     )
 
 
+def _same(current: FolderState | None, state: FolderState) -> bool:
+    return current is not None and (current.device, current.inode) == (state.device, state.inode)
+
+
+def same_folder(path: str | Path, state: FolderState) -> bool:
+    """Whether ``path`` is still the folder ``state`` was noted of (device and inode)."""
+    return _same(noted(path), state)
+
+
 def _attributes(path: str | Path) -> list[str]:
     return [
         name
@@ -57,7 +66,7 @@ def put_back(path: str | Path, state: FolderState) -> bool:
     attributes; whether it is then the same folder, as noted, with none. Only while nothing
     else can change it (the child that could is gone)."""
     current = noted(path)
-    if current is None or (current.device, current.inode) != (state.device, state.inode):
+    if current is None or not _same(current, state):
         return False
     try:  # the mode first: a folder its owner may not write keeps its attributes from it
         if (current.uid, current.gid) != (state.uid, state.gid):

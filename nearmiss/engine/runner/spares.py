@@ -239,7 +239,7 @@ def take(module: str, limits: Limits, platform: str, spec: tuple = ()) -> Sandbo
 def _fit_to_keep(child: SandboxChild) -> bool:
     """What every kept child must be: kept in this process at all, alive, its starting thread
     alive, no limit breached, its log below ``MAX_KEPT_LOG_BYTES``."""
-    if not (_enabled or _keep_warm):
+    if not keeping():
         return False
     if child.process is None or child.process.poll() is not None:
         return False
@@ -269,7 +269,7 @@ def give_back(child: SandboxChild, started_under: tuple, platform: str) -> bool:
         return False
     with _lock:
         waiting = _spares.setdefault(started_under, [])
-        if not (_enabled or _keep_warm) or len(waiting) >= DEPTH[EXECUTOR_MODULE]:
+        if not keeping() or len(waiting) >= DEPTH[EXECUTOR_MODULE]:
             return False
         waiting.append(child)
     return True
@@ -310,7 +310,7 @@ def keep_spec(child: SandboxChild, started_under: tuple, platform: str, spec: tu
     evicted = []
     with _lock:
         waiting = _spares.setdefault(where, [])
-        if not (_enabled or _keep_warm) or len(waiting) >= DEPTH[REFERENCE_MODULE] + 1:
+        if not keeping() or len(waiting) >= DEPTH[REFERENCE_MODULE] + 1:
             return False
         waiting.append(child)
         _spec_checks[pid] = served

@@ -56,13 +56,14 @@ from pathlib import Path
 from typing import Any
 
 from nearmiss.engine.runner import spares
-from nearmiss.engine.runner.folder_state import FolderState, noted, put_back
+from nearmiss.engine.runner.folder_state import FolderState, noted, put_back, same_folder
 from nearmiss.engine.runner.sandbox import (
     CODE_FOLDER,
     ChildDied,
     ChildFailure,
     Limits,
     SandboxChild,
+    _process_tree,
     _running,
 )
 from nearmiss.engine.runner.scratch import remove_tree, scratch_dir
@@ -117,8 +118,7 @@ class Zygote(SandboxChild):
 
     def request_fork(self, descriptors: list[int]) -> int:
         """Ask for a child with these four descriptors (its reading and writing ends, its log,
-        the writing end of its status pipe);
-        the child's pid in the sandbox's PID namespace."""
+        the writing end of its status pipe); the child's pid in the sandbox's PID namespace."""
         engine = socket.socket(fileno=os.dup(self._to_child_w))
         try:
             socket.send_fds(engine, [json.dumps({"cmd": "fork"}).encode()], descriptors)
@@ -131,8 +131,6 @@ class Zygote(SandboxChild):
 
     def host_pid(self, inner: int) -> int | None:
         """The host's pid of the process that is ``inner`` in the sandbox's namespace."""
-        from nearmiss.engine.runner.sandbox import _process_tree
-
         assert self.process is not None
         for pid in _process_tree(self.process.pid)[1:]:
             with contextlib.suppress(OSError, ValueError):
@@ -231,16 +229,7 @@ def release(zygote: Zygote, child: ForkedChild) -> None:
     )
     for name, state in zygote.folders.items():
         folder = zygote.home / name
-        noticed = noted(folder)
-        ok = (
-            ok
-            and noticed is not None
-            and (noticed.device, noticed.inode)
-            == (
-                state.device,
-                state.inode,
-            )
-        )
+        ok = ok and same_folder(folder, state)
         if ok:
             try:
                 for entry in list(folder.iterdir()):
