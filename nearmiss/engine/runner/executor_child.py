@@ -25,6 +25,7 @@ from nearmiss.engine.runner.artifact import (
     vetted,
 )
 from nearmiss.engine.runner.child import describe_exception, start_child
+from nearmiss.engine.runner.cpu_compile import compile_lowered
 from nearmiss.engine.runner.protocol import OUTPUT_FILE
 
 
@@ -96,7 +97,7 @@ class _Prepared:
         # but not plain XLA, so this executor is not kept for another check after it.
         self.native = any(t not in GLUE_TARGETS for t in artifact.custom_calls)
         started = time.perf_counter()
-        self.compiled = jax.jit(self.exported.call).lower(*args).compile()
+        self.compiled = compile_lowered(jax.jit(self.exported.call).lower(*args))
         self.compile_s = time.perf_counter() - started
 
 

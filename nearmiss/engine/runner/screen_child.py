@@ -41,6 +41,7 @@ from typing import Any
 
 from nearmiss.engine.runner.candidate_child import import_candidate
 from nearmiss.engine.runner.child import Channel, describe_exception, start_child
+from nearmiss.engine.runner.cpu_compile import compile_lowered
 from nearmiss.engine.runner.program_key import program_key
 
 CLEAR_EVERY = 16  # edits between clearing JAX's caches: the child's memory stays flat
@@ -94,7 +95,7 @@ class _Case:
 
         phase = "compile"  # lowering belongs to the compile, as in a check's stages
         try:
-            compiled = self.traced.lower().compile()
+            compiled = compile_lowered(self.traced.lower())
             phase = "run"
             output = jax.block_until_ready(compiled(*self.args))
         except (Exception, SystemExit) as exc:
@@ -156,7 +157,8 @@ def _run_together(cases: list[_Case], inputs: list[list[Any]]) -> None:
         ]
 
     try:
-        outputs = jax.block_until_ready(jax.jit(together).trace(*args).lower().compile()(*args))
+        compiled = compile_lowered(jax.jit(together).trace(*args).lower())
+        outputs = jax.block_until_ready(compiled(*args))
     except (Exception, SystemExit):  # a program's failure: the halves tell which
         half = len(cases) // 2
         _run_together(cases[:half], inputs)

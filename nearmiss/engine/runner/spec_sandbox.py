@@ -14,10 +14,12 @@ Knowing them before the spec is known lets a busy worker start the child ahead o
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from nearmiss.engine.runner.compile_cache import reference_cache_dir
+from nearmiss.engine.runner.cpu_compile import spec_child_xla_flags
 from nearmiss.engine.runner.sandbox import Limits, SandboxChild
 
 REFERENCE_MODULE = "nearmiss.engine.runner.reference_child"
@@ -37,6 +39,8 @@ def start_spec_child(workdir: Path, limits: Limits, platform: str) -> SandboxChi
         platform,
         read_only=(workdir / "spec",),
         writable=(workdir / "cases",) + ((cache,) if cache else ()),
+        # Its inputs and reference compile op by op: the cheaper emitter, the same numbers.
+        extra_env={"XLA_FLAGS": spec_child_xla_flags(os.environ.get("XLA_FLAGS", ""))},
     )
 
 

@@ -56,6 +56,7 @@ def run_under_tpu_semantics(programs, request: dict) -> dict:
     from nearmiss.engine.runner.arrays import load_arrays, save_arrays, shapes_of
     from nearmiss.engine.runner.child import describe_exception
     from nearmiss.engine.runner.chip_arithmetic import on_the_chip
+    from nearmiss.engine.runner.cpu_compile import compile_lowered
     from nearmiss.engine.targets import get_target, lowering_for
 
     case_dir = Path(request["dir"])
@@ -96,7 +97,8 @@ def run_under_tpu_semantics(programs, request: dict) -> dict:
             function = program.function(interpret=interpret)
         chip_info = contextlib.nullcontext() if gpu else lowering_for(target)
         with chip_info, filled or contextlib.nullcontext():
-            output = jax.block_until_ready(jax.jit(function)(*inputs))
+            compiled = compile_lowered(jax.jit(function).trace(*inputs).lower())
+            output = jax.block_until_ready(compiled(*inputs))
         leaves, treedef = jax.tree_util.tree_flatten(output)
         save_arrays(case_dir / OUTPUT_FILE, [np.asarray(leaf) for leaf in leaves])
         races = None if gpu else interpreter.races

@@ -1,0 +1,65 @@
+"""How the engine's children compile for the CPU: without XLA's fusion emitters.
+
+XLA's CPU compiler emits fused loops through its newer MLIR "fusion emitters" by default. For
+the programs a check compiles (a Pallas kernel's interpret-mode artifact: loops over the grid,
+dynamic slices, small element-wise bodies; a spec's inputs and reference, op by op) the older
+elemental emitter builds them in about 0.7× the compile CPU, and the numbers are the same bit
+for bit: measured over every bundled op's golden, variants and reference on all their cases
+(500 compiled programs), and every bundled and shipped spec's inputs on two seeds and eager
+reference (970 arrays); none differed. A golden's check for TPU v5e took 0.77× the time.
+
+Two ways in, so that a candidate's Python sees nothing of it:
+
+- a program the engine compiles itself (the runs' executor, the search's screen, the TPU
+  semantics run in the candidate's child) is compiled with a per-compile option
+  (``compile_lowered``): nothing in the process's environment or JAX's configuration changes;
+- the spec's child, whose inputs and reference run op by op (JAX compiles each operation
+  itself), gets the flag in ``XLA_FLAGS`` (``spec_child_xla_flags``). No candidate runs there.
+
+An XLA that lacks the option answers a per-compile request with ``No such compile option``: the
+process then compiles with XLA's defaults. An unknown flag in ``XLA_FLAGS`` stops the process
+instead, so the spec's child gets it only from the jaxlib releases it was measured on
+(``FLAG_KNOWN_IN``); elsewhere it computes with XLA's defaults, which give the same numbers.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+_UNKNOWN = "No such compile option"
+# jaxlib releases (prefixes) whose XLA takes ``CPU_OPTIONS`` as flags: measured, bit for bit.
+FLAG_KNOWN_IN = ("0.10.",)
+
+_options_known = True
+
+
+def compile_lowered(lowered: Any) -> Any:
+    """``lowered.compile()``, with ``CPU_OPTIONS`` where the backend is the CPU and knows them."""
+    global _options_known
+    import jax
+
+    if not _options_known or jax.default_backend() != "cpu":
+        return lowered.compile()
+    try:
+        return lowered.compile(compiler_options=CPU_OPTIONS)
+    except Exception as exc:  # the program's own failure is raised again below, unchanged
+        if _UNKNOWN not in str(exc):
+            raise
+        _options_known = False
+        return lowered.compile()
+
+
+def spec_child_xla_flags(current: str, jaxlib_version: str | None = None) -> str:
+    """``XLA_FLAGS`` for the spec's child: ``CPU_OPTIONS`` first, where this jaxlib is known to
+    take them, then ``current`` (the user's, which win where they name the same flag)."""
+    if jaxlib_version is None:
+        try:
+            jaxlib_version = importlib.metadata.version("jaxlib")
+        except importlib.metadata.PackageNotFoundError:
+            return current
+    if not jaxlib_version.startswith(FLAG_KNOWN_IN):
+        return current
+    ours = " ".join(f"--{name}={str(value).lower()}" for name, value in CPU_OPTIONS.items())
+    return f"{ours} {current}".strip()
