@@ -160,18 +160,15 @@ def test_an_emulation_the_engine_could_not_make_is_undetermined_not_the_kernels_
 def test_cases_of_one_shape_share_a_compile_and_each_gets_its_own_outputs(tmp_path, fill, numerics):
     """A hidden case's values scaled: the same shapes, so the TPU-semantics run compiles once,
     and the second case's outputs are its own, not the first's."""
-    import importlib.util
     from pathlib import Path
 
     from nearmiss.engine.runner import tpu_semantics
     from nearmiss.engine.runner.arrays import load_arrays, save_arrays
-    from nearmiss.engine.runner.candidate_child import traced_program
+    from nearmiss.engine.runner.candidate_child import import_candidate, traced_program
     from nearmiss.engine.runner.protocol import OUTPUT_FILE
 
     golden = Path(__file__).resolve().parents[1] / "pallas_ops" / "softmax_rows" / "golden.py"
-    spec = importlib.util.spec_from_file_location("shared_compile_softmax", golden)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_candidate(str(golden), "shared_compile_softmax")
     x = np.random.default_rng(1).standard_normal((24, 128)).astype(np.float32)
     compiled_before = len(tpu_semantics._COMPILED)
     for scale in (1.0, 4.0):

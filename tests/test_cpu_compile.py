@@ -4,7 +4,6 @@ raised as it was."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -17,16 +16,11 @@ import numpy as np  # noqa: E402
 from jax import export  # noqa: E402
 
 from nearmiss.engine.runner import cpu_compile  # noqa: E402
+from nearmiss.engine.runner.candidate_child import import_candidate  # noqa: E402
 from nearmiss.engine.runner.interpret import force_interpret_on_cpu  # noqa: E402
+from nearmiss.engine.spec import load_spec  # noqa: E402
 
 OPS = Path(__file__).resolve().parents[1] / "pallas_ops"
-
-
-def _load(path: Path):
-    spec = importlib.util.spec_from_file_location(f"cpu_compile_{path.parent.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _bytes(output) -> bytes:
@@ -47,8 +41,8 @@ def interpret_mode():
 
 @pytest.mark.parametrize("op", ["softmax_rows", "ema_scan", "layer_norm"])
 def test_an_artifact_gives_the_defaults_outputs_bit_for_bit(op, interpret_mode):
-    spec = _load(OPS / op / "spec.py").SPEC
-    kernel = _load(OPS / op / "golden.py").kernel
+    spec = load_spec(OPS / op / "spec.py")
+    kernel = import_candidate(str(OPS / op / "golden.py"), f"cpu_compile_{op}").kernel
     for index, case in enumerate([*spec.compact, *spec.extended][:2]):
         args = list(spec.make_inputs(case, jax.random.key(index)))
         exported = export.export(jax.jit(kernel))(*args)
