@@ -99,7 +99,7 @@ def run_under_tpu_semantics(programs, request: dict) -> dict:
         numerics = request.get("numerics", "chip")
         # Cases of the same shapes (a hidden case's values scaled) run one program: the same
         # trace, and the same parallel order and fill values, both drawn from the seed.
-        key = json.dumps([shapes, request["target"], bool(arbitrary), numerics, seed])
+        key = json.dumps([shapes, request["target"], arbitrary, numerics, seed])
         if key not in _COMPILED:
             program = programs(shapes)
             chip = None
