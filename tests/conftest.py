@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from nearmiss.engine.runner import cgroups, scratch, spares
+from nearmiss.engine.runner.blas_threads import one_blas_thread
 from nearmiss.engine.runner.compile_cache import CACHE_ENV
 from nearmiss.engine.runner.process_table import start_time
 from nearmiss.engine.targets.libtpu_env import prepare_environment
@@ -25,6 +26,9 @@ from nearmiss.engine.targets.libtpu_env import prepare_environment
 os.environ.setdefault("NEARMISS_POSTGRES_NO_FSYNC", "1")
 # JAX in the test processes computes on the CPU, and libtpu (TPU targets) stays quiet when loaded.
 prepare_environment()
+# The test processes and the workers they start compute on one BLAS thread, as the command does
+# (``nearmiss.cli``): xdist's workers inherit it before they import NumPy.
+one_blas_thread()
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANTED = ROOT / "tests" / "planted"

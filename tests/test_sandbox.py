@@ -128,6 +128,29 @@ def test_the_child_environment_is_an_allowlist():
         assert secret not in env
 
 
+def test_the_engines_processes_start_one_blas_thread_unless_told_otherwise():
+    """OpenBLAS's threads spin as NumPy loads: a child and the command ask for one, and a
+    number the user's environment names is kept."""
+    assert child_environment(Path("/h"), {})["OPENBLAS_NUM_THREADS"] == "1"
+    assert (
+        child_environment(Path("/h"), {"OPENBLAS_NUM_THREADS": "3"})["OPENBLAS_NUM_THREADS"] == "3"
+    )
+    count = (
+        "import os, nearmiss.cli.main, numpy; "
+        "print(os.environ['OPENBLAS_NUM_THREADS'], len(os.listdir('/proc/self/task')))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    said = subprocess.run(
+        [sys.executable, "-c", count], env=env, capture_output=True, text=True, check=True
+    )
+    assert said.stdout.split() == ["1", "1"]  # the command's process: NumPy, no other thread
+    env["OPENBLAS_NUM_THREADS"] = "2"
+    said = subprocess.run(
+        [sys.executable, "-c", count], env=env, capture_output=True, text=True, check=True
+    )
+    assert said.stdout.split()[0] == "2"
+
+
 MARKER = "planted-marker-7731"
 
 

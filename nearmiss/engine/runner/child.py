@@ -94,3 +94,13 @@ def start_child() -> Channel:
     if channel.engine_gone():
         os._exit(0)  # nobody would watch, stop or read this child: see the module's docstring
     return channel
+
+
+def freeze_imports() -> None:
+    """Leave what the child has imported so far out of the garbage collector's passes
+    (``gc.freeze``): JAX's modules are hundreds of thousands of objects, none of them garbage,
+    that every full collection would walk again. Only in the engine's own children (the
+    executor, the spec's child): a candidate's child is left as a plain process is."""
+    import gc
+
+    gc.freeze()

@@ -36,6 +36,7 @@ from pathlib import Path
 import nearmiss
 from nearmiss.engine.errors import UsageError
 from nearmiss.engine.runner import cgroups
+from nearmiss.engine.runner.blas_threads import one_blas_thread
 
 # The interpreter every child runs: absolute (Python started by a relative path reports a
 # relative one, and a sandboxed child starts in its own folder), never resolved (a virtual
@@ -66,6 +67,7 @@ ALLOWED_NAMES = frozenset(
         "OPENBLAS_CORETYPE",
         "OPENBLAS_L2_SIZE",
         "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
     }
 )
 SECRET_PATTERN = re.compile(
@@ -96,6 +98,7 @@ def child_environment(
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     # Two children may share one accelerator; neither may grab most of its memory up front.
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    one_blas_thread(env)
     env.update(
         HOME=str(home),
         TMPDIR=str(home),

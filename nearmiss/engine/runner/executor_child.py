@@ -24,7 +24,7 @@ from nearmiss.engine.runner.artifact import (
     read_artifact,
     vetted,
 )
-from nearmiss.engine.runner.child import describe_exception, start_child
+from nearmiss.engine.runner.child import describe_exception, freeze_imports, start_child
 from nearmiss.engine.runner.cpu_compile import compile_lowered
 from nearmiss.engine.runner.protocol import OUTPUT_FILE
 
@@ -305,6 +305,7 @@ def main() -> None:
         channel.send(event="ready", platform=jax.default_backend(), jax_version=jax.__version__)
 
     ready()
+    freeze_imports()
     while True:
         request = channel.receive()
         if request.get("cmd") == "run":

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nearmiss.engine.runner.case_draw import arrays_or_none, case_key
-from nearmiss.engine.runner.child import Channel, start_child
+from nearmiss.engine.runner.child import Channel, freeze_imports, start_child
 from nearmiss.engine.runner.hidden_cases import ServedHidden, serve_hidden
 from nearmiss.engine.runner.protocol import ChannelClosed
 
@@ -446,6 +446,7 @@ def main() -> None:
     import jax
     import numpy  # noqa: F401
 
+    freeze_imports()
     if os.environ.get("JAX_PLATFORMS", "cpu") != "cpu":  # the engine names the device
         # The ground truth at full precision on a device too, as on the CPU: a GPU's default
         # computes float32 dots in TF32, and a kernel would be certified against rounded values.
