@@ -67,7 +67,7 @@ ALLOWED_NAMES = frozenset(
         "OPENBLAS_CORETYPE",
         "OPENBLAS_L2_SIZE",
         "OMP_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",  # the user's number; else one (``blas_threads``)
     }
 )
 SECRET_PATTERN = re.compile(
