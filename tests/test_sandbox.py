@@ -135,20 +135,21 @@ def test_the_engines_processes_start_one_blas_thread_unless_told_otherwise():
     assert (
         child_environment(Path("/h"), {"OPENBLAS_NUM_THREADS": "3"})["OPENBLAS_NUM_THREADS"] == "3"
     )
-    count = (
-        "import os, nearmiss.cli.main, numpy; "
-        "print(os.environ['OPENBLAS_NUM_THREADS'], len(os.listdir('/proc/self/task')))"
-    )
+
+    def the_commands_threads(env: dict[str, str]) -> list[str]:
+        """The number asked for and the threads running, in a process that loads the command."""
+        count = (
+            "import os, nearmiss.cli.main, numpy; "
+            "print(os.environ['OPENBLAS_NUM_THREADS'], len(os.listdir('/proc/self/task')))"
+        )
+        said = subprocess.run(
+            [sys.executable, "-c", count], env=env, capture_output=True, text=True, check=True
+        )
+        return said.stdout.split()
+
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
-    said = subprocess.run(
-        [sys.executable, "-c", count], env=env, capture_output=True, text=True, check=True
-    )
-    assert said.stdout.split() == ["1", "1"]  # the command's process: NumPy, no other thread
-    env["OPENBLAS_NUM_THREADS"] = "2"
-    said = subprocess.run(
-        [sys.executable, "-c", count], env=env, capture_output=True, text=True, check=True
-    )
-    assert said.stdout.split()[0] == "2"
+    assert the_commands_threads(env) == ["1", "1"]  # NumPy loaded, and no other thread
+    assert the_commands_threads({**env, "OPENBLAS_NUM_THREADS": "2"})[0] == "2"
 
 
 MARKER = "planted-marker-7731"
