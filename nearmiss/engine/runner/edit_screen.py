@@ -10,11 +10,12 @@ outputs are compared here, by the engine, against that run's references. Each ca
 names the program the edit traced to; a program already judged on that case (``known``) is
 not run again, and its verdict is the caller's to reuse (``Screened.known``).
 
-An edit that hangs or kills the child costs its timeout, as it would alone, and the child is
-replaced: a trace that hangs is known to be its edit's (the child reports each edit as it is
-traced); a batch that fails otherwise (its joint run hangs, the child dies while edits are
-still being sent) is screened again one edit at a time, so that each failure is its own
-edit's. The sandbox, limits and namespaces are those of every child.
+An edit that hangs or kills the child costs its timeout, as it would alone (its import is
+bounded as a candidate's, less the allowance for starting JAX, which the child did before its
+``ready``), and the child is replaced: a trace that hangs is known to be its edit's (the child
+reports each edit as it is traced); a batch that fails otherwise (its joint run hangs, the
+child dies while edits are still being sent) is screened again one edit at a time, so that
+each failure is its own edit's. The sandbox, limits and namespaces are those of every child.
 ``lines_run`` runs the kernel itself with a line tracer, for the lines the suite reaches.
 """
 
@@ -160,10 +161,11 @@ class EditScreen(_Child):
                 self.child.send(cmd="edit", index=index, path=str(paths[-1]), output=output)
             self.child.send(cmd="run")
             sending = False
-            # Each edit's import and traces as long as one edit's import and cases may take;
-            # then the batch's run as long as one edit's cases, and a case's more for the
-            # compile of its programs together (seconds, where one takes a second or so).
-            each = self.limits.import_timeout_s + self.limits.case_timeout_s * len(self.cases)
+            # Each edit's import and traces as long as one edit's import and cases may take (the
+            # child said ``ready``: its own start-up is behind it, and no edit is given that
+            # allowance); then the batch's run as long as one edit's cases, and a case's more
+            # for the compile of its programs together (seconds, where one takes a second or so).
+            each = self.limits.code_import_timeout_s + self.limits.case_timeout_s * len(self.cases)
             for index, _ in taken:
                 message = self.child.receive(each)
                 if message.get("event") != "edit_traced" or message.get("index") != index:
