@@ -72,7 +72,7 @@ def test_a_program_that_fails_to_compile_raises_its_own_error(monkeypatch):
 
 
 def test_the_spec_childs_flags_come_first_and_only_from_a_jaxlib_known_to_take_them():
-    ours = "--xla_cpu_use_fusion_emitters=false"
+    ours = "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=2"
     assert cpu_compile.spec_child_xla_flags("", "0.10.2") == ours
     # The user's flags follow, so theirs win where both name the same flag.
     mine = "--xla_cpu_use_fusion_emitters=true --xla_dump_to=/x"
