@@ -72,5 +72,9 @@ def spec_child_xla_flags(current: str, jaxlib_version: str | None = None) -> str
             return current
     if not jaxlib_version.startswith(FLAG_KNOWN_IN):
         return current
-    ours = " ".join(f"--{name}={str(value).lower()}" for name, value in CPU_OPTIONS.items())
-    return f"{ours} {current}".strip()
+    return f"{option_flags()} {current}".strip()
+
+
+def option_flags() -> str:
+    """``CPU_OPTIONS`` written as ``XLA_FLAGS`` (``--name=value`` each)."""
+    return " ".join(f"--{name}={str(value).lower()}" for name, value in CPU_OPTIONS.items())
