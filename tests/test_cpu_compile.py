@@ -53,14 +53,31 @@ def test_an_artifact_gives_the_defaults_outputs_bit_for_bit(op, interpret_mode):
 
 def test_an_xla_without_the_option_compiles_with_its_defaults(monkeypatch):
     monkeypatch.setattr(cpu_compile, "CPU_OPTIONS", {"xla_cpu_option_nobody_has": False})
-    monkeypatch.setattr(cpu_compile, "_options_known", True)
+    monkeypatch.setattr(cpu_compile, "_refused", set())
     lowered = jax.jit(lambda x: x * 2.0).lower(np.ones(4, np.float32))
     assert np.array_equal(cpu_compile.compile_lowered(lowered)(np.ones(4, np.float32)), [2.0] * 4)
-    assert cpu_compile._options_known is False  # asked once, not again
+    assert cpu_compile._refused == {"xla_cpu_option_nobody_has"}  # asked once, not again
+
+
+def test_an_option_the_xla_refuses_leaves_the_others_asked_for(monkeypatch):
+    known = {"xla_cpu_use_fusion_emitters": False}
+    monkeypatch.setattr(cpu_compile, "CPU_OPTIONS", {**known, "xla_cpu_option_nobody_has": 2})
+    monkeypatch.setattr(cpu_compile, "_refused", set())
+    lowered = jax.jit(lambda x: x * 2.0).lower(np.ones(4, np.float32))
+    assert np.array_equal(cpu_compile.compile_lowered(lowered)(np.ones(4, np.float32)), [2.0] * 4)
+    asked = []
+
+    class Recording:
+        def compile(self, compiler_options=None):
+            asked.append(compiler_options)
+            return "compiled"
+
+    assert cpu_compile.compile_lowered(Recording()) == "compiled"
+    assert asked == [known]
 
 
 def test_a_program_that_fails_to_compile_raises_its_own_error(monkeypatch):
-    monkeypatch.setattr(cpu_compile, "_options_known", True)
+    monkeypatch.setattr(cpu_compile, "_refused", set())
 
     class Failing:
         def compile(self, compiler_options=None):
@@ -68,7 +85,7 @@ def test_a_program_that_fails_to_compile_raises_its_own_error(monkeypatch):
 
     with pytest.raises(RuntimeError, match="own failure"):
         cpu_compile.compile_lowered(Failing())
-    assert cpu_compile._options_known is True
+    assert cpu_compile._refused == set()
 
 
 def test_the_spec_childs_flags_come_first_and_only_from_a_jaxlib_known_to_take_them():

@@ -13,10 +13,10 @@ XLA also splits each program's machine code into up to 32 parts it compiles on a
 its own set-up, so most of the split is overhead. In two parts, the artifacts of four bundled
 ops' goldens and variants (95 programs, one compile at a time on two idle cores) took 0.86×
 the compile CPU and 0.92× the wall time; in one part 0.84× the CPU but 1.25× the wall time,
-the second core left idle. The outputs are the same bit for bit (538 programs: every bundled
-op's golden and variants on three listed cases and two hidden draws; every bundled and shipped
-spec's inputs and references on two seeds): the parts are separate modules of the same
-functions, each compiled as it was.
+the second core left idle. The numbers are the same bit for bit (``benchmarks/cpu_compile.py``:
+538 programs, every bundled op's golden and variants on three listed cases and two hidden draws;
+540 inputs and references, every bundled and shipped spec's on two seeds): the parts are
+separate modules of the same functions, each compiled as it was.
 
 Two ways in, so that a candidate's Python sees nothing of them:
 
@@ -27,39 +27,46 @@ Two ways in, so that a candidate's Python sees nothing of them:
   itself), gets them as flags in ``XLA_FLAGS`` (``spec_child_xla_flags``). No candidate runs
   there.
 
-An XLA that lacks an option answers a per-compile request with ``No such compile option``: the
-process then compiles with XLA's defaults. An unknown flag in ``XLA_FLAGS`` stops the process
-instead, so the spec's child gets them only from the jaxlib releases they were measured on
+An XLA that lacks an option answers a per-compile request with ``No such compile option`` and
+its name: the process then compiles without that one, with the others. An unknown flag in
+``XLA_FLAGS`` stops the process instead, so the spec's child gets them only from the jaxlib
+releases they were measured on
 (``FLAG_KNOWN_IN``); elsewhere it computes with XLA's defaults, which give the same numbers.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from typing import Any
 
 CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_cpu_parallel_codegen_split_count": 2}
-_UNKNOWN = "No such compile option"
+# XLA's answer to an option it does not know; it names the option.
+_UNKNOWN = re.compile(r"No such compile option: '([^']+)'")
 # jaxlib releases (prefixes) whose XLA takes ``CPU_OPTIONS`` as flags: measured, bit for bit.
 FLAG_KNOWN_IN = ("0.10.",)
 
-_options_known = True
+# Options this process's XLA refused: asked once, not again; the others are still asked for.
+_refused: set[str] = set()
 
 
 def compile_lowered(lowered: Any) -> Any:
-    """``lowered.compile()``, with ``CPU_OPTIONS`` where the backend is the CPU and knows them."""
-    global _options_known
+    """``lowered.compile()``, with those of ``CPU_OPTIONS`` the backend knows, where it is the
+    CPU."""
     import jax
 
-    if not _options_known or jax.default_backend() != "cpu":
+    if jax.default_backend() != "cpu":
         return lowered.compile()
-    try:
-        return lowered.compile(compiler_options=CPU_OPTIONS)
-    except Exception as exc:  # the program's own failure is raised again below, unchanged
-        if _UNKNOWN not in str(exc):
-            raise
-        _options_known = False
-        return lowered.compile()
+    while options := {k: v for k, v in CPU_OPTIONS.items() if k not in _refused}:
+        try:
+            return lowered.compile(compiler_options=options)
+        except Exception as exc:  # the program's own failure is raised again, unchanged
+            unknown = _UNKNOWN.search(str(exc))
+            if unknown is None:
+                raise
+            named = unknown.group(1)
+            _refused.update([named] if named in options else options)
+    return lowered.compile()
 
 
 def spec_child_xla_flags(current: str, jaxlib_version: str | None = None) -> str:

@@ -91,10 +91,10 @@ class Limits:
 
     @property
     def code_import_timeout_s(self) -> float:
-        """The candidate's import alone, in a child that has already started (its interpreter
-        and JAX loaded, ``ready`` said): no allowance for the engine's own start-up, which is
-        behind it. ``startup_timeout_s`` where given (it bounds start-up and import together,
-        so it is never shorter than the import alone needs), else ``case_timeout_s``."""
+        """An edit's import in the search's screening child, which has started already (its
+        interpreter and JAX loaded, ``ready`` said): no allowance for the engine's own start-up,
+        which is behind it. ``startup_timeout_s`` where given (it bounds start-up and import
+        together, so it is never shorter than the import alone needs), else ``case_timeout_s``."""
         if self.startup_timeout_s is not None:
             return self.startup_timeout_s
         return self.case_timeout_s
