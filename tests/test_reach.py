@@ -218,15 +218,17 @@ def test_a_nudge_keeps_its_input_s_dtype_and_type_and_stays_finite():
     suite = [("compact", SimpleNamespace(name="base"))]
     for position, index in ((0, [1, 2]), (1, [1, 2]), (2, [1])):
         nudge = {"of": ["compact", "base"], "input": position, "index": index, "by": 8.0}
-        inputs, told = _draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite)
+        inputs, told = _draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite, {})
         assert told == {}  # nothing to tell of a nudge placed by the engine
         x, was = inputs[position], drawn[position]
         assert type(x) is type(was) and x.dtype == was.dtype
         wide = np.asarray(x, np.float64)
         assert np.isfinite(wide).all() and (wide != np.asarray(was, np.float64)).sum() == 1
-    assert float(_draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite)[0][2][1]) == 9.0
+    assert (
+        float(_draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite, {})[0][2][1]) == 9.0
+    )
     swap = {"of": ["compact", "base"], "swap": [0, 2]}
-    swapped, _ = _draw(jax, np, spec, {"seed": 0}, {"nudge": swap}, None, suite)
+    swapped, _ = _draw(jax, np, spec, {"seed": 0}, {"nudge": swap}, None, suite, {})
     assert swapped[0] is drawn[2] and swapped[2] is drawn[0] and swapped[1] is drawn[1]
 
 
@@ -289,10 +291,42 @@ def test_the_spec_s_child_finds_the_edge_of_what_the_reference_reads():
     nudge = {"of": ["compact", "base"], "input": 0, "index": [1, 20], "by": 8.0}
     nudge["boundary"] = {"axis": 1, "side": "ignored"}
     suite = [("compact", SimpleNamespace(name="base"))]
-    drawn, told = _draw(jax, np, spec(length_masked), {"seed": 0}, {"nudge": nudge}, None, suite)
+    drawn, told = _draw(
+        jax, np, spec(length_masked), {"seed": 0}, {"nudge": nudge}, None, suite, {}
+    )
     assert told == {"index": [1, 30], "used": 29, "ignored": 30}
     moved = np.nonzero(np.asarray(drawn[0]) != np.asarray(x))
     assert [int(i) for i in np.concatenate(moved)] == [1, 30]
+
+
+def test_the_edge_is_found_once_per_check_and_for_a_reference_only_eager_mode_runs():
+    """Both sides of an edge are asked in two control rounds of one check: the reference is
+    differentiated once. A reference that reads a value with ``int`` (no single compiled
+    program can) is differentiated op by op, and its edge found the same."""
+    from types import SimpleNamespace
+
+    import jax
+    import jax.numpy as jnp
+
+    from nearmiss.engine.runner.reference_child import _draw, _edge
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (3, 40), jnp.float32)
+    calls = []
+
+    def concrete_only(x):  # keys 0..29 of 40; x is never that large
+        calls.append(1)
+        return jnp.sum(x[:, : 30 + int(x[0, 0] > 1e9)], axis=1)
+
+    spec = SimpleNamespace(reference=concrete_only, make_inputs=lambda case, key: (x,))
+    assert _edge(jax, np, spec, [x], 0, 1) == (29, 30)
+    calls.clear()
+    suite, edges = [("compact", SimpleNamespace(name="base"))], {}
+    for side, index in (("ignored", 30), ("used", 29)):
+        nudge = {"of": ["compact", "base"], "input": 0, "index": [1, 5], "by": 8.0}
+        nudge["boundary"] = {"axis": 1, "side": side}
+        _, told = _draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite, edges)
+        assert told == {"index": [1, index], "used": 29, "ignored": 30}
+    assert len(calls) == 2  # one failed compile, one differentiation: for both sides
 
 
 def test_a_window_mask_read_past_its_edge_is_named_in_a_real_check(tmp_path: Path):

@@ -319,17 +319,19 @@ def control_round(channel: Channel, request: dict, spec, parameters: list[str], 
     ``case_inputs`` then ``case_ready`` — or ``case_unrunnable`` at the step the spec could not
     do — in the order asked, then the round ``done``. ``suite``: the run's (suite, case) pairs,
     which a nudge (``forensics.reach``) redraws."""
+    edges: dict = {}  # both sides of an edge are asked, in two rounds: found once
     while (asked := channel.receive()).get("cmd") == "controls":
-        control_cases(channel, request, spec, parameters, asked.get("cases", []), suite)
+        control_cases(channel, request, spec, parameters, asked.get("cases", []), suite, edges)
     return asked
 
 
-def _draw(jax, np, spec, request: dict, item: dict, case, suite) -> tuple[tuple, dict]:
+def _draw(jax, np, spec, request: dict, item: dict, case, suite, edges: dict) -> tuple[tuple, dict]:
     """A control's inputs: drawn fresh for its own ``case``, or — a nudge — the suite case's
     own inputs redrawn from its key, with one element of one input moved up by ``by`` times
     that input's rms, or two inputs swapped (``swap``). With them, what the engine is told of
     the draw: for a nudge at the reference's edge (``boundary``), where that edge is and the
-    element moved (``{"index", "used", "ignored"}``); else nothing."""
+    element moved (``{"index", "used", "ignored"}``); else nothing. ``edges``: the edges found
+    so far in this check's control rounds, by case, input and axis."""
     if "nudge" not in item:
         key = case_key(jax, request["seed"], CONTROL_SUITE, case.name)
         return spec.make_inputs(case, key), {}
@@ -344,7 +346,10 @@ def _draw(jax, np, spec, request: dict, item: dict, case, suite) -> tuple[tuple,
     index, told = tuple(nudge["index"]), {}
     if "boundary" in nudge:
         axis, side = int(nudge["boundary"]["axis"]), str(nudge["boundary"]["side"])
-        used, ignored = _edge(jax, np, spec, inputs, nudge["input"], axis)
+        at = (label, name, nudge["input"], axis)
+        if at not in edges:
+            edges[at] = _edge(jax, np, spec, inputs, nudge["input"], axis)
+        used, ignored = edges[at]
         index = index[:axis] + (used if side == "used" else ignored,) + index[axis + 1 :]
         told = {"index": list(index), "used": used, "ignored": ignored}
     original = inputs[nudge["input"]]
@@ -372,14 +377,25 @@ def _edge(jax, np, spec, inputs: list, position: int, axis: int) -> tuple[int, i
         args[position] = value
         return spec.reference(*args)
 
-    out, pullback = jax.vjp(reference_of, x)
-    leaves, tree = jax.tree_util.tree_flatten(out)
-    keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
-    cotangent = [
-        jax.random.normal(k, leaf.shape, jax.numpy.float32).astype(leaf.dtype)
-        for k, leaf in zip(keys, leaves, strict=True)
-    ]
-    (grad,) = pullback(jax.tree_util.tree_unflatten(tree, cotangent))
+    def gradient(value):
+        out, pullback = jax.vjp(reference_of, value)
+        leaves, tree = jax.tree_util.tree_flatten(out)
+        keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
+        cotangent = [
+            jax.random.normal(k, leaf.shape, jax.numpy.float32).astype(leaf.dtype)
+            for k, leaf in zip(keys, leaves, strict=True)
+        ]
+        (grad,) = pullback(jax.tree_util.tree_unflatten(tree, cotangent))
+        return grad
+
+    # Evidence only (where a nudge goes), never the ground truth, so it is compiled as one
+    # program: op by op, a scan's gradient is hundreds of small compiles (8 CPU-s for a
+    # cummax of 512 columns, against 1.3 jitted). A reference that needs values concrete (a
+    # boolean mask's selection, a length read with ``int``) is differentiated op by op.
+    try:
+        grad = jax.jit(gradient)(x)
+    except Exception:
+        grad = gradient(x)
     size = np.abs(np.asarray(grad, np.float64))
     size = np.where(np.isfinite(size), size, 1.0)
     read = size.sum(axis=tuple(a for a in range(size.ndim) if a != axis)) > 0
@@ -391,7 +407,7 @@ def _edge(jax, np, spec, inputs: list, position: int, axis: int) -> tuple[int, i
 
 
 def control_cases(
-    channel: Channel, request: dict, spec, parameters: list[str], cases, suite
+    channel: Channel, request: dict, spec, parameters: list[str], cases, suite, edges: dict
 ) -> None:
     import jax
     import numpy as np
@@ -405,7 +421,7 @@ def control_cases(
         name = str(item.get("name"))
         try:
             case = Case(name, item["dims"], dtype=item["dtype"], profile=item["profile"])
-            inputs, told = _draw(jax, np, spec, request, item, case, suite)
+            inputs, told = _draw(jax, np, spec, request, item, case, suite, edges)
             arrays = arrays_or_none(jax, np, inputs) if isinstance(inputs, tuple | list) else None
             if arrays is None:
                 raise TypeError(f"make_inputs returned {type(inputs).__name__}, not arrays")
