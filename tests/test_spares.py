@@ -377,7 +377,9 @@ async def test_a_repair_commands_own_worker_keeps_spares_and_closes_them_when_do
     assert len(set(started)) > len(set(taken))  # some were still waiting when it ended...
     assert spares.waiting_pids() == []  # ...and were closed with it
     assert not any(alive(process) for process in processes)
-    assert my_spare_homes() == homes_before  # ...and every home removed
+    # ...and every home removed. (Its end closes what this process kept before it too, as
+    # a command's process ends: earlier tests' spares may be gone.)
+    assert my_spare_homes() <= homes_before
 
 
 def test_a_kept_executor_carries_nothing_of_one_check_into_the_next(monkeypatch, golden):
