@@ -302,7 +302,8 @@ def test_the_spec_s_child_finds_the_edge_of_what_the_reference_reads():
 def test_the_edge_is_found_once_per_check_and_for_a_reference_only_eager_mode_runs():
     """Both sides of an edge are asked in two control rounds of one check: the reference is
     differentiated once. A reference that reads a value with ``int`` (no single compiled
-    program can) is differentiated op by op, and its edge found the same."""
+    program can) is differentiated op by op, and its edge found the same; another's compiled
+    gradient serves the next check of those shapes."""
     from types import SimpleNamespace
 
     import jax
@@ -327,6 +328,15 @@ def test_the_edge_is_found_once_per_check_and_for_a_reference_only_eager_mode_ru
         _, told = _draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite, edges)
         assert told == {"index": [1, index], "used": 29, "ignored": 30}
     assert len(calls) == 2  # one failed compile, one differentiation: for both sides
+
+    def masked(x):  # one compiled program, kept for the next check's edge on those shapes
+        calls.append(1)
+        return jnp.sum(jnp.where(jnp.arange(40) < 30, x, 0.0), axis=1)
+
+    calls.clear()
+    spec = SimpleNamespace(reference=masked)
+    assert _edge(jax, np, spec, [x], 0, 1) == _edge(jax, np, spec, [x * 2], 0, 1) == (29, 30)
+    assert len(calls) == 1
 
 
 def test_a_window_mask_read_past_its_edge_is_named_in_a_real_check(tmp_path: Path):

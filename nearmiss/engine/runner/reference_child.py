@@ -363,6 +363,31 @@ def _draw(jax, np, spec, request: dict, item: dict, case, suite, edges: dict) ->
     return tuple(inputs), told
 
 
+# ``_gradient`` compiled, by reference and input (``_edge``): made once JAX is imported.
+_compiled_gradient: Any = None
+
+
+def _gradient(reference, position: int, *args):
+    """The gradient of ``reference(*args)`` against its ``position``-th argument, for a random
+    cotangent drawn from a fixed key."""
+    import jax
+
+    def reference_of(value):
+        given = list(args)
+        given[position] = value
+        return reference(*given)
+
+    out, pullback = jax.vjp(reference_of, args[position])
+    leaves, tree = jax.tree_util.tree_flatten(out)
+    keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
+    cotangent = [
+        jax.random.normal(k, leaf.shape, jax.numpy.float32).astype(leaf.dtype)
+        for k, leaf in zip(keys, leaves, strict=True)
+    ]
+    (grad,) = pullback(jax.tree_util.tree_unflatten(tree, cotangent))
+    return grad
+
+
 def _edge(jax, np, spec, inputs: list, position: int, axis: int) -> tuple[int, int]:
     """Where the reference stops reading the ``position``-th input along ``axis``: (the last
     position some output depends on, the first none does) — a length mask's bound, a window's
@@ -370,32 +395,20 @@ def _edge(jax, np, spec, inputs: list, position: int, axis: int) -> tuple[int, i
     cotangent (zero, but for chance, only where nothing depends on the element). ValueError
     unless the positions read form one run with positions unread beside it (one or two
     changes along the axis): an elementwise op's scattered zeros are no edge."""
-    x = jax.numpy.asarray(inputs[position])
-
-    def reference_of(value):
-        args = list(inputs)
-        args[position] = value
-        return spec.reference(*args)
-
-    def gradient(value):
-        out, pullback = jax.vjp(reference_of, value)
-        leaves, tree = jax.tree_util.tree_flatten(out)
-        keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
-        cotangent = [
-            jax.random.normal(k, leaf.shape, jax.numpy.float32).astype(leaf.dtype)
-            for k, leaf in zip(keys, leaves, strict=True)
-        ]
-        (grad,) = pullback(jax.tree_util.tree_unflatten(tree, cotangent))
-        return grad
-
+    args = list(inputs)
+    args[position] = jax.numpy.asarray(args[position])
     # Evidence only (where a nudge goes), never the ground truth, so it is compiled as one
     # program: op by op, a scan's gradient is hundreds of small compiles (8 CPU-s for a
-    # cummax of 512 columns, against 1.3 jitted). A reference that needs values concrete (a
-    # boolean mask's selection, a length read with ``int``) is differentiated op by op.
+    # cummax of 512 columns, against 1.3 jitted), and the program is kept for the next check
+    # of the spec. A reference that needs values concrete (a boolean mask's selection, a
+    # length read with ``int``) is differentiated op by op.
+    global _compiled_gradient
+    if _compiled_gradient is None:
+        _compiled_gradient = jax.jit(_gradient, static_argnums=(0, 1))
     try:
-        grad = jax.jit(gradient)(x)
+        grad = _compiled_gradient(spec.reference, position, *args)
     except Exception:
-        grad = gradient(x)
+        grad = _gradient(spec.reference, position, *args)
     size = np.abs(np.asarray(grad, np.float64))
     size = np.where(np.isfinite(size), size, 1.0)
     read = size.sum(axis=tuple(a for a in range(size.ndim) if a != axis)) > 0
