@@ -30,8 +30,8 @@ Two ways in, so that a candidate's Python sees nothing of them:
 An XLA that lacks an option answers a per-compile request with ``No such compile option`` and
 its name: the process then compiles without that one, with the others. An unknown flag in
 ``XLA_FLAGS`` stops the process instead, so the spec's child gets them only from the jaxlib
-releases they were measured on
-(``FLAG_KNOWN_IN``); elsewhere it computes with XLA's defaults, which give the same numbers.
+releases they were measured on (``FLAG_KNOWN_IN``); elsewhere it computes with XLA's
+defaults, which give the same numbers.
 """
 
 from __future__ import annotations
