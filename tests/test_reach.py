@@ -301,9 +301,9 @@ def test_the_spec_s_child_finds_the_edge_of_what_the_reference_reads():
 
 def test_the_edge_is_found_once_per_check_and_for_a_reference_only_eager_mode_runs():
     """Both sides of an edge are asked in two control rounds of one check: the reference is
-    differentiated once. A reference that reads a value with ``int`` (no single compiled
-    program can) is differentiated op by op, and its edge found the same; another's compiled
-    gradient serves the next check of those shapes."""
+    differentiated once, and its compiled gradient serves the next check of those shapes. A
+    reference that reads a value with ``int`` (no single compiled program can) is
+    differentiated op by op, its edge found the same, without another compile tried."""
     from types import SimpleNamespace
 
     import jax
@@ -314,29 +314,29 @@ def test_the_edge_is_found_once_per_check_and_for_a_reference_only_eager_mode_ru
     x = jax.random.normal(jax.random.PRNGKey(1), (3, 40), jnp.float32)
     calls = []
 
-    def concrete_only(x):  # keys 0..29 of 40; x is never that large
-        calls.append(1)
-        return jnp.sum(x[:, : 30 + int(x[0, 0] > 1e9)], axis=1)
-
-    spec = SimpleNamespace(reference=concrete_only, make_inputs=lambda case, key: (x,))
-    assert _edge(jax, np, spec, [x], 0, 1) == (29, 30)
-    calls.clear()
-    suite, edges = [("compact", SimpleNamespace(name="base"))], {}
-    for side, index in (("ignored", 30), ("used", 29)):
-        nudge = {"of": ["compact", "base"], "input": 0, "index": [1, 5], "by": 8.0}
-        nudge["boundary"] = {"axis": 1, "side": side}
-        _, told = _draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite, edges)
-        assert told == {"index": [1, index], "used": 29, "ignored": 30}
-    assert len(calls) == 2  # one failed compile, one differentiation: for both sides
-
-    def masked(x):  # one compiled program, kept for the next check's edge on those shapes
+    def masked(x):  # keys 0..29 of 40
         calls.append(1)
         return jnp.sum(jnp.where(jnp.arange(40) < 30, x, 0.0), axis=1)
 
-    calls.clear()
-    spec = SimpleNamespace(reference=masked)
-    assert _edge(jax, np, spec, [x], 0, 1) == _edge(jax, np, spec, [x * 2], 0, 1) == (29, 30)
-    assert len(calls) == 1
+    def concrete_only(x):  # the same; x is never that large
+        calls.append(1)
+        return jnp.sum(x[:, : 30 + int(x[0, 0] > 1e9)], axis=1)
+
+    suite = [("compact", SimpleNamespace(name="base"))]
+    for reference, traced in ((masked, 1), (concrete_only, 2)):
+        calls.clear()
+        spec = SimpleNamespace(reference=reference, make_inputs=lambda case, key: (x,))
+        edges: dict = {}  # one check's control rounds
+        for side, index in (("ignored", 30), ("used", 29)):
+            nudge = {"of": ["compact", "base"], "input": 0, "index": [1, 5], "by": 8.0}
+            nudge["boundary"] = {"axis": 1, "side": side}
+            _, told = _draw(jax, np, spec, {"seed": 0}, {"nudge": nudge}, None, suite, edges)
+            assert told == {"index": [1, index], "used": 29, "ignored": 30}
+        # Once for both sides: compiled, or a failed compile and op by op.
+        assert len(calls) == traced, reference.__name__
+        calls.clear()
+        assert _edge(jax, np, spec, [x * 2], 0, 1) == (29, 30)  # the next check
+        assert len(calls) == (0 if reference is masked else 1), reference.__name__
 
 
 def test_a_window_mask_read_past_its_edge_is_named_in_a_real_check(tmp_path: Path):

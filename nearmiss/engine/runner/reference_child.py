@@ -138,6 +138,7 @@ def _spec_for(request: dict):
         return load_spec(path, shown)  # says what is wrong with it
     if key not in _loaded:
         _loaded.clear()  # one spec per child: another's module state is not kept around
+        _gradients.clear()
         _loaded[key] = load_spec(path, shown)
     return _loaded[key]
 
@@ -363,8 +364,9 @@ def _draw(jax, np, spec, request: dict, item: dict, case, suite, edges: dict) ->
     return tuple(inputs), told
 
 
-# ``_gradient`` compiled, by reference and input (``_edge``): made once JAX is imported.
-_compiled_gradient: Any = None
+# The reference's gradient compiled (``_edge``), by reference and input position, for the
+# next check of the spec; None where it needs concrete values (differentiated op by op).
+_gradients: dict[tuple[Any, int], Any] = {}
 
 
 def _gradient(reference, position: int, *args):
@@ -395,19 +397,27 @@ def _edge(jax, np, spec, inputs: list, position: int, axis: int) -> tuple[int, i
     cotangent (zero, but for chance, only where nothing depends on the element). ValueError
     unless the positions read form one run with positions unread beside it (one or two
     changes along the axis): an elementwise op's scattered zeros are no edge."""
+    import functools
+
     args = list(inputs)
     args[position] = jax.numpy.asarray(args[position])
     # Evidence only (where a nudge goes), never the ground truth, so it is compiled as one
     # program: op by op, a scan's gradient is hundreds of small compiles (8 CPU-s for a
     # cummax of 512 columns, against 1.3 jitted), and the program is kept for the next check
-    # of the spec. A reference that needs values concrete (a boolean mask's selection, a
-    # length read with ``int``) is differentiated op by op.
-    global _compiled_gradient
-    if _compiled_gradient is None:
-        _compiled_gradient = jax.jit(_gradient, static_argnums=(0, 1))
-    try:
-        grad = _compiled_gradient(spec.reference, position, *args)
-    except Exception:
+    # of the spec. (Compiled, a float64 NumPy input is float32 and a float16 intermediate may
+    # be kept wider: a difference in the last bits of a gradient whose zeros are the finding.)
+    # A reference that needs values concrete (a boolean mask's selection, a length read with
+    # ``int``) is differentiated op by op, from its first failed compile on.
+    which = (spec.reference, position)
+    if which not in _gradients:
+        _gradients[which] = jax.jit(functools.partial(_gradient, spec.reference, position))
+    grad = None
+    if _gradients[which] is not None:
+        try:
+            grad = _gradients[which](*args)
+        except Exception:
+            _gradients[which] = None
+    if grad is None:
         grad = _gradient(spec.reference, position, *args)
     size = np.abs(np.asarray(grad, np.float64))
     size = np.where(np.isfinite(size), size, 1.0)
